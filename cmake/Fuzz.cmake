@@ -1,0 +1,40 @@
+# libFuzzer targets are compiled with clang (the main build may use g++), straight from
+# their sources. Each fuzzer is also a ctest test that runs for DS4_FUZZ_SECONDS.
+find_program(DS4_CLANGXX NAMES clang++-14 clang++)
+set(DS4_FUZZ_SECONDS 30 CACHE STRING "Seconds each fuzzer runs under ctest")
+
+# ds4_add_fuzzer(NAME SOURCES a.cpp b.cpp [INCLUDES dirs...] [LIBS -lfoo ...] [CORPUS dir])
+function(ds4_add_fuzzer name)
+  cmake_parse_arguments(F "" "CORPUS" "SOURCES;INCLUDES;LIBS" ${ARGN})
+  if(NOT DS4_CLANGXX)
+    message(STATUS "ds4: clang++ not found, fuzzer ${name} not built")
+    return()
+  endif()
+  set(srcs "")
+  foreach(s ${F_SOURCES})
+    get_filename_component(a ${s} ABSOLUTE)
+    list(APPEND srcs ${a})
+  endforeach()
+  set(incs -I${PROJECT_SOURCE_DIR} -I${PROJECT_BINARY_DIR})
+  foreach(i ${F_INCLUDES})
+    list(APPEND incs -I${i})
+  endforeach()
+  set(out ${PROJECT_BINARY_DIR}/fuzz/${name})
+  add_custom_command(
+    OUTPUT ${out}
+    COMMAND ${CMAKE_COMMAND} -E make_directory ${PROJECT_BINARY_DIR}/fuzz
+    COMMAND ${DS4_CLANGXX} -std=c++20 -O1 -g -march=x86-64-v3 -fsanitize=fuzzer,address,undefined
+            -fno-sanitize-recover=undefined ${incs} ${srcs} -o ${out} ${F_LIBS}
+    DEPENDS ${srcs}
+    COMMENT "Building fuzzer ${name} with clang"
+    VERBATIM)
+  add_custom_target(${name} ALL DEPENDS ${out})
+  set(corpus_dir ${PROJECT_BINARY_DIR}/fuzz/${name}.corpus)
+  set(seed "")
+  if(F_CORPUS)
+    get_filename_component(seed ${F_CORPUS} ABSOLUTE)
+  endif()
+  add_test(NAME ${name}
+           COMMAND ${CMAKE_COMMAND} -E env ASAN_OPTIONS=detect_leaks=1
+                   sh -c "mkdir -p ${corpus_dir} && exec ${out} -max_total_time=${DS4_FUZZ_SECONDS} -rss_limit_mb=2048 -timeout=10 ${corpus_dir} ${seed}")
+endfunction()

@@ -1,0 +1,45 @@
+// Tensor element formats: conversion to/from f32 and dot products.
+//
+// Block layouts are the standard GGML ones (so ds4/llama.cpp GGUF files load unchanged):
+//   F32, F16, BF16: plain.      Q8_0: 32 elems = f16 d + 32 x int8              (34 B)
+//   Q2_K: 256 elems, 84 B.      Q4_K: 256 elems, 144 B.      IQ2_XXS: 256 elems, 66 B.
+// Everything here works on rows; callers pass n = elements in the row (a multiple of the
+// block size). Kernels are AVX2 (x86-64-v3) with scalar reference versions used by tests.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "engine/gguf/gguf.h"
+
+namespace ds4::quant {
+
+using gguf::Type;
+
+// Row of n elements of type t -> f32.
+void dequantize_row(Type t, const void *src, float *dst, int64_t n);
+// f32 row -> type t (F32/F16/BF16/Q8_0/Q2_K/Q4_K/IQ2_XXS). Throws for types without a
+// quantizer.
+void quantize_row(Type t, const float *src, void *dst, int64_t n);
+
+// Activations are quantized once per row to this format for the fused integer dots:
+// Q8_0 weights use Q8_0 activations; K/IQ formats use Q8_K (256 elems: f32 d, 256 x int8,
+// 16 x int16 block sums = 292 B).
+Type vec_dot_type(Type weight_type);   // F32/F16/BF16 -> F32
+uint64_t vec_dot_row_bytes(Type weight_type, int64_t n);
+void quantize_activation(Type weight_type, const float *x, void *dst, int64_t n);
+
+// dot(weight_row, activation_row) where the activation row is in vec_dot_type(t)
+// format (f32 for plain weight types).
+float vec_dot(Type t, const void *w, const void *x, int64_t n);
+
+// Reference (scalar, obviously-correct) versions for tests.
+void dequantize_row_ref(Type t, const void *src, float *dst, int64_t n);
+float vec_dot_ref(Type t, const void *w, const void *x, int64_t n);
+
+// f16 / bf16 scalar conversions.
+float f16_to_f32(uint16_t h);
+uint16_t f32_to_f16(float f);
+float bf16_to_f32(uint16_t h);
+uint16_t f32_to_bf16(float f);   // round to nearest even
+
+}  // namespace ds4::quant
