@@ -29,6 +29,7 @@ enum class Type : uint32_t {
 bool type_supported(Type t);
 const char *type_name(Type t);          // "f32", "q8_0", ... ("?" for unknown)
 bool type_from_name(std::string_view name, Type *out);
+bool type_known(uint32_t id);           // added: id names a GGML type (supported or not)
 int64_t type_block_elems(Type t);       // elements per block (1 for plain types)
 int64_t type_block_bytes(Type t);       // bytes per block
 // Bytes of a row of n elements; throws when n is not a multiple of the block size.
@@ -38,9 +39,11 @@ enum class ValueType : uint32_t {
     U8 = 0, I8 = 1, U16 = 2, I16 = 3, U32 = 4, I32 = 5, F32 = 6, BOOL = 7,
     STRING = 8, ARRAY = 9, U64 = 10, I64 = 11, F64 = 12,
 };
+const char *value_type_name(ValueType t);   // added: "u32", "string", ... ("?" for unknown)
 
 // One metadata value. Scalars live in u/i/f/b, strings in s, arrays in arr (elem_type
-// says what they hold; nested arrays are allowed).
+// says what they hold; nested arrays are allowed). Unsigned types use u, signed types i,
+// F32/F64 f, BOOL b; the other scalar fields stay 0 (use as_int()/as_float() to read any).
 struct Value {
     ValueType type = ValueType::U32;
     uint64_t u = 0;
@@ -62,6 +65,13 @@ struct Value {
     static Value i32_array(const std::vector<int32_t> &v);
     static Value f32_array(const std::vector<float> &v);
     static Value str_array(const std::vector<std::string> &v);
+    // Added: the remaining scalar types.
+    static Value u8(uint8_t v);
+    static Value i8(int8_t v);
+    static Value u16(uint16_t v);
+    static Value i16(int16_t v);
+    static Value i64(int64_t v);
+    static Value f64(double v);
 
     bool is_integer() const;       // any signed/unsigned integer type (incl. bool: no)
     int64_t as_int() const;        // integer types; throws otherwise or on overflow
@@ -80,6 +90,12 @@ struct TensorInfo {
     int64_t nelements() const;
     int64_t rows() const;          // nelements / ne[0]
 };
+
+// Added: split file names as llama.cpp's gguf-split writes them. split_path("m", 2, 3) is
+// "m-00002-of-00003.gguf" (k is 1-based); parse_split_path is its inverse and returns false
+// for any other name (including k outside 1..n).
+std::string split_path(const std::string &prefix, int k, int n);
+bool parse_split_path(const std::string &path, std::string *prefix, int *k, int *n);
 
 class Reader {
 public:
@@ -123,6 +139,9 @@ private:
 class Writer {
 public:
     explicit Writer(uint32_t alignment = 32);
+    ~Writer();
+    Writer(Writer &&) noexcept;
+    Writer &operator=(Writer &&) noexcept;
     void set(const std::string &key, Value v);              // replaces an existing key
     // data must hold row_bytes(type, ne[0]) * rows bytes; it is copied.
     void add_tensor(const std::string &name, Type type, std::vector<int64_t> ne, const void *data, size_t nbytes);
