@@ -32,6 +32,11 @@ void quantize_activation(Type weight_type, const float *x, void *dst, int64_t n)
 // format (f32 for plain weight types).
 float vec_dot(Type t, const void *w, const void *x, int64_t n);
 
+// GEMV helper: out[r] = vec_dot(t, w + r * w_row_stride, x, n) for r < n_rows. Rows are
+// processed several at a time sharing the activation loads; thread-safe (callers split
+// row ranges across threads).
+void vec_dot_rows(Type t, const void *w, size_t w_row_stride, int64_t n_rows, const void *x, int64_t n, float *out);
+
 // Reference (scalar, obviously-correct) versions for tests.
 void dequantize_row_ref(Type t, const void *src, float *dst, int64_t n);
 float vec_dot_ref(Type t, const void *w, const void *x, int64_t n);

@@ -1,0 +1,110 @@
+// F32 / F16 / BF16 rows: conversions and dots against f32 activations.
+#include <cstring>
+
+#include "engine/quant/half.h"
+#include "engine/quant/kernels.h"
+#include "engine/quant/simd.h"
+
+namespace ds4::quant::detail {
+namespace {
+
+struct LoadF32 {
+    static __m256 load8(const uint8_t *p) { return _mm256_loadu_ps(reinterpret_cast<const float *>(p)); }
+    static float one(const uint8_t *p) { float f; std::memcpy(&f, p, 4); return f; }
+    static constexpr int kBytes = 4;
+};
+struct LoadF16 {
+    static __m256 load8(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p))); }
+    static float one(const uint8_t *p) { uint16_t h; std::memcpy(&h, p, 2); return f16_to_f32_fast(h); }
+    static constexpr int kBytes = 2;
+};
+struct LoadBF16 {
+    static __m256 load8(const uint8_t *p) {
+        const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p)));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+    }
+    static float one(const uint8_t *p) { uint16_t h; std::memcpy(&h, p, 2); return bf16_to_f32_inline(h); }
+    static constexpr int kBytes = 2;
+};
+
+// R rows at once, two accumulators per row (enough independent FMA chains to hide
+// latency while memory streams).
+template <class L, int R>
+void rows_plain(const uint8_t *w, size_t stride, const float *x, int64_t n, float *out) {
+    __m256 a0[R], a1[R];
+    for (int r = 0; r < R; ++r) a0[r] = a1[r] = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m256 x0 = _mm256_loadu_ps(x + i), x1 = _mm256_loadu_ps(x + i + 8);
+        for (int r = 0; r < R; ++r) {
+            const uint8_t *p = w + r * stride + i * L::kBytes;
+            a0[r] = _mm256_fmadd_ps(L::load8(p), x0, a0[r]);
+            a1[r] = _mm256_fmadd_ps(L::load8(p + 8 * L::kBytes), x1, a1[r]);
+        }
+    }
+    for (; i + 8 <= n; i += 8) {
+        const __m256 x0 = _mm256_loadu_ps(x + i);
+        for (int r = 0; r < R; ++r) a0[r] = _mm256_fmadd_ps(L::load8(w + r * stride + i * L::kBytes), x0, a0[r]);
+    }
+    for (int r = 0; r < R; ++r) {
+        float s = simd::hsum(_mm256_add_ps(a0[r], a1[r]));
+        for (int64_t j = i; j < n; ++j) s += L::one(w + r * stride + j * L::kBytes) * x[j];
+        out[r] = s;
+    }
+}
+
+template <class L>
+void rows_any(const uint8_t *w, size_t stride, int64_t nrows, const void *xv, int64_t n, float *out) {
+    const float *x = static_cast<const float *>(xv);
+    int64_t r = 0;
+    for (; r + 4 <= nrows; r += 4) rows_plain<L, 4>(w + r * stride, stride, x, n, out + r);
+    for (; r < nrows; ++r) rows_plain<L, 1>(w + r * stride, stride, x, n, out + r);
+}
+
+}  // namespace
+
+void rows_f32(const uint8_t *w, size_t stride, int64_t nrows, const void *x, int64_t n, float *out) {
+    rows_any<LoadF32>(w, stride, nrows, x, n, out);
+}
+void rows_f16(const uint8_t *w, size_t stride, int64_t nrows, const void *x, int64_t n, float *out) {
+    rows_any<LoadF16>(w, stride, nrows, x, n, out);
+}
+void rows_bf16(const uint8_t *w, size_t stride, int64_t nrows, const void *x, int64_t n, float *out) {
+    rows_any<LoadBF16>(w, stride, nrows, x, n, out);
+}
+
+void dequant_f16(const void *src, float *dst, int64_t n) {
+    const uint8_t *p = static_cast<const uint8_t *>(src);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, LoadF16::load8(p + 2 * i));
+    for (; i < n; ++i) dst[i] = LoadF16::one(p + 2 * i);
+}
+
+void dequant_bf16(const void *src, float *dst, int64_t n) {
+    const uint8_t *p = static_cast<const uint8_t *>(src);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, LoadBF16::load8(p + 2 * i));
+    for (; i < n; ++i) dst[i] = LoadBF16::one(p + 2 * i);
+}
+
+void quant_f16(const float *src, void *dst, int64_t n) {
+    uint8_t *p = static_cast<uint8_t *>(dst);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128(reinterpret_cast<__m128i *>(p + 2 * i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; ++i) {
+        const uint16_t h = f32_to_f16_fast(src[i]);
+        std::memcpy(p + 2 * i, &h, 2);
+    }
+}
+
+void quant_bf16(const float *src, void *dst, int64_t n) {
+    uint8_t *p = static_cast<uint8_t *>(dst);
+    for (int64_t i = 0; i < n; ++i) {
+        const uint16_t h = f32_to_bf16_inline(src[i]);
+        std::memcpy(p + 2 * i, &h, 2);
+    }
+}
+
+}  // namespace ds4::quant::detail

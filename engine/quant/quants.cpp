@@ -1,0 +1,138 @@
+// Type dispatch for the public quant API: validates arguments, then calls the per-format
+// kernels in kernels.h.
+#include "engine/quant/quants.h"
+
+#include <cstring>
+#include <vector>
+
+#include "engine/common/error.h"
+#include "engine/quant/blocks.h"
+#include "engine/quant/half.h"
+#include "engine/quant/kernels.h"
+
+namespace ds4::quant {
+namespace {
+
+using DequantFn = void (*)(const void *, float *, int64_t);
+using QuantFn = void (*)(const float *, void *, int64_t);
+
+struct Format {
+    const char *name;
+    int64_t qk;      // elements per block
+    int64_t bytes;   // bytes per block
+    Type dot_type;   // activation format for vec_dot
+    DequantFn dequant;
+    QuantFn quant;
+    detail::RowsFn rows;
+};
+
+void dequant_f32(const void *src, float *dst, int64_t n) { std::memcpy(dst, src, size_t(n) * 4); }
+void quant_f32(const float *src, void *dst, int64_t n) { std::memcpy(dst, src, size_t(n) * 4); }
+
+const Format *format_of(Type t) {
+    static const Format kF32{"f32", 1, 4, Type::F32, dequant_f32, quant_f32, detail::rows_f32};
+    static const Format kF16{"f16", 1, 2, Type::F32, detail::dequant_f16, detail::quant_f16, detail::rows_f16};
+    static const Format kBF16{"bf16", 1, 2, Type::F32, detail::dequant_bf16, detail::quant_bf16, detail::rows_bf16};
+    static const Format kQ8_0{"q8_0", kQK8_0, sizeof(BlockQ8_0), Type::Q8_0, detail::dequant_q8_0, detail::quant_q8_0,
+                              detail::rows_q8_0};
+    static const Format kQ8_K{"q8_K", kQK_K, sizeof(BlockQ8_K), Type::Q8_K, detail::dequant_q8_k, detail::quant_q8_k,
+                              nullptr};
+    static const Format kQ2_K{"q2_K", kQK_K, sizeof(BlockQ2_K), Type::Q8_K, detail::dequant_q2_k, detail::quant_q2_k,
+                              detail::rows_q2_k};
+    static const Format kQ4_K{"q4_K", kQK_K, sizeof(BlockQ4_K), Type::Q8_K, detail::dequant_q4_k, detail::quant_q4_k,
+                              detail::rows_q4_k};
+    static const Format kIQ2_XXS{"iq2_xxs", kQK_K, sizeof(BlockIQ2_XXS), Type::Q8_K, detail::dequant_iq2_xxs,
+                                 detail::quant_iq2_xxs, detail::rows_iq2_xxs};
+    switch (t) {
+        case Type::F32: return &kF32;
+        case Type::F16: return &kF16;
+        case Type::BF16: return &kBF16;
+        case Type::Q8_0: return &kQ8_0;
+        case Type::Q8_K: return &kQ8_K;
+        case Type::Q2_K: return &kQ2_K;
+        case Type::Q4_K: return &kQ4_K;
+        case Type::IQ2_XXS: return &kIQ2_XXS;
+        default: return nullptr;
+    }
+}
+
+const Format &need(Type t, int64_t n, const char *what) {
+    const Format *f = format_of(t);
+    if (!f) failf("quant: %s: tensor type %u is not supported", what, unsigned(t));
+    if (n < 0 || n % f->qk != 0)
+        failf("quant: %s: row length %lld is not a multiple of the %s block size %lld", what, (long long)n, f->name,
+              (long long)f->qk);
+    return *f;
+}
+
+}  // namespace
+
+void dequantize_row(Type t, const void *src, float *dst, int64_t n) {
+    const Format &f = need(t, n, "dequantize_row");
+    f.dequant(src, dst, n);
+}
+
+void quantize_row(Type t, const float *src, void *dst, int64_t n) {
+    const Format &f = need(t, n, "quantize_row");
+    if (!f.quant) failf("quant: quantize_row: no quantizer for %s", f.name);
+    f.quant(src, dst, n);
+}
+
+Type vec_dot_type(Type weight_type) {
+    const Format *f = format_of(weight_type);
+    if (!f || !f->rows) failf("quant: vec_dot_type: no dot product for tensor type %u", unsigned(weight_type));
+    return f->dot_type;
+}
+
+uint64_t vec_dot_row_bytes(Type weight_type, int64_t n) {
+    const Format &a = need(vec_dot_type(weight_type), n, "vec_dot_row_bytes");
+    need(weight_type, n, "vec_dot_row_bytes");
+    return uint64_t(n / a.qk) * uint64_t(a.bytes);
+}
+
+void quantize_activation(Type weight_type, const float *x, void *dst, int64_t n) {
+    need(weight_type, n, "quantize_activation");
+    const Format &a = need(vec_dot_type(weight_type), n, "quantize_activation");
+    a.quant(x, dst, n);
+}
+
+float vec_dot(Type t, const void *w, const void *x, int64_t n) {
+    const Format &f = need(t, n, "vec_dot");
+    if (!f.rows) failf("quant: vec_dot: no dot product for %s", f.name);
+    float out;
+    f.rows(static_cast<const uint8_t *>(w), 0, 1, x, n, &out);
+    return out;
+}
+
+void vec_dot_rows(Type t, const void *w, size_t w_row_stride, int64_t n_rows, const void *x, int64_t n, float *out) {
+    const Format &f = need(t, n, "vec_dot_rows");
+    if (!f.rows) failf("quant: vec_dot_rows: no dot product for %s", f.name);
+    if (n_rows < 0) failf("quant: vec_dot_rows: negative row count %lld", (long long)n_rows);
+    if (n_rows > 1 && w_row_stride < uint64_t(n / f.qk) * uint64_t(f.bytes))
+        failf("quant: vec_dot_rows: row stride %zu is smaller than a %s row of %lld elements", w_row_stride, f.name,
+              (long long)n);
+    f.rows(static_cast<const uint8_t *>(w), w_row_stride, n_rows, x, n, out);
+}
+
+void dequantize_row_ref(Type t, const void *src, float *dst, int64_t n) {
+    need(t, n, "dequantize_row_ref");
+    detail::dequant_ref(uint32_t(t), src, dst, n);
+}
+
+float vec_dot_ref(Type t, const void *w, const void *x, int64_t n) {
+    const Format &f = need(t, n, "vec_dot_ref");
+    if (!f.rows) failf("quant: vec_dot_ref: no dot product for %s", f.name);
+    std::vector<float> wf(static_cast<size_t>(n)), xf(static_cast<size_t>(n));
+    detail::dequant_ref(uint32_t(t), w, wf.data(), n);
+    detail::dequant_ref(uint32_t(f.dot_type), x, xf.data(), n);
+    double s = 0;
+    for (int64_t i = 0; i < n; ++i) s += double(wf[size_t(i)]) * double(xf[size_t(i)]);
+    return float(s);
+}
+
+float f16_to_f32(uint16_t h) { return f16_to_f32_fast(h); }
+uint16_t f32_to_f16(float f) { return f32_to_f16_fast(f); }
+float bf16_to_f32(uint16_t h) { return bf16_to_f32_inline(h); }
+uint16_t f32_to_bf16(float f) { return f32_to_bf16_inline(f); }
+
+}  // namespace ds4::quant

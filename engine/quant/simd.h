@@ -1,0 +1,37 @@
+// Small AVX2 helpers shared by the kernels.
+#pragma once
+#include <immintrin.h>
+
+namespace ds4::quant::simd {
+
+inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+inline int hsum_i32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+}
+
+inline int hsum_i32(__m128i s) {
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+}
+
+// Signed int8 dot in 32-bit lanes: sum over each 4 bytes of a*b. |a| must not be 128
+// when paired with b = -128 (the activations here are within -127..127).
+inline __m256i dot_i8(__m256i a, __m256i b) {
+    const __m256i ua = _mm256_sign_epi8(a, a);
+    const __m256i sb = _mm256_sign_epi8(b, a);
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(ua, sb), _mm256_set1_epi16(1));
+}
+
+inline __m256i loadu(const void *p) { return _mm256_loadu_si256(static_cast<const __m256i *>(p)); }
+
+}  // namespace ds4::quant::simd

@@ -1,0 +1,189 @@
+// Dot kernels against dequantise-then-dot, fast decoders against the scalar references,
+// and the multi-row helper against single-row dots.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "engine/common/error.h"
+#include "quant_test_util.h"
+
+using namespace qtest;
+using ds4::quant::Type;
+namespace q = ds4::quant;
+
+namespace {
+
+const char *name(Type t) {
+    switch (t) {
+        case Type::F32: return "F32"; case Type::F16: return "F16"; case Type::BF16: return "BF16";
+        case Type::Q8_0: return "Q8_0"; case Type::Q2_K: return "Q2_K"; case Type::Q4_K: return "Q4_K";
+        case Type::IQ2_XXS: return "IQ2_XXS"; default: return "?";
+    }
+}
+const char *name(Scale s) {
+    switch (s) {
+        case Scale::Normal: return "normal"; case Scale::Tiny: return "tiny"; case Scale::Huge: return "huge";
+        case Scale::Zero: return "zero"; case Scale::Negative: return "negative"; case Scale::Mixed: return "mixed";
+    }
+    return "?";
+}
+
+// For K formats, the per-element offset term (-dmin * m) decoded on its own by zeroing
+// the quants; the dot's rounding error scales with |scale term| + |offset term|.
+std::vector<float> offset_terms(Type t, const uint8_t *row, int64_t n) {
+    std::vector<float> out(static_cast<size_t>(n), 0.f);
+    if (t != Type::Q2_K && t != Type::Q4_K) return out;
+    std::vector<uint8_t> copy(row, row + row_size(t, n));
+    for (int64_t b = 0; b < n / 256; ++b) {
+        uint8_t *p = copy.data() + b * block_bytes(t);
+        std::memset(p + 16, 0, t == Type::Q2_K ? 64 : 128);
+    }
+    q::dequantize_row_ref(t, copy.data(), out.data(), n);
+    return out;
+}
+
+struct DotCase {
+    Type t;
+    Scale s;
+    float xmag;
+};
+
+void check_dot(const DotCase &c, int64_t n, std::mt19937 &rng) {
+    SCOPED_TRACE(testing::Message() << name(c.t) << " weights " << name(c.s) << " |x|~" << c.xmag << " n=" << n);
+    const auto w = random_weights(c.t, 1, n, c.s, rng);
+    const auto xf = gaussian(n, c.xmag, rng);
+    std::vector<uint8_t> xa(q::vec_dot_row_bytes(c.t, n));
+    q::quantize_activation(c.t, xf.data(), xa.data(), n);
+
+    std::vector<float> wd(static_cast<size_t>(n)), xd(static_cast<size_t>(n));
+    q::dequantize_row_ref(c.t, w.data(), wd.data(), n);
+    q::dequantize_row_ref(q::vec_dot_type(c.t), xa.data(), xd.data(), n);
+    const auto off = offset_terms(c.t, w.data(), n);
+    double expect = 0, bound = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        expect += double(wd[i]) * double(xd[i]);
+        bound += (std::fabs(double(wd[i]) - off[i]) + std::fabs(double(off[i]))) * std::fabs(double(xd[i]));
+    }
+    const float got = q::vec_dot(c.t, w.data(), xa.data(), n);
+    const float ref = q::vec_dot_ref(c.t, w.data(), xa.data(), n);
+    ASSERT_TRUE(std::isfinite(got));
+    EXPECT_NEAR(ref, expect, 1e-6 * bound + 1e-37);
+    EXPECT_NEAR(got, expect, 1e-5 * bound + 1e-37) << "bound " << bound;
+    if (c.s == Scale::Zero && (c.t == Type::Q8_0 || c.t == Type::IQ2_XXS)) {
+        EXPECT_EQ(got, 0.f);
+    }
+}
+
+class FormatTest : public testing::TestWithParam<Type> {};
+
+}  // namespace
+
+TEST_P(FormatTest, DotMatchesDequantizedDot) {
+    const Type t = GetParam();
+    std::mt19937 rng(1234 + unsigned(t));
+    const int64_t qk = block_elems(t) == 1 ? 32 : block_elems(t);
+    for (Scale s : {Scale::Normal, Scale::Tiny, Scale::Huge, Scale::Zero, Scale::Negative, Scale::Mixed})
+        for (float xmag : {1e-3f, 1.f, 1e3f})
+            for (int64_t nblk : {1, 3, 16})
+                for (int rep = 0; rep < 3; ++rep) check_dot({t, s, xmag}, qk * nblk, rng);
+    if (block_elems(t) == 1)   // plain rows of any length (vector tails)
+        for (int64_t n : {1, 7, 9, 17, 31, 33, 4095}) check_dot({t, Scale::Normal, 1.f}, n, rng);
+}
+
+TEST_P(FormatTest, FastDecodeEqualsReference) {
+    const Type t = GetParam();
+    std::mt19937 rng(99 + unsigned(t));
+    const int64_t n = block_elems(t) == 1 ? 1001 : block_elems(t) * 12;
+    for (Scale s : {Scale::Normal, Scale::Tiny, Scale::Huge, Scale::Negative, Scale::Mixed}) {
+        const auto w = random_weights(t, 1, n, s, rng);
+        std::vector<float> a(static_cast<size_t>(n)), b(static_cast<size_t>(n));
+        q::dequantize_row(t, w.data(), a.data(), n);
+        q::dequantize_row_ref(t, w.data(), b.data(), n);
+        ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << name(t) << " " << name(s);
+    }
+}
+
+TEST_P(FormatTest, RowsHelperEqualsSingleRowDots) {
+    const Type t = GetParam();
+    std::mt19937 rng(7 + unsigned(t));
+    const int64_t n = block_elems(t) == 1 ? 72 : block_elems(t) * 3;
+    const size_t rb = row_size(t, n), stride = rb + 48;   // padded rows
+    for (int64_t nrows : {1, 2, 3, 4, 5, 8, 9, 11}) {
+        const auto packed = random_weights(t, nrows, n, Scale::Mixed, rng);
+        std::vector<uint8_t> w(stride * size_t(nrows), 0xAB);
+        for (int64_t r = 0; r < nrows; ++r) std::memcpy(&w[r * stride], &packed[r * rb], rb);
+        const auto xf = gaussian(n, 1.f, rng);
+        std::vector<uint8_t> xa(q::vec_dot_row_bytes(t, n));
+        q::quantize_activation(t, xf.data(), xa.data(), n);
+        std::vector<float> out(size_t(nrows) + 1, -7.f);
+        q::vec_dot_rows(t, w.data(), stride, nrows, xa.data(), n, out.data());
+        for (int64_t r = 0; r < nrows; ++r) {
+            const float one = q::vec_dot(t, &w[r * stride], xa.data(), n);
+            ASSERT_EQ(out[r], one) << name(t) << " rows " << nrows << " r " << r;
+        }
+        EXPECT_EQ(out[nrows], -7.f) << "wrote past n_rows";
+    }
+}
+
+TEST_P(FormatTest, RejectsBadLengths) {
+    const Type t = GetParam();
+    if (block_elems(t) == 1) return;
+    std::vector<uint8_t> buf(4096);
+    std::vector<float> f(4096);
+    EXPECT_THROW(q::dequantize_row(t, buf.data(), f.data(), block_elems(t) + 1), ds4::Error);
+    EXPECT_THROW(q::quantize_row(t, f.data(), buf.data(), block_elems(t) / 2), ds4::Error);
+    EXPECT_THROW(q::vec_dot(t, buf.data(), buf.data(), 3), ds4::Error);
+    EXPECT_THROW(q::vec_dot_row_bytes(t, -block_elems(t)), ds4::Error);
+    float out[2];
+    EXPECT_THROW(q::vec_dot_rows(t, buf.data(), 1, 2, buf.data(), block_elems(t), out), ds4::Error);
+}
+
+INSTANTIATE_TEST_SUITE_P(Quant, FormatTest, testing::ValuesIn(kAllWeightTypes),
+                         [](const testing::TestParamInfo<Type> &i) { return std::string(name(i.param)); });
+
+TEST(Quant, ActivationFormats) {
+    EXPECT_EQ(q::vec_dot_type(Type::F32), Type::F32);
+    EXPECT_EQ(q::vec_dot_type(Type::F16), Type::F32);
+    EXPECT_EQ(q::vec_dot_type(Type::BF16), Type::F32);
+    EXPECT_EQ(q::vec_dot_type(Type::Q8_0), Type::Q8_0);
+    EXPECT_EQ(q::vec_dot_type(Type::Q2_K), Type::Q8_K);
+    EXPECT_EQ(q::vec_dot_type(Type::Q4_K), Type::Q8_K);
+    EXPECT_EQ(q::vec_dot_type(Type::IQ2_XXS), Type::Q8_K);
+    EXPECT_EQ(q::vec_dot_row_bytes(Type::F16, 4096), 4096u * 4);
+    EXPECT_EQ(q::vec_dot_row_bytes(Type::Q8_0, 4096), 128u * 34);
+}
+
+TEST(Quant, UnsupportedTypesThrow) {
+    std::vector<uint8_t> buf(1024);
+    std::vector<float> f(256);
+    EXPECT_THROW(q::dequantize_row(Type::Q5_0, buf.data(), f.data(), 32), ds4::Error);
+    EXPECT_THROW(q::quantize_row(Type::Q6_K, f.data(), buf.data(), 256), ds4::Error);
+    EXPECT_THROW(q::vec_dot_type(Type::IQ3_S), ds4::Error);
+    EXPECT_THROW(q::vec_dot(Type::Q8_K, buf.data(), buf.data(), 256), ds4::Error);   // activation-only format
+}
+
+TEST(Quant, Q8_0QuantizerMatchesDefinition) {
+    // d = amax/127 stored as f16; q = round(x / d) with the unrounded d.
+    std::mt19937 rng(5);
+    const auto x = gaussian(32 * 64, 0.7f, rng);
+    std::vector<q::BlockQ8_0> y(64);
+    q::quantize_row(Type::Q8_0, x.data(), y.data(), int64_t(x.size()));
+    for (int b = 0; b < 64; ++b) {
+        float amax = 0;
+        for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[b * 32 + i]));
+        const float d = amax / 127.f;
+        EXPECT_EQ(y[b].d, q::f32_to_f16(d));
+        for (int i = 0; i < 32; ++i) {
+            const float v = x[b * 32 + i] / d;
+            EXPECT_LE(std::fabs(float(y[b].qs[i]) - v), 0.5f + 1e-4f);
+        }
+    }
+    // all-zero and non-finite input never produce garbage
+    std::vector<float> z(32, 0.f);
+    q::quantize_row(Type::Q8_0, z.data(), y.data(), 32);
+    EXPECT_EQ(y[0].d, 0);
+    for (int i = 0; i < 32; ++i) EXPECT_EQ(y[0].qs[i], 0);
+}
