@@ -202,7 +202,7 @@ private:
             uint64_t count = cur_.rd<uint64_t>("array length");
             if (count > cur_.left() / min_value_bytes(v.elem_type))
                 bad(src_, strf("metadata key %s: array length %llu at offset %llu is beyond the end of the file (%llu bytes left)",
-                               show(key).c_str(), (ull)at, (ull)count, (ull)cur_.left()));
+                               show(key).c_str(), (ull)count, (ull)at, (ull)cur_.left()));
             if (count > kMaxArrayElems - array_elems_)
                 bad(src_, strf("metadata key %s: metadata arrays hold more than %llu elements in total",
                                show(key).c_str(), (ull)kMaxArrayElems));
