@@ -1,0 +1,73 @@
+#include "engine/kernels/matmul.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "engine/common/error.h"
+#include "engine/quant/quants.h"
+
+namespace ds4 {
+
+WeightView WeightView::rows(int64_t r0, int64_t n) const {
+    WeightView v = *this;
+    v.data = data + (uint64_t)r0 * row_bytes;
+    v.out = n;
+    return v;
+}
+
+WeightView ExpertsView::expert(int64_t e) const {
+    WeightView v = first;
+    v.data = first.data + (uint64_t)e * expert_bytes;
+    return v;
+}
+
+uint64_t quantize_rows(ThreadPool &pool, gguf::Type t, const float *x, int64_t n_tok, int64_t x_stride, int64_t n,
+                       std::vector<uint8_t> &buf) {
+    const uint64_t row = quant::vec_dot_row_bytes(t, n);
+    if (buf.size() < row * n_tok) buf.resize(row * n_tok);
+    uint8_t *dst = buf.data();
+    if (n_tok == 1) {
+        quant::quantize_activation(t, x, dst, n);
+        return row;
+    }
+    pool.parallel_for(n_tok, 1, [&](int64_t b, int64_t e, int) {
+        for (int64_t i = b; i < e; ++i) quant::quantize_activation(t, x + i * x_stride, dst + i * row, n);
+    });
+    return row;
+}
+
+void matmul_q(ThreadPool &pool, const WeightView &w, const uint8_t *xq, int64_t n_tok, uint64_t xq_row, float *y,
+              int64_t y_stride) {
+    if (n_tok == 1) {
+        // Rows in blocks of 16 so each thread streams long contiguous runs of weights.
+        pool.parallel_for(w.out, 16, [&](int64_t b, int64_t e, int) {
+            quant::vec_dot_rows(w.type, w.row(b), w.row_bytes, e - b, xq, w.in, y + b);
+        });
+        return;
+    }
+    // Row blocks sized to stay in L2 (~256 KB of weights) while all tokens pass over them.
+    int64_t block = std::max<int64_t>(4, (int64_t)((256 * 1024) / std::max<uint64_t>(1, w.row_bytes)));
+    block = std::min<int64_t>(block, 256);
+    block = (block / 4) * 4;
+    const int64_t n_blocks = (w.out + block - 1) / block;
+    pool.parallel_for(n_blocks, 1, [&](int64_t b, int64_t e, int) {
+        float tmp[256];
+        for (int64_t bi = b; bi < e; ++bi) {
+            const int64_t r0 = bi * block, nr = std::min(block, w.out - r0);
+            for (int64_t t = 0; t < n_tok; ++t) {
+                quant::vec_dot_rows(w.type, w.row(r0), w.row_bytes, nr, xq + t * xq_row, w.in, tmp);
+                std::memcpy(y + t * y_stride + r0, tmp, sizeof(float) * nr);
+            }
+        }
+    });
+}
+
+void matmul(ThreadPool &pool, const WeightView &w, const float *x, int64_t n_tok, int64_t x_stride, float *y,
+            int64_t y_stride) {
+    if (w.empty()) fail("matmul: weight not bound");
+    thread_local std::vector<uint8_t> xq;
+    const uint64_t row = quantize_rows(pool, w.type, x, n_tok, x_stride, w.in, xq);
+    matmul_q(pool, w, xq.data(), n_tok, row, y, y_stride);
+}
+
+}  // namespace ds4

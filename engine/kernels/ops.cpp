@@ -1,0 +1,67 @@
+#include "engine/kernels/ops.h"
+
+#include <cmath>
+
+namespace ds4::ops {
+
+void rmsnorm(const float *x, int64_t n, const float *w, float eps, float *out) {
+    // Sum in double: the hyper-connection norm runs over hc_mult * n_embd values.
+    double ss = 0;
+    for (int64_t i = 0; i < n; ++i) ss += (double)x[i] * x[i];
+    const float r = (float)(1.0 / std::sqrt(ss / (double)n + (double)eps));
+    if (w) {
+        for (int64_t i = 0; i < n; ++i) out[i] = x[i] * r * w[i];
+    } else {
+        for (int64_t i = 0; i < n; ++i) out[i] = x[i] * r;
+    }
+}
+
+void softmax(float *x, int64_t n) {
+    float m = -INFINITY;
+    for (int64_t i = 0; i < n; ++i) m = x[i] > m ? x[i] : m;
+    double s = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        x[i] = std::exp(x[i] - m);
+        s += x[i];
+    }
+    const float inv = (float)(1.0 / s);
+    for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+}
+
+float dot(const float *a, const float *b, int64_t n) {
+    float s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        s0 += a[i] * b[i];
+        s1 += a[i + 1] * b[i + 1];
+        s2 += a[i + 2] * b[i + 2];
+        s3 += a[i + 3] * b[i + 3];
+        s4 += a[i + 4] * b[i + 4];
+        s5 += a[i + 5] * b[i + 5];
+        s6 += a[i + 6] * b[i + 6];
+        s7 += a[i + 7] * b[i + 7];
+    }
+    float s = ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7));
+    for (; i < n; ++i) s += a[i] * b[i];
+    return s;
+}
+
+void axpy(float a, const float *x, float *y, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+void rope_apply(float *x, int64_t head_dim, int64_t n_pairs, const float *cos, const float *sin, float sign) {
+    float *r = x + head_dim - 2 * n_pairs;
+    for (int64_t i = 0; i < n_pairs; ++i) {
+        const float c = cos[i], s = sign * sin[i];
+        const float a = r[2 * i], b = r[2 * i + 1];
+        r[2 * i] = a * c - b * s;
+        r[2 * i + 1] = b * c + a * s;
+    }
+}
+
+float silu(float x) { return x / (1.f + std::exp(-x)); }
+
+float softplus(float x) { return x > 20.f ? x : std::log1p(std::exp(x)); }
+
+}  // namespace ds4::ops

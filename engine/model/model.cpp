@@ -1,0 +1,67 @@
+#include "engine/model/model.h"
+
+#include <cstring>
+
+#include "engine/common/error.h"
+
+namespace ds4 {
+
+namespace {
+
+struct Fnv {
+    uint64_t h = 1469598103934665603ull;
+    void add(const void *p, size_t n) {
+        const uint8_t *b = static_cast<const uint8_t *>(p);
+        for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
+    }
+    void add(const std::string &s) { add(s.data(), s.size() + 1); }
+    template <class T> void pod(T v) { add(&v, sizeof v); }
+};
+
+uint64_t compute_fingerprint(const gguf::Reader &r) {
+    Fnv f;
+    for (const auto &[k, v] : r.metadata()) {
+        if (k.rfind("tokenizer.", 0) == 0) continue;   // vocab strings are large; ids matter via shape
+        f.add(k);
+        f.pod(v.type);
+        f.pod(v.u), f.pod(v.i), f.pod(v.f), f.add(v.s);
+        for (const auto &e : v.arr) f.pod(e.u), f.pod(e.i), f.pod(e.f);
+    }
+    for (const auto &t : r.tensors()) {
+        f.add(t.name);
+        f.pod(t.type);
+        for (int64_t d : t.ne) f.pod(d);
+        // Sample the head of each tensor: cheap even for 100+ GB files, and any
+        // re-quantisation or re-generation changes it.
+        if (t.data) f.add(t.data, (size_t)std::min<uint64_t>(t.nbytes, 64));
+    }
+    return f.h;
+}
+
+}  // namespace
+
+std::unique_ptr<Model> Model::open(const std::string &path, const ModelOptions &opt) {
+    std::unique_ptr<Model> m(new Model());
+    m->path_ = path;
+    m->reader_ = gguf::Reader::open(path, true);
+    m->cfg_ = ModelConfig::from_gguf(*m->reader_);
+    m->w_ = ModelWeights::bind(*m->reader_, m->cfg_);
+    m->rope_main_ = Rope::for_layer_kind(m->cfg_, false);
+    m->rope_compress_ = Rope::for_layer_kind(m->cfg_, true);
+    m->pool_ = std::make_unique<ThreadPool>(opt.n_threads);
+    m->fingerprint_ = compute_fingerprint(*m->reader_);
+    return m;
+}
+
+void Model::prewarm() const {
+    volatile uint64_t sink = 0;
+    for (const auto &t : reader_->tensors()) {
+        if (!t.data) continue;
+        uint64_t s = 0;
+        for (uint64_t off = 0; off < t.nbytes; off += 4096) s += t.data[off];
+        sink = sink + s;
+    }
+    (void)sink;
+}
+
+}  // namespace ds4

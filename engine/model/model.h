@@ -1,0 +1,47 @@
+// A loaded DeepSeek-V4 model: the mapped GGUF, its config, bound weights, rope tables and
+// the thread pool that runs its kernels. Immutable after open; sessions borrow it.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "engine/gguf/gguf.h"
+#include "engine/kernels/threadpool.h"
+#include "engine/model/config.h"
+#include "engine/model/rope.h"
+#include "engine/model/weights.h"
+
+namespace ds4 {
+
+struct ModelOptions {
+    int n_threads = 0;   // 0 = all cores
+};
+
+class Model {
+public:
+    static std::unique_ptr<Model> open(const std::string &path, const ModelOptions &opt = {});
+
+    const ModelConfig &config() const { return cfg_; }
+    const ModelWeights &weights() const { return w_; }
+    const gguf::Reader &reader() const { return *reader_; }
+    const Rope &rope(bool compressed) const { return compressed ? rope_compress_ : rope_main_; }
+    ThreadPool &pool() const { return *pool_; }
+    // Identifies the exact model (shape + tensor inventory + sampled tensor bytes) so a
+    // saved session is never restored into a different model.
+    uint64_t fingerprint() const { return fingerprint_; }
+    const std::string &path() const { return path_; }
+    // Touches every weight page once so the first request does not pay for page faults.
+    void prewarm() const;
+
+private:
+    Model() = default;
+    std::string path_;
+    std::unique_ptr<gguf::Reader> reader_;
+    ModelConfig cfg_;
+    ModelWeights w_;
+    Rope rope_main_, rope_compress_;
+    std::unique_ptr<ThreadPool> pool_;
+    uint64_t fingerprint_ = 0;
+};
+
+}  // namespace ds4
