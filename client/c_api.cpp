@@ -1,0 +1,298 @@
+// C ABI over ds4::client::Client: exceptions become DS4C_ERR_* codes plus a message.
+#include "client/ds4client.h"
+
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <new>
+
+#include "client/ds4client.hpp"
+
+struct ds4c_client {
+    std::unique_ptr<ds4::client::Client> client;
+    std::string path;
+    int server_code = 0;
+};
+
+namespace {
+
+using namespace ds4::client;
+
+void set_err(char *err, size_t errlen, const char *msg) {
+    if (!err || errlen == 0) return;
+    std::snprintf(err, errlen, "%s", msg);
+}
+
+void copy_str(char *dst, size_t cap, const std::string &s) { std::snprintf(dst, cap, "%s", s.c_str()); }
+
+// Runs f, mapping every exception to a status code.
+template <class F> int guarded(ds4c_client *c, char *err, size_t errlen, F &&f) {
+    try {
+        f();
+        return DS4C_OK;
+    } catch (const ServerError &e) {
+        if (c) c->server_code = e.code;
+        set_err(err, errlen, e.what());
+        return DS4C_ERR_SERVER;
+    } catch (const ConnectError &e) {
+        set_err(err, errlen, e.what());
+        return DS4C_ERR_CONNECT;
+    } catch (const ProtocolError &e) {
+        set_err(err, errlen, e.what());
+        return DS4C_ERR_PROTOCOL;
+    } catch (const std::bad_alloc &) {
+        set_err(err, errlen, "out of memory");
+        return DS4C_ERR_PROTOCOL;
+    } catch (const std::exception &e) {
+        set_err(err, errlen, e.what());
+        return DS4C_ERR_PROTOCOL;
+    } catch (...) {
+        set_err(err, errlen, "unknown error");
+        return DS4C_ERR_PROTOCOL;
+    }
+}
+
+bool check_client(ds4c_client *c, char *err, size_t errlen) {
+    if (c && c->client) return true;
+    set_err(err, errlen, c ? "ds4c_client is not connected (call ds4c_reconnect)" : "ds4c_client is NULL");
+    return false;
+}
+
+}  // namespace
+
+extern "C" {
+
+int ds4c_connect(ds4c_client **out, const char *socket_path, char *err, size_t errlen) {
+    if (!out) {
+        set_err(err, errlen, "ds4c_connect: out is NULL");
+        return DS4C_ERR_ARG;
+    }
+    *out = nullptr;
+    ds4c_client *c = new (std::nothrow) ds4c_client;
+    if (!c) {
+        set_err(err, errlen, "out of memory");
+        return DS4C_ERR_PROTOCOL;
+    }
+    int rc = guarded(c, err, errlen, [&] {
+        c->path = socket_path ? socket_path : "";
+        c->client = std::make_unique<Client>(c->path, "libds4client-c");
+    });
+    if (rc != DS4C_OK) {
+        delete c;
+        return rc;
+    }
+    *out = c;
+    return DS4C_OK;
+}
+
+int ds4c_reconnect(ds4c_client *c, char *err, size_t errlen) {
+    if (!c) {
+        set_err(err, errlen, "ds4c_client is NULL");
+        return DS4C_ERR_ARG;
+    }
+    return guarded(c, err, errlen, [&] {
+        if (c->client)
+            c->client->reconnect();
+        else
+            c->client = std::make_unique<Client>(c->path, "libds4client-c");
+    });
+}
+
+void ds4c_free(ds4c_client *c) { delete c; }
+
+int ds4c_server_error_code(const ds4c_client *c) { return c ? c->server_code : 0; }
+
+int ds4c_get_model_info(ds4c_client *c, ds4c_model_info *out, char *err, size_t errlen) {
+    if (!check_client(c, err, errlen)) return DS4C_ERR_ARG;
+    if (!out) {
+        set_err(err, errlen, "ds4c_get_model_info: out is NULL");
+        return DS4C_ERR_ARG;
+    }
+    const ServerInfo &s = c->client->server_info();
+    std::memset(out, 0, sizeof *out);
+    out->protocol_version = s.protocol_version;
+    copy_str(out->family, sizeof out->family, s.model.family);
+    copy_str(out->name, sizeof out->name, s.model.name);
+    copy_str(out->backend, sizeof out->backend, s.model.backend);
+    out->n_layer = s.model.n_layer;
+    out->n_embd = s.model.n_embd;
+    out->n_vocab = s.model.n_vocab;
+    out->n_ctx_max = s.model.n_ctx_max;
+    out->n_head = s.model.n_head;
+    out->n_expert = s.model.n_expert;
+    out->default_ctx = s.default_ctx;
+    return DS4C_OK;
+}
+
+int ds4c_open_session(ds4c_client *c, const char *name, uint32_t ctx, uint64_t *session_out, uint32_t *n_tokens_out,
+                      char *err, size_t errlen) {
+    if (!check_client(c, err, errlen)) return DS4C_ERR_ARG;
+    if (!session_out) {
+        set_err(err, errlen, "ds4c_open_session: session_out is NULL");
+        return DS4C_ERR_ARG;
+    }
+    return guarded(c, err, errlen, [&] {
+        SessionInfo s = c->client->open_session(name ? name : "", ctx);
+        *session_out = s.id;
+        if (n_tokens_out) *n_tokens_out = s.n_tokens;
+    });
+}
+
+int ds4c_close_session(ds4c_client *c, uint64_t session, char *err, size_t errlen) {
+    if (!check_client(c, err, errlen)) return DS4C_ERR_ARG;
+    return guarded(c, err, errlen, [&] { c->client->close_session(session); });
+}
+
+void ds4c_generate_options_init(ds4c_generate_options *opt) {
+    if (!opt) return;
+    std::memset(opt, 0, sizeof *opt);
+    opt->top_p = 1.0f;
+    opt->max_tokens = 256;
+}
+
+int ds4c_generate(ds4c_client *c, const ds4c_generate_options *opt, ds4c_chunk_fn on_chunk, void *ud,
+                  ds4c_done *done_out, char *err, size_t errlen) {
+    if (!check_client(c, err, errlen)) return DS4C_ERR_ARG;
+    if (!opt) {
+        set_err(err, errlen, "ds4c_generate: options are NULL");
+        return DS4C_ERR_ARG;
+    }
+    const int forms = (opt->text != nullptr) + (opt->n_tokens > 0) + (opt->n_chat > 0);
+    if (forms != 1) {
+        set_err(err, errlen, "ds4c_generate: give exactly one of text, tokens, chat messages");
+        return DS4C_ERR_ARG;
+    }
+    if ((opt->n_tokens && !opt->tokens) || (opt->n_chat && (!opt->chat_roles || !opt->chat_contents)) ||
+        (opt->n_stop_strings && !opt->stop_strings) || (opt->n_stop_tokens && !opt->stop_tokens)) {
+        set_err(err, errlen, "ds4c_generate: a count is set but its array is NULL");
+        return DS4C_ERR_ARG;
+    }
+    for (size_t i = 0; i < opt->n_chat; ++i)
+        if (!opt->chat_roles[i] || !opt->chat_contents[i]) {
+            set_err(err, errlen, "ds4c_generate: NULL chat role or content");
+            return DS4C_ERR_ARG;
+        }
+    for (size_t i = 0; i < opt->n_stop_strings; ++i)
+        if (!opt->stop_strings[i]) {
+            set_err(err, errlen, "ds4c_generate: NULL stop string");
+            return DS4C_ERR_ARG;
+        }
+    return guarded(c, err, errlen, [&] {
+        GenerateRequest req;
+        req.session = opt->session;
+        if (opt->text) {
+            req.kind = GenerateRequest::Prompt::Text;
+            req.text = opt->text;
+        } else if (opt->n_tokens) {
+            req.kind = GenerateRequest::Prompt::Tokens;
+            req.tokens.assign(opt->tokens, opt->tokens + opt->n_tokens);
+        } else {
+            req.kind = GenerateRequest::Prompt::Chat;
+            for (size_t i = 0; i < opt->n_chat; ++i) req.messages.push_back({opt->chat_roles[i], opt->chat_contents[i]});
+        }
+        req.temperature = opt->temperature;
+        req.top_k = opt->top_k;
+        req.top_p = opt->top_p;
+        req.min_p = opt->min_p;
+        req.seed = opt->seed;
+        req.max_tokens = opt->max_tokens;
+        for (size_t i = 0; i < opt->n_stop_strings; ++i) req.stop_strings.emplace_back(opt->stop_strings[i]);
+        req.stop_tokens.assign(opt->stop_tokens, opt->stop_tokens + opt->n_stop_tokens);
+        req.ignore_eos = opt->ignore_eos != 0;
+        req.thinking = opt->thinking != 0;
+        GenerateCallbacks cb;
+        if (opt->request_id_out)
+            cb.on_start = [&](uint64_t id) { __atomic_store_n(opt->request_id_out, id, __ATOMIC_RELEASE); };
+        if (on_chunk)
+            cb.on_chunk = [&](const Chunk &ch) {
+                return on_chunk(ud, ch.tokens.data(), ch.tokens.size(), ch.text.data(), ch.text.size()) == 0;
+            };
+        DoneInfo d = c->client->generate(req, cb);
+        if (done_out) {
+            done_out->request_id = d.request_id;
+            done_out->reason = int32_t(d.reason);
+            done_out->prompt_tokens = d.prompt_tokens;
+            done_out->cached_tokens = d.cached_tokens;
+            done_out->generated_tokens = d.generated_tokens;
+            done_out->prefill_us = d.prefill_us;
+            done_out->decode_us = d.decode_us;
+            done_out->stop_token = d.stop_token;
+        }
+    });
+}
+
+int ds4c_cancel(ds4c_client *c, uint64_t request_id, char *err, size_t errlen) {
+    if (!check_client(c, err, errlen)) return DS4C_ERR_ARG;
+    return guarded(c, err, errlen, [&] { c->client->cancel(request_id); });
+}
+
+int ds4c_tokenize(ds4c_client *c, const char *text, int32_t *out, size_t cap, size_t *n_out, char *err, size_t errlen) {
+    if (!check_client(c, err, errlen)) return DS4C_ERR_ARG;
+    if (!text || !n_out || (cap && !out)) {
+        set_err(err, errlen, "ds4c_tokenize: NULL text, output or count");
+        return DS4C_ERR_ARG;
+    }
+    std::vector<int32_t> toks;
+    int rc = guarded(c, err, errlen, [&] { toks = c->client->tokenize(text); });
+    if (rc != DS4C_OK) return rc;
+    *n_out = toks.size();
+    if (toks.size() > cap) {
+        char msg[96];
+        std::snprintf(msg, sizeof msg, "ds4c_tokenize: %zu tokens do not fit a buffer of %zu", toks.size(), cap);
+        set_err(err, errlen, msg);
+        return DS4C_ERR_ARG;
+    }
+    if (!toks.empty()) std::memcpy(out, toks.data(), toks.size() * sizeof(int32_t));
+    return DS4C_OK;
+}
+
+int ds4c_detokenize(ds4c_client *c, const int32_t *tokens, size_t n, char *buf, size_t cap, size_t *len_out, char *err,
+                    size_t errlen) {
+    if (!check_client(c, err, errlen)) return DS4C_ERR_ARG;
+    if ((n && !tokens) || !len_out || (cap && !buf)) {
+        set_err(err, errlen, "ds4c_detokenize: NULL tokens, buffer or length");
+        return DS4C_ERR_ARG;
+    }
+    std::string text;
+    int rc = guarded(c, err, errlen, [&] { text = c->client->detokenize(std::span<const int32_t>(tokens, n)); });
+    if (rc != DS4C_OK) return rc;
+    *len_out = text.size();
+    if (text.size() + 1 > cap) {
+        char msg[96];
+        std::snprintf(msg, sizeof msg, "ds4c_detokenize: %zu bytes do not fit a buffer of %zu", text.size() + 1, cap);
+        set_err(err, errlen, msg);
+        return DS4C_ERR_ARG;
+    }
+    std::memcpy(buf, text.data(), text.size());
+    buf[text.size()] = '\0';
+    return DS4C_OK;
+}
+
+int ds4c_get_stats(ds4c_client *c, ds4c_stats *out, char *err, size_t errlen) {
+    if (!check_client(c, err, errlen)) return DS4C_ERR_ARG;
+    if (!out) {
+        set_err(err, errlen, "ds4c_get_stats: out is NULL");
+        return DS4C_ERR_ARG;
+    }
+    return guarded(c, err, errlen, [&] {
+        Stats s = c->client->stats();
+        out->uptime_s = s.uptime_s;
+        out->sessions = s.sessions;
+        out->connections = s.connections;
+        out->active_requests = s.active_requests;
+        out->queued_requests = s.queued_requests;
+        out->requests_total = s.requests_total;
+        out->tokens_in = s.tokens_in;
+        out->tokens_cached = s.tokens_cached;
+        out->tokens_out = s.tokens_out;
+        out->prefill_tok_s = s.prefill_tok_s;
+        out->decode_tok_s = s.decode_tok_s;
+        out->weights_bytes = s.memory.weights_bytes;
+        out->cache_bytes = s.memory.cache_bytes;
+        out->scratch_bytes = s.memory.scratch_bytes;
+        out->device_free = s.memory.device_free;
+        out->device_total = s.memory.device_total;
+    });
+}
+
+}  // extern "C"

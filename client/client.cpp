@@ -1,0 +1,386 @@
+#include "client/ds4client.hpp"
+
+#include <errno.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <mutex>
+
+#include "ipc/frame.h"
+#include "ipc/socket_path.h"
+
+namespace ds4::client {
+
+namespace fb = ipc::fb;
+
+ServerError::ServerError(int code_, std::string code_name_, std::string message, uint64_t request_id_)
+    : std::runtime_error("ds4d: " + code_name_ + ": " + message),
+      code(code_),
+      code_name(std::move(code_name_)),
+      server_message(std::move(message)),
+      request_id(request_id_) {}
+
+const char *finish_reason_name(FinishReason r) {
+    return ipc::finish_reason_name(static_cast<fb::FinishReason>(r));
+}
+
+namespace {
+
+std::string str(const flatbuffers::String *s) { return s ? s->str() : std::string(); }
+
+ModelInfo to_model(const fb::ModelInfo *m) {
+    ModelInfo out;
+    if (!m) return out;
+    out.family = str(m->family());
+    out.name = str(m->name());
+    out.backend = str(m->backend());
+    out.n_layer = m->n_layer();
+    out.n_embd = m->n_embd();
+    out.n_vocab = m->n_vocab();
+    out.n_ctx_max = m->n_ctx_max();
+    out.n_head = m->n_head();
+    out.n_expert = m->n_expert();
+    return out;
+}
+
+[[noreturn]] void throw_server_error(const fb::Envelope *env) {
+    const fb::Error *e = env->body_as_Error();
+    throw ServerError(int(e->code()), ipc::error_code_name(e->code()), str(e->message()), env->request_id());
+}
+
+[[noreturn]] void unexpected(const fb::Envelope *env, const char *wanted) {
+    throw ProtocolError(std::string("ds4d sent ") + fb::EnumNameMessage(env->body_type()) + " where " + wanted +
+                        " was expected");
+}
+
+}  // namespace
+
+struct Client::Impl {
+    std::string path;
+    std::string name;
+    int fd = -1;
+    ServerInfo info;
+    std::atomic<uint64_t> next_rid{1};
+    std::mutex write_mu;
+    ipc::FrameDecoder decoder;
+    int interrupt_fd = -1;
+    std::vector<uint8_t> rbuf = std::vector<uint8_t>(64 * 1024);
+
+    ~Impl() { close_fd(); }
+
+    void close_fd() {
+        if (fd >= 0) ::close(fd);
+        fd = -1;
+    }
+
+    void connect_socket() {
+        close_fd();
+        decoder = ipc::FrameDecoder();
+        if (path.size() > ipc::kMaxSocketPath)
+            throw ConnectError("socket path is longer than " + std::to_string(ipc::kMaxSocketPath) + " bytes: " + path);
+        int s = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (s < 0) throw ConnectError(std::string("socket(): ") + std::strerror(errno));
+        sockaddr_un addr{};
+        addr.sun_family = AF_UNIX;
+        std::memcpy(addr.sun_path, path.data(), path.size());
+        int rc;
+        do rc = ::connect(s, reinterpret_cast<sockaddr *>(&addr), sizeof addr);
+        while (rc < 0 && errno == EINTR);
+        if (rc < 0) {
+            int e = errno;
+            ::close(s);
+            throw ConnectError("cannot connect to ds4d at " + path + ": " + std::strerror(e));
+        }
+        fd = s;
+    }
+
+    uint64_t rid() { return next_rid.fetch_add(1); }
+
+    void send_bytes(const uint8_t *p, size_t n) {
+        std::lock_guard<std::mutex> lk(write_mu);
+        if (fd < 0) throw ProtocolError("not connected to ds4d");
+        while (n > 0) {
+            ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL);
+            if (w < 0) {
+                if (errno == EINTR) continue;
+                throw ProtocolError(std::string("lost the connection to ds4d: ") + std::strerror(errno));
+            }
+            p += w;
+            n -= size_t(w);
+        }
+    }
+
+    void send(const flatbuffers::FlatBufferBuilder &fbb) { send_bytes(fbb.GetBufferPointer(), fbb.GetSize()); }
+
+    // Next frame from the daemon; valid until the next call. on_interrupt runs when the
+    // interrupt fd becomes readable (after draining it).
+    const fb::Envelope *read_frame(const std::function<void()> &on_interrupt = {}) {
+        for (;;) {
+            auto st = decoder.next();
+            if (st == ipc::FrameDecoder::Status::Frame) return decoder.envelope();
+            if (st == ipc::FrameDecoder::Status::Error)
+                throw ProtocolError("unreadable frame from ds4d: " + decoder.error_message());
+            if (fd < 0) throw ProtocolError("not connected to ds4d");
+            pollfd pfd[2] = {{fd, POLLIN, 0}, {interrupt_fd, POLLIN, 0}};
+            const int nfds = (on_interrupt && interrupt_fd >= 0) ? 2 : 1;
+            int rc = ::poll(pfd, nfds_t(nfds), -1);
+            if (rc < 0) {
+                if (errno == EINTR) continue;
+                throw ProtocolError(std::string("poll(): ") + std::strerror(errno));
+            }
+            if (nfds == 2 && (pfd[1].revents & POLLIN)) {
+                char sink[64];
+                while (::read(interrupt_fd, sink, sizeof sink) == ssize_t(sizeof sink)) {
+                }
+                on_interrupt();
+            }
+            if (!(pfd[0].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+            ssize_t r = ::recv(fd, rbuf.data(), rbuf.size(), 0);
+            if (r < 0) {
+                if (errno == EINTR || errno == EAGAIN) continue;
+                int e = errno;
+                close_fd();
+                throw ProtocolError(std::string("lost the connection to ds4d: ") + std::strerror(e));
+            }
+            if (r == 0) {
+                close_fd();
+                throw ProtocolError("ds4d closed the connection");
+            }
+            decoder.feed(rbuf.data(), size_t(r));
+        }
+    }
+
+    // Reads until the reply to rid; Error replies (and unattributed errors) throw.
+    const fb::Envelope *await(uint64_t rid) {
+        for (;;) {
+            const fb::Envelope *env = read_frame();
+            const bool is_error = env->body_type() == fb::Message::Error;
+            if (is_error && (env->request_id() == rid || env->request_id() == 0)) throw_server_error(env);
+            if (env->request_id() == rid) return env;
+            // A late frame of an earlier request (e.g. one abandoned by an exception): skip.
+        }
+    }
+
+    void do_hello() {
+        flatbuffers::FlatBufferBuilder fbb;
+        const uint64_t id = rid();
+        ipc::finish_frame(fbb, id, fb::CreateHelloDirect(fbb, ipc::kProtocolVersion, name.c_str()));
+        send(fbb);
+        const fb::Envelope *env = await(id);
+        const fb::HelloOk *ok = env->body_as_HelloOk();
+        if (!ok) unexpected(env, "HelloOk");
+        info.protocol_version = ok->protocol_version();
+        info.server = str(ok->server());
+        info.model = to_model(ok->model());
+        info.default_ctx = ok->default_ctx();
+        info.max_frame = ok->max_frame();
+        if (info.protocol_version != ipc::kProtocolVersion)
+            throw ProtocolError("ds4d speaks protocol " + std::to_string(info.protocol_version) + ", this client " +
+                                std::to_string(ipc::kProtocolVersion));
+    }
+};
+
+Client::Client(std::string socket_path, std::string client_name) : impl_(std::make_unique<Impl>()) {
+    impl_->path = socket_path.empty() ? ipc::default_socket_path() : std::move(socket_path);
+    impl_->name = std::move(client_name);
+    impl_->connect_socket();
+    impl_->do_hello();
+}
+
+Client::~Client() = default;
+
+void Client::reconnect() {
+    impl_->connect_socket();
+    impl_->do_hello();
+}
+
+void Client::disconnect() { impl_->close_fd(); }
+bool Client::connected() const { return impl_->fd >= 0; }
+const std::string &Client::socket_path() const { return impl_->path; }
+
+ServerInfo Client::hello() {
+    impl_->do_hello();
+    return impl_->info;
+}
+
+const ServerInfo &Client::server_info() const { return impl_->info; }
+
+SessionInfo Client::open_session(const std::string &name, uint32_t ctx) {
+    flatbuffers::FlatBufferBuilder fbb;
+    const uint64_t id = impl_->rid();
+    ipc::finish_frame(fbb, id, fb::CreateOpenSessionDirect(fbb, name.c_str(), ctx));
+    impl_->send(fbb);
+    const fb::Envelope *env = impl_->await(id);
+    const fb::SessionOpened *o = env->body_as_SessionOpened();
+    if (!o) unexpected(env, "SessionOpened");
+    return SessionInfo{o->session(), str(o->name()), o->ctx(), o->n_tokens(), o->created()};
+}
+
+void Client::close_session(uint64_t session) {
+    flatbuffers::FlatBufferBuilder fbb;
+    const uint64_t id = impl_->rid();
+    ipc::finish_frame(fbb, id, fb::CreateClose(fbb, session));
+    impl_->send(fbb);
+    const fb::Envelope *env = impl_->await(id);
+    if (!env->body_as_Ok()) unexpected(env, "Ok");
+}
+
+DoneInfo Client::generate(const GenerateRequest &req, const GenerateCallbacks &cb) {
+    flatbuffers::FlatBufferBuilder fbb(1024 + req.text.size() + req.tokens.size() * 4);
+    flatbuffers::Offset<flatbuffers::String> text;
+    flatbuffers::Offset<flatbuffers::Vector<int32_t>> tokens;
+    flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<fb::ChatMessage>>> messages;
+    switch (req.kind) {
+    case GenerateRequest::Prompt::Text: text = fbb.CreateString(req.text); break;
+    case GenerateRequest::Prompt::Tokens: tokens = fbb.CreateVector(req.tokens); break;
+    case GenerateRequest::Prompt::Chat: {
+        std::vector<flatbuffers::Offset<fb::ChatMessage>> msgs;
+        for (const auto &m : req.messages)
+            msgs.push_back(fb::CreateChatMessage(fbb, fbb.CreateString(m.role), fbb.CreateString(m.content)));
+        messages = fbb.CreateVector(msgs);
+        break;
+    }
+    }
+    std::vector<flatbuffers::Offset<flatbuffers::String>> stops;
+    for (const auto &s : req.stop_strings) stops.push_back(fbb.CreateString(s));
+    auto stop_strings = stops.empty() ? 0 : fbb.CreateVector(stops);
+    auto stop_tokens = req.stop_tokens.empty() ? 0 : fbb.CreateVector(req.stop_tokens);
+    auto sampling = fb::CreateSampling(fbb, req.temperature, req.top_k, req.top_p, req.min_p, req.seed);
+    auto body = fb::CreateGenerate(fbb, req.session, text, tokens, messages, req.add_generation_prompt, req.thinking,
+                                   sampling, req.max_tokens, stop_strings, stop_tokens, req.ignore_eos, req.progress);
+    const uint64_t id = impl_->rid();
+    ipc::finish_frame(fbb, id, body);
+    impl_->send(fbb);
+    if (cb.on_start) cb.on_start(id);
+
+    bool cancel_sent = false;
+    auto cancel_once = [&] {
+        if (!cancel_sent) {
+            cancel_sent = true;
+            cancel(id);
+        }
+    };
+    std::exception_ptr callback_error;
+    for (;;) {
+        const fb::Envelope *env = impl_->read_frame(cancel_once);
+        if (env->request_id() != id) {
+            if (env->body_type() == fb::Message::Error && env->request_id() == 0) throw_server_error(env);
+            continue;
+        }
+        switch (env->body_type()) {
+        case fb::Message::TokenChunk: {
+            if (callback_error || !cb.on_chunk) break;
+            const fb::TokenChunk *c = env->body_as_TokenChunk();
+            Chunk chunk;
+            if (c->tokens()) chunk.tokens = std::span<const int32_t>(c->tokens()->data(), c->tokens()->size());
+            if (c->text()) chunk.text = std::string_view(c->text()->data(), c->text()->size());
+            try {
+                if (!cb.on_chunk(chunk)) cancel_once();
+            } catch (...) {
+                callback_error = std::current_exception();
+                cancel_once();
+            }
+            break;
+        }
+        case fb::Message::Progress:
+            if (cb.on_progress && !callback_error) {
+                try {
+                    cb.on_progress(env->body_as_Progress()->current(), env->body_as_Progress()->total());
+                } catch (...) {
+                    callback_error = std::current_exception();
+                    cancel_once();
+                }
+            }
+            break;
+        case fb::Message::Done: {
+            if (callback_error) std::rethrow_exception(callback_error);
+            const fb::Done *d = env->body_as_Done();
+            DoneInfo out;
+            out.request_id = id;
+            out.reason = static_cast<FinishReason>(d->reason());
+            out.prompt_tokens = d->prompt_tokens();
+            out.cached_tokens = d->cached_tokens();
+            out.generated_tokens = d->generated_tokens();
+            out.prefill_us = d->prefill_us();
+            out.decode_us = d->decode_us();
+            out.stop_token = d->stop_token();
+            return out;
+        }
+        case fb::Message::Error:
+            if (callback_error) std::rethrow_exception(callback_error);
+            throw_server_error(env);
+        default: unexpected(env, "TokenChunk, Progress or Done");
+        }
+    }
+}
+
+void Client::cancel(uint64_t request_id) {
+    flatbuffers::FlatBufferBuilder fbb(64);
+    ipc::finish_frame(fbb, impl_->rid(), fb::CreateCancel(fbb, request_id));
+    impl_->send(fbb);
+}
+
+void Client::set_interrupt_fd(int fd) { impl_->interrupt_fd = fd; }
+
+std::vector<int32_t> Client::tokenize(const std::string &text, bool special) {
+    flatbuffers::FlatBufferBuilder fbb(128 + text.size());
+    const uint64_t id = impl_->rid();
+    ipc::finish_frame(fbb, id, fb::CreateTokenize(fbb, fbb.CreateString(text), special));
+    impl_->send(fbb);
+    const fb::Envelope *env = impl_->await(id);
+    const fb::TokenizeResult *r = env->body_as_TokenizeResult();
+    if (!r) unexpected(env, "TokenizeResult");
+    std::vector<int32_t> out;
+    if (r->tokens()) out.assign(r->tokens()->begin(), r->tokens()->end());
+    return out;
+}
+
+std::string Client::detokenize(std::span<const int32_t> tokens) {
+    flatbuffers::FlatBufferBuilder fbb(128 + tokens.size() * 4);
+    const uint64_t id = impl_->rid();
+    ipc::finish_frame(fbb, id, fb::CreateDetokenize(fbb, fbb.CreateVector(tokens.data(), tokens.size())));
+    impl_->send(fbb);
+    const fb::Envelope *env = impl_->await(id);
+    const fb::DetokenizeResult *r = env->body_as_DetokenizeResult();
+    if (!r) unexpected(env, "DetokenizeResult");
+    return str(r->text());
+}
+
+Stats Client::stats() {
+    flatbuffers::FlatBufferBuilder fbb(64);
+    const uint64_t id = impl_->rid();
+    ipc::finish_frame(fbb, id, fb::CreateStats(fbb));
+    impl_->send(fbb);
+    const fb::Envelope *env = impl_->await(id);
+    const fb::StatsResult *r = env->body_as_StatsResult();
+    if (!r) unexpected(env, "StatsResult");
+    Stats s;
+    s.uptime_s = r->uptime_s();
+    s.model = to_model(r->model());
+    s.sessions = r->sessions();
+    s.connections = r->connections();
+    s.active_requests = r->active_requests();
+    s.queued_requests = r->queued_requests();
+    s.requests_total = r->requests_total();
+    s.tokens_in = r->tokens_in();
+    s.tokens_cached = r->tokens_cached();
+    s.tokens_out = r->tokens_out();
+    s.prefill_tok_s = r->prefill_tok_s();
+    s.decode_tok_s = r->decode_tok_s();
+    if (const fb::MemoryStats *m = r->memory()) {
+        s.memory.weights_bytes = m->weights_bytes();
+        s.memory.cache_bytes = m->cache_bytes();
+        s.memory.scratch_bytes = m->scratch_bytes();
+        s.memory.device_free = m->device_free();
+        s.memory.device_total = m->device_total();
+    }
+    return s;
+}
+
+void Client::send_raw(std::span<const uint8_t> bytes) { impl_->send_bytes(bytes.data(), bytes.size()); }
+
+}  // namespace ds4::client

@@ -1,0 +1,294 @@
+// `ds4`: the command-line client of ds4d (run, chat, stats, tokenize). See usage_text().
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <string>
+
+#include "client/cli_args.h"
+#include "client/ds4client.hpp"
+
+using namespace ds4::client;
+
+namespace {
+
+constexpr int kExitOk = 0;
+constexpr int kExitUsage = 2;
+constexpr int kExitConnect = 3;
+constexpr int kExitServer = 4;
+constexpr int kExitInterrupted = 130;
+
+int g_sigpipe[2] = {-1, -1};
+
+void on_sigint(int) {
+    const int saved = errno;
+    const char b = 1;
+    [[maybe_unused]] ssize_t w = ::write(g_sigpipe[1], &b, 1);
+    errno = saved;
+}
+
+// SIGINT becomes a byte on a self-pipe: the client cancels the running request when it
+// sees it, and the chat prompt just starts a new line. No SA_RESTART, so a blocking read
+// of the prompt returns EINTR.
+void install_sigint() {
+    if (::pipe2(g_sigpipe, O_CLOEXEC | O_NONBLOCK) != 0) return;
+    struct sigaction sa {};
+    sa.sa_handler = on_sigint;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = 0;
+    sigaction(SIGINT, &sa, nullptr);
+}
+
+bool drain_sigpipe() {
+    bool any = false;
+    char buf[64];
+    while (g_sigpipe[0] >= 0 && ::read(g_sigpipe[0], buf, sizeof buf) > 0) any = true;
+    return any;
+}
+
+struct Progress {
+    bool tty = ::isatty(2);
+    bool shown = false;
+    void update(uint32_t cur, uint32_t total) {
+        if (!tty) return;
+        std::fprintf(stderr, "\r\033[Kprefill %u/%u", cur, total);
+        shown = true;
+    }
+    void clear() {
+        if (shown) std::fprintf(stderr, "\r\033[K");
+        shown = false;
+    }
+};
+
+// Streams one answer to stdout. Returns the Done info.
+DoneInfo stream_answer(Client &client, const GenerateRequest &req, bool ids, bool *last_newline) {
+    Progress progress;
+    bool first_id = true;
+    GenerateCallbacks cb;
+    cb.on_progress = [&](uint32_t cur, uint32_t total) { progress.update(cur, total); };
+    cb.on_chunk = [&](const Chunk &c) {
+        progress.clear();
+        if (ids) {
+            for (int32_t t : c.tokens) {
+                std::fprintf(stdout, first_id ? "%d" : " %d", t);
+                first_id = false;
+            }
+        } else if (!c.text.empty()) {
+            std::fwrite(c.text.data(), 1, c.text.size(), stdout);
+            *last_newline = c.text.back() == '\n';
+        }
+        std::fflush(stdout);
+        return true;
+    };
+    DoneInfo d = client.generate(req, cb);
+    progress.clear();
+    return d;
+}
+
+GenerateRequest base_request(const CliArgs &a) {
+    GenerateRequest req;
+    req.max_tokens = a.max_tokens;
+    req.temperature = a.temperature;
+    req.top_k = a.top_k;
+    req.top_p = a.top_p;
+    req.min_p = a.min_p;
+    req.seed = a.seed;
+    req.stop_strings = a.stops;
+    req.thinking = a.think;
+    req.progress = ::isatty(2);
+    return req;
+}
+
+void print_summary(const DoneInfo &d) {
+    if (!::isatty(2)) return;
+    const double tok_s = d.decode_us ? d.generated_tokens * 1e6 / double(d.decode_us) : 0.0;
+    std::fprintf(stderr, "[%s: %u prompt tokens (%u cached), %u generated, %.1f tok/s]\n",
+                 finish_reason_name(d.reason), d.prompt_tokens, d.cached_tokens, d.generated_tokens, tok_s);
+}
+
+std::string read_all_stdin() {
+    std::string s;
+    char buf[65536];
+    for (;;) {
+        ssize_t r = ::read(0, buf, sizeof buf);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        s.append(buf, size_t(r));
+    }
+    return s;
+}
+
+int cmd_run(Client &client, const CliArgs &a) {
+    GenerateRequest req = base_request(a);
+    const std::string prompt = a.prompt == "-" ? read_all_stdin() : a.prompt;
+    if (!a.session.empty()) req.session = client.open_session(a.session).id;
+    if (a.raw) {
+        req.kind = GenerateRequest::Prompt::Text;
+        req.text = prompt;
+    } else {
+        req.kind = GenerateRequest::Prompt::Chat;
+        req.messages.push_back({"user", prompt});
+    }
+    client.set_interrupt_fd(g_sigpipe[0]);
+    bool last_newline = false;
+    DoneInfo d = stream_answer(client, req, a.ids, &last_newline);
+    if (a.ids) std::fputc('\n', stdout);
+    else if (::isatty(1) && !last_newline) std::fputc('\n', stdout);
+    std::fflush(stdout);
+    print_summary(d);
+    return d.reason == FinishReason::Cancelled && drain_sigpipe() ? kExitInterrupted : kExitOk;
+}
+
+// One line from stdin; false at end of input. An interrupt at the prompt yields an empty line.
+bool read_line(std::string &line, bool *interrupted) {
+    static std::string pending;
+    *interrupted = false;
+    for (;;) {
+        size_t nl = pending.find('\n');
+        if (nl != std::string::npos) {
+            line = pending.substr(0, nl);
+            pending.erase(0, nl + 1);
+            return true;
+        }
+        char buf[4096];
+        ssize_t r = ::read(0, buf, sizeof buf);
+        if (r < 0 && errno == EINTR) {
+            if (drain_sigpipe()) {
+                pending.clear();
+                *interrupted = true;
+                line.clear();
+                return true;
+            }
+            continue;
+        }
+        if (r <= 0) {
+            if (pending.empty()) return false;
+            line.swap(pending);
+            pending.clear();
+            return true;
+        }
+        pending.append(buf, size_t(r));
+    }
+}
+
+int cmd_chat(Client &client, const CliArgs &a) {
+    const bool tty_in = ::isatty(0);
+    SessionInfo s = client.open_session(a.session);
+    if (tty_in) {
+        const ServerInfo &info = client.server_info();
+        std::fprintf(stderr, "ds4 chat with %s (%s)%s. Ctrl-C stops an answer, /exit leaves.\n",
+                     info.model.name.c_str(), info.model.family.c_str(),
+                     s.n_tokens ? (", continuing session " + s.name).c_str() : "");
+    }
+    client.set_interrupt_fd(g_sigpipe[0]);
+    std::string line;
+    for (;;) {
+        if (tty_in) {
+            std::fputs("> ", stdout);
+            std::fflush(stdout);
+        }
+        bool interrupted = false;
+        if (!read_line(line, &interrupted)) break;
+        if (interrupted) {
+            std::fputc('\n', stdout);
+            continue;
+        }
+        if (line == "/exit" || line == "/quit") break;
+        if (line.empty()) continue;
+        drain_sigpipe();
+        GenerateRequest req = base_request(a);
+        req.session = s.id;
+        req.kind = GenerateRequest::Prompt::Chat;
+        req.messages.push_back({"user", line});
+        bool last_newline = false;
+        DoneInfo d = stream_answer(client, req, false, &last_newline);
+        if (!last_newline) std::fputc('\n', stdout);
+        std::fflush(stdout);
+        if (d.reason == FinishReason::Cancelled) {
+            drain_sigpipe();
+            if (tty_in) std::fprintf(stderr, "[stopped]\n");
+        }
+    }
+    if (tty_in) std::fputc('\n', stdout);
+    return kExitOk;
+}
+
+std::string bytes(uint64_t b) {
+    char buf[64];
+    if (b >= (1ull << 30)) std::snprintf(buf, sizeof buf, "%.2f GiB", double(b) / double(1ull << 30));
+    else if (b >= (1ull << 20)) std::snprintf(buf, sizeof buf, "%.2f MiB", double(b) / double(1ull << 20));
+    else if (b >= (1ull << 10)) std::snprintf(buf, sizeof buf, "%.2f KiB", double(b) / double(1ull << 10));
+    else std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(b));
+    return buf;
+}
+
+int cmd_stats(Client &client) {
+    Stats s = client.stats();
+    const ModelInfo &m = s.model;
+    std::printf("uptime       %.1f s\n", s.uptime_s);
+    std::printf("model        %s (%s, %s): %u layers, %u wide, %u heads, %u experts, vocab %u, context max %u\n",
+                m.name.c_str(), m.family.c_str(), m.backend.c_str(), m.n_layer, m.n_embd, m.n_head, m.n_expert,
+                m.n_vocab, m.n_ctx_max);
+    std::printf("connections  %u\n", s.connections);
+    std::printf("sessions     %u\n", s.sessions);
+    std::printf("requests     %llu total, %u active, %u queued\n", static_cast<unsigned long long>(s.requests_total),
+                s.active_requests, s.queued_requests);
+    std::printf("tokens       %llu in (%llu cached), %llu out\n", static_cast<unsigned long long>(s.tokens_in),
+                static_cast<unsigned long long>(s.tokens_cached), static_cast<unsigned long long>(s.tokens_out));
+    std::printf("throughput   prefill %.1f tok/s, decode %.1f tok/s\n", s.prefill_tok_s, s.decode_tok_s);
+    std::printf("memory       weights %s, caches %s, scratch %s", bytes(s.memory.weights_bytes).c_str(),
+                bytes(s.memory.cache_bytes).c_str(), bytes(s.memory.scratch_bytes).c_str());
+    if (s.memory.device_total)
+        std::printf(", device %s free of %s", bytes(s.memory.device_free).c_str(),
+                    bytes(s.memory.device_total).c_str());
+    std::printf("\n");
+    return kExitOk;
+}
+
+int cmd_tokenize(Client &client, const CliArgs &a) {
+    std::vector<int32_t> toks = client.tokenize(a.prompt);
+    for (size_t i = 0; i < toks.size(); ++i) std::printf(i ? " %d" : "%d", toks[i]);
+    std::printf("\n");
+    return kExitOk;
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+    CliArgs a;
+    try {
+        a = parse_cli(argc, argv);
+    } catch (const UsageError &e) {
+        std::fprintf(stderr, "ds4: %s\nRun 'ds4 --help' for usage.\n", e.what());
+        return kExitUsage;
+    }
+    if (a.command == CliArgs::Command::Help) {
+        std::fputs(usage_text().c_str(), stdout);
+        return kExitOk;
+    }
+    install_sigint();
+    try {
+        Client client(a.socket, "ds4");
+        switch (a.command) {
+        case CliArgs::Command::Run: return cmd_run(client, a);
+        case CliArgs::Command::Chat: return cmd_chat(client, a);
+        case CliArgs::Command::Stats: return cmd_stats(client);
+        case CliArgs::Command::Tokenize: return cmd_tokenize(client, a);
+        case CliArgs::Command::Help: break;
+        }
+        return kExitOk;
+    } catch (const ConnectError &e) {
+        std::fprintf(stderr, "ds4: %s\n", e.what());
+        return kExitConnect;
+    } catch (const ServerError &e) {
+        std::fprintf(stderr, "ds4: %s\n", e.what());
+        return kExitServer;
+    } catch (const std::exception &e) {
+        std::fprintf(stderr, "ds4: %s\n", e.what());
+        return kExitServer;
+    }
+}

@@ -1,0 +1,118 @@
+/* libds4client C ABI: a thin layer over the C++ client (ds4client.hpp) for other languages.
+ *
+ * Every fallible call returns DS4C_OK (0) or a DS4C_ERR_* code and writes a NUL-terminated
+ * message into the caller's err buffer (err may be NULL). No exception crosses this ABI.
+ * A ds4c_client is used by one thread at a time, except ds4c_cancel. */
+#ifndef DS4CLIENT_H
+#define DS4CLIENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum {
+    DS4C_OK = 0,
+    DS4C_ERR_ARG = 1,      /* bad argument (NULL handle, buffer too small, ...) */
+    DS4C_ERR_CONNECT = 2,  /* the daemon could not be reached */
+    DS4C_ERR_PROTOCOL = 3, /* connection lost or unusable reply */
+    DS4C_ERR_SERVER = 4    /* the daemon answered with an error: see ds4c_server_error_code */
+};
+
+/* Finish reasons, the same values as the wire protocol's FinishReason. */
+enum {
+    DS4C_FINISH_STOP = 0,
+    DS4C_FINISH_STOP_STRING = 1,
+    DS4C_FINISH_LENGTH = 2,
+    DS4C_FINISH_CONTEXT = 3,
+    DS4C_FINISH_CANCELLED = 4
+};
+
+typedef struct ds4c_client ds4c_client;
+
+typedef struct {
+    uint32_t protocol_version;
+    char family[32];
+    char name[64];
+    char backend[16];
+    uint32_t n_layer, n_embd, n_vocab, n_ctx_max, n_head, n_expert;
+    uint32_t default_ctx;
+} ds4c_model_info;
+
+typedef struct {
+    uint64_t session;              /* 0: one-shot session */
+    /* Exactly one prompt form: text, or tokens (n_tokens > 0), or chat messages. */
+    const char *text;
+    const int32_t *tokens;
+    size_t n_tokens;
+    const char *const *chat_roles;
+    const char *const *chat_contents;
+    size_t n_chat;
+    float temperature;             /* 0: greedy */
+    int32_t top_k;
+    float top_p;
+    float min_p;
+    uint64_t seed;
+    uint32_t max_tokens;
+    const char *const *stop_strings;
+    size_t n_stop_strings;
+    const int32_t *stop_tokens;
+    size_t n_stop_tokens;
+    int32_t ignore_eos;
+    int32_t thinking;
+    uint64_t *request_id_out;      /* optional: set before the first chunk, for ds4c_cancel from another thread */
+} ds4c_generate_options;
+
+typedef struct {
+    uint64_t request_id;
+    int32_t reason;                /* DS4C_FINISH_* */
+    uint32_t prompt_tokens, cached_tokens, generated_tokens;
+    uint64_t prefill_us, decode_us;
+    int32_t stop_token;
+} ds4c_done;
+
+typedef struct {
+    double uptime_s;
+    uint32_t sessions, connections, active_requests, queued_requests;
+    uint64_t requests_total, tokens_in, tokens_cached, tokens_out;
+    double prefill_tok_s, decode_tok_s;
+    uint64_t weights_bytes, cache_bytes, scratch_bytes, device_free, device_total;
+} ds4c_stats;
+
+/* Called for every streamed chunk; text is not NUL-terminated. Return nonzero to cancel. */
+typedef int (*ds4c_chunk_fn)(void *ud, const int32_t *tokens, size_t n_tokens, const char *text, size_t text_len);
+
+/* socket_path NULL or "": the default ($XDG_RUNTIME_DIR/ds4.sock, else /tmp/ds4-$UID.sock). */
+int ds4c_connect(ds4c_client **out, const char *socket_path, char *err, size_t errlen);
+int ds4c_reconnect(ds4c_client *c, char *err, size_t errlen);
+void ds4c_free(ds4c_client *c);
+
+/* The ErrorCode of the last DS4C_ERR_SERVER failure on this client, 0 if none. */
+int ds4c_server_error_code(const ds4c_client *c);
+
+int ds4c_get_model_info(ds4c_client *c, ds4c_model_info *out, char *err, size_t errlen);
+
+/* name NULL or "": an anonymous session owned by this connection. */
+int ds4c_open_session(ds4c_client *c, const char *name, uint32_t ctx, uint64_t *session_out, uint32_t *n_tokens_out,
+                      char *err, size_t errlen);
+int ds4c_close_session(ds4c_client *c, uint64_t session, char *err, size_t errlen);
+
+void ds4c_generate_options_init(ds4c_generate_options *opt);
+int ds4c_generate(ds4c_client *c, const ds4c_generate_options *opt, ds4c_chunk_fn on_chunk, void *ud,
+                  ds4c_done *done_out, char *err, size_t errlen);
+int ds4c_cancel(ds4c_client *c, uint64_t request_id, char *err, size_t errlen);
+
+/* *n_out gets the token count even when cap is too small (then DS4C_ERR_ARG). */
+int ds4c_tokenize(ds4c_client *c, const char *text, int32_t *out, size_t cap, size_t *n_out, char *err, size_t errlen);
+/* *len_out gets the text length (without NUL); buf needs len+1 bytes, else DS4C_ERR_ARG. */
+int ds4c_detokenize(ds4c_client *c, const int32_t *tokens, size_t n, char *buf, size_t cap, size_t *len_out, char *err,
+                    size_t errlen);
+int ds4c_get_stats(ds4c_client *c, ds4c_stats *out, char *err, size_t errlen);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DS4CLIENT_H */

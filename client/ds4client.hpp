@@ -1,0 +1,162 @@
+// libds4client: the C++ client of ds4d. One Client is one socket connection; calls are
+// synchronous and not thread-safe, except cancel(), which may be called from another
+// thread while generate() runs. Nothing reconnects behind the caller's back.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace ds4::client {
+
+// The daemon could not be reached (no socket, refused, path too long).
+struct ConnectError : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+// The connection broke or the daemon sent something this client cannot use.
+struct ProtocolError : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+// The daemon answered with an Error message. code is the wire ErrorCode value.
+struct ServerError : std::runtime_error {
+    ServerError(int code, std::string code_name, std::string message, uint64_t request_id);
+    int code;
+    std::string code_name;
+    std::string server_message;
+    uint64_t request_id;
+};
+
+struct ModelInfo {
+    std::string family, name, backend;
+    uint32_t n_layer = 0, n_embd = 0, n_vocab = 0, n_ctx_max = 0, n_head = 0, n_expert = 0;
+};
+
+struct ServerInfo {
+    uint32_t protocol_version = 0;
+    std::string server;
+    ModelInfo model;
+    uint32_t default_ctx = 0;
+    uint32_t max_frame = 0;
+};
+
+struct SessionInfo {
+    uint64_t id = 0;
+    std::string name;
+    uint32_t ctx = 0;
+    uint32_t n_tokens = 0;
+    bool created = false;
+};
+
+struct ChatMessage {
+    std::string role, content;
+};
+
+// The prompt is one of: text (plain completion), tokens, or chat messages (rendered with
+// the model's template; a continuation when the session has history).
+struct GenerateRequest {
+    uint64_t session = 0;   // 0: one-shot session
+    enum class Prompt { Text, Tokens, Chat } kind = Prompt::Text;
+    std::string text;
+    std::vector<int32_t> tokens;
+    std::vector<ChatMessage> messages;
+    bool add_generation_prompt = true;
+    bool thinking = false;
+    float temperature = 0.0f;   // 0: greedy
+    int32_t top_k = 0;
+    float top_p = 1.0f;
+    float min_p = 0.0f;
+    uint64_t seed = 0;
+    uint32_t max_tokens = 256;
+    std::vector<std::string> stop_strings;
+    std::vector<int32_t> stop_tokens;
+    bool ignore_eos = false;
+    bool progress = false;      // ask for prefill progress reports
+};
+
+enum class FinishReason { Stop = 0, StopString, Length, Context, Cancelled };
+const char *finish_reason_name(FinishReason r);
+
+struct Chunk {
+    std::span<const int32_t> tokens;
+    std::string_view text;
+};
+
+struct DoneInfo {
+    uint64_t request_id = 0;
+    FinishReason reason = FinishReason::Stop;
+    uint32_t prompt_tokens = 0, cached_tokens = 0, generated_tokens = 0;
+    uint64_t prefill_us = 0, decode_us = 0;
+    int32_t stop_token = -1;
+};
+
+struct GenerateCallbacks {
+    // Return false to cancel the request (generate() still returns its Done).
+    std::function<bool(const Chunk &)> on_chunk;
+    std::function<void(uint32_t current, uint32_t total)> on_progress;
+    // Called once the request id is known, before any chunk (so another thread can cancel).
+    std::function<void(uint64_t request_id)> on_start;
+};
+
+struct MemoryStats {
+    uint64_t weights_bytes = 0, cache_bytes = 0, scratch_bytes = 0, device_free = 0, device_total = 0;
+};
+
+struct Stats {
+    double uptime_s = 0;
+    ModelInfo model;
+    uint32_t sessions = 0, connections = 0, active_requests = 0, queued_requests = 0;
+    uint64_t requests_total = 0, tokens_in = 0, tokens_cached = 0, tokens_out = 0;
+    double prefill_tok_s = 0, decode_tok_s = 0;
+    MemoryStats memory;
+};
+
+class Client {
+public:
+    // Connects to socket_path (empty: the default path) and performs the Hello exchange.
+    explicit Client(std::string socket_path = {}, std::string client_name = "libds4client");
+    ~Client();
+    Client(const Client &) = delete;
+    Client &operator=(const Client &) = delete;
+
+    // Drops the connection (if any) and connects again, Hello included. Sessions owned by
+    // the old connection are gone; named sessions survive.
+    void reconnect();
+    void disconnect();
+    bool connected() const;
+    const std::string &socket_path() const;
+
+    ServerInfo hello();
+    const ServerInfo &server_info() const;
+
+    // name empty: an anonymous session owned by this connection.
+    SessionInfo open_session(const std::string &name = {}, uint32_t ctx = 0);
+    void close_session(uint64_t session);
+
+    DoneInfo generate(const GenerateRequest &req, const GenerateCallbacks &cb = {});
+
+    // Thread-safe. Asks the daemon to stop request_id; no reply of its own.
+    void cancel(uint64_t request_id);
+
+    // While generate() waits, a readable interrupt fd (e.g. the read end of a self-pipe that
+    // a SIGINT handler writes to) is drained and the current request cancelled. -1: none.
+    void set_interrupt_fd(int fd);
+
+    std::vector<int32_t> tokenize(const std::string &text, bool special = false);
+    std::string detokenize(std::span<const int32_t> tokens);
+    Stats stats();
+
+    // Sends one raw frame (length prefix included), for tests of the daemon's error paths.
+    void send_raw(std::span<const uint8_t> bytes);
+
+private:
+    struct Impl;
+    std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ds4::client
