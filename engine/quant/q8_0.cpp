@@ -10,24 +10,26 @@
 
 namespace ds4::quant::detail {
 
-// int8 code of v (already scaled); NaN -> 0.
+// int8 code of v (already scaled), ties away from zero as GGML's reference; NaN -> 0.
 static inline int8_t clamp_round_i8(float v) {
     if (!(v == v)) return 0;
-    v = std::nearbyint(v);
+    v = std::round(v);
     return int8_t(v > 127.f ? 127.f : (v < -127.f ? -127.f : v));
 }
 
-// As GGML: d = amax / 127, q = round(x / d); d stored as f16 (ties round to even here).
+// As GGML: d = amax / 127, q = round(x * (1 / d)); d stored as f16. Non-finite inputs
+// are coded as 0 and do not affect the scale.
 void quant_q8_0(const float *src, void *dst, int64_t n) {
     BlockQ8_0 *y = static_cast<BlockQ8_0 *>(dst);
     for (int64_t b = 0; b < n / kQK8_0; ++b) {
         const float *x = src + b * kQK8_0;
         float amax = 0;
-        for (int i = 0; i < kQK8_0; ++i) amax = std::fmax(amax, std::fabs(x[i]));
+        for (int i = 0; i < kQK8_0; ++i)
+            if (std::isfinite(x[i])) amax = std::fmax(amax, std::fabs(x[i]));
         const float d = amax / 127.f;
-        const float id = (d != 0 && std::isfinite(d)) ? 1.f / d : 0.f;
+        const float id = d != 0 ? 1.f / d : 0.f;
         y[b].d = f32_to_f16_fast(d);
-        for (int i = 0; i < kQK8_0; ++i) y[b].qs[i] = clamp_round_i8(x[i] * id);
+        for (int i = 0; i < kQK8_0; ++i) y[b].qs[i] = std::isfinite(x[i]) ? clamp_round_i8(x[i] * id) : 0;
     }
 }
 

@@ -91,6 +91,7 @@ inline std::vector<float> gaussian(int64_t n, float sigma, std::mt19937 &rng) {
     return v;
 }
 
-inline const Type kAllWeightTypes[] = {Type::F32, Type::F16, Type::BF16, Type::Q8_0};
+inline const Type kAllWeightTypes[] = {Type::F32, Type::F16, Type::BF16, Type::Q8_0,
+                                      Type::Q2_K, Type::Q4_K, Type::IQ2_XXS};
 
 }  // namespace qtest

@@ -1,5 +1,7 @@
 // Quantise -> dequantise error on Gaussian data, per format. The measured relative RMS
-// error is printed; the bounds are what each format's bit budget should reach.
+// error is printed. Upper bounds: what each format's bit budget should reach (GGML's own
+// quantizers measure q4_K 0.071, q2_K 0.296, iq2_xxs 0.344 on this data). Lower bounds:
+// the Gaussian rate-distortion limit 2^-R at R bits per weight, which no quantizer beats.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -48,3 +50,6 @@ void expect_error(Type t, const char *label, double lo, double hi) {
 TEST(QuantError, F16) { expect_error(Type::F16, "f16", 1e-5, 4e-4); }
 TEST(QuantError, BF16) { expect_error(Type::BF16, "bf16", 1e-4, 3e-3); }
 TEST(QuantError, Q8_0) { expect_error(Type::Q8_0, "q8_0", 1e-3, 0.01); }
+TEST(QuantError, Q4_K) { expect_error(Type::Q4_K, "q4_K", 0.044, 0.085); }
+TEST(QuantError, Q2_K) { expect_error(Type::Q2_K, "q2_K", 0.16, 0.31); }
+TEST(QuantError, IQ2_XXS) { expect_error(Type::IQ2_XXS, "iq2_xxs", 0.24, 0.37); }

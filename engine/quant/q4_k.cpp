@@ -1,0 +1,151 @@
+// Q4_K: 256 elements in 8 sub-blocks of 32, x = d*sc*q - dmin*m with 6-bit sc/m packed
+// into 12 bytes, 4-bit q.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "engine/quant/blocks.h"
+#include "engine/quant/half.h"
+#include "engine/quant/kernels.h"
+#include "engine/quant/kquant_fit.h"
+#include "engine/quant/simd.h"
+
+namespace ds4::quant::detail {
+namespace {
+
+constexpr float kMaxF16 = 65504.f;
+
+uint16_t quantize_scales(const float *v, uint8_t *q) {
+    const float vmax = *std::max_element(v, v + 8);
+    if (!(vmax > 0)) {
+        std::fill(q, q + 8, uint8_t(0));
+        return 0;
+    }
+    const float iscale = 63.f / vmax;
+    for (int j = 0; j < 8; ++j) q[j] = uint8_t(std::clamp(nearest_int(iscale * v[j]), 0, 63));
+    return f32_to_f16_fast(std::min(vmax / 63.f, kMaxF16));
+}
+
+// All 8 scales and 8 mins from the packed 12 bytes: out[0..7] = scales, out[8..15] = mins.
+inline void unpack_scales(const uint8_t *s, uint8_t *out) {
+    uint32_t u[3];
+    std::memcpy(u, s, 12);
+    const uint32_t lo6 = 0x3f3f3f3f, lo4 = 0x0f0f0f0f, lo2 = 0x03030303;
+    const uint32_t sc_lo = u[0] & lo6;                                   // scales 0..3
+    const uint32_t mn_lo = u[1] & lo6;                                   // mins 0..3
+    const uint32_t sc_hi = (u[2] & lo4) | (((u[0] >> 6) & lo2) << 4);    // scales 4..7
+    const uint32_t mn_hi = ((u[2] >> 4) & lo4) | (((u[1] >> 6) & lo2) << 4);   // mins 4..7
+    const uint32_t v[4] = {sc_lo, sc_hi, mn_lo, mn_hi};
+    std::memcpy(out, v, 16);
+}
+
+}  // namespace
+
+void quant_q4_k(const float *src, void *dst, int64_t n) {
+    BlockQ4_K *y = static_cast<BlockQ4_K *>(dst);
+    for (int64_t b = 0; b < n / kQK_K; ++b) {
+        float x[kQK_K], w[32], scales[8], mins[8];
+        uint8_t L[kQK_K], qsc[8], qmin[8];
+        sanitize(src + b * kQK_K, x, kQK_K);
+        for (int j = 0; j < 8; ++j) {
+            const float *xs = x + 32 * j;
+            float s2 = 0;
+            for (int i = 0; i < 32; ++i) s2 += xs[i] * xs[i];
+            const float floor_w = std::sqrt(s2 / 32);
+            for (int i = 0; i < 32; ++i) w[i] = floor_w + std::fabs(xs[i]);
+            scales[j] = fit_scale_offset(32, 15, xs, w, L + 32 * j, &mins[j], -1.f, 0.1f, 20);
+        }
+        y[b].d = quantize_scales(scales, qsc);
+        y[b].dmin = quantize_scales(mins, qmin);
+        std::memset(y[b].scales, 0, 12);
+        for (int j = 0; j < 8; ++j) {
+            uint8_t *s = y[b].scales;
+            if (j < 4) {
+                s[j] = qsc[j];
+                s[j + 4] = qmin[j];
+            } else {
+                s[j + 4] = uint8_t((qsc[j] & 0xF) | ((qmin[j] & 0xF) << 4));
+                s[j - 4] |= uint8_t((qsc[j] >> 4) << 6);
+                s[j] |= uint8_t((qmin[j] >> 4) << 6);
+            }
+        }
+        const float d = f16_to_f32_fast(y[b].d), dmin = f16_to_f32_fast(y[b].dmin);
+        for (int j = 0; j < 8; ++j) {
+            const float dl = d * qsc[j], ml = dmin * qmin[j];
+            for (int i = 0; i < 32; ++i) {
+                const int l = dl != 0 ? nearest_int((x[32 * j + i] + ml) / dl) : 0;
+                L[32 * j + i] = uint8_t(std::clamp(l, 0, 15));
+            }
+        }
+        for (int c = 0; c < 4; ++c)
+            for (int l = 0; l < 32; ++l) y[b].qs[32 * c + l] = uint8_t(L[64 * c + l] | (L[64 * c + 32 + l] << 4));
+    }
+}
+
+void dequant_q4_k(const void *src, float *dst, int64_t n) {
+    const BlockQ4_K *x = static_cast<const BlockQ4_K *>(src);
+    for (int64_t b = 0; b < n / kQK_K; ++b) {
+        const float d = f16_to_f32_fast(x[b].d), dmin = f16_to_f32_fast(x[b].dmin);
+        uint8_t sm[16];
+        unpack_scales(x[b].scales, sm);
+        float *y = dst + b * kQK_K;
+        for (int c = 0; c < 4; ++c) {
+            const uint8_t *q = x[b].qs + 32 * c;
+            const float d1 = d * float(sm[2 * c]), m1 = dmin * float(sm[8 + 2 * c]);
+            const float d2 = d * float(sm[2 * c + 1]), m2 = dmin * float(sm[8 + 2 * c + 1]);
+            for (int l = 0; l < 32; ++l) y[l] = d1 * float(q[l] & 0xF) - m1;
+            for (int l = 0; l < 32; ++l) y[32 + l] = d2 * float(q[l] >> 4) - m2;
+            y += 64;
+        }
+    }
+}
+
+namespace {
+
+template <int R>
+void rows_q4_k_r(const uint8_t *w, size_t stride, const BlockQ8_K *x, int64_t nb, float *out) {
+    __m256 acc[R];
+    float accm[R];
+    for (int r = 0; r < R; ++r) {
+        acc[r] = _mm256_setzero_ps();
+        accm[r] = 0;
+    }
+    const __m256i m4 = _mm256_set1_epi8(0xF);
+    for (int64_t b = 0; b < nb; ++b) {
+        const BlockQ8_K &xb = x[b];
+        // sums over the 32-element sub-blocks
+        const __m128i bs = _mm_hadd_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i *>(xb.bsums)),
+                                          _mm_loadu_si128(reinterpret_cast<const __m128i *>(xb.bsums + 8)));
+        for (int r = 0; r < R; ++r) {
+            const BlockQ4_K *wb = reinterpret_cast<const BlockQ4_K *>(w + r * stride) + b;
+            const float d = xb.d * f16_to_f32_fast(wb->d), dmin = xb.d * f16_to_f32_fast(wb->dmin);
+            alignas(16) uint8_t sm[16];
+            unpack_scales(wb->scales, sm);
+            const __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(sm + 8)));
+            accm[r] += dmin * float(simd::hsum_i32(_mm_madd_epi16(mins, bs)));
+            __m256i sumi = _mm256_setzero_si256();
+            for (int c = 0; c < 4; ++c) {
+                const __m256i q = simd::loadu(wb->qs + 32 * c);
+                const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+                const __m256i pl = _mm256_maddubs_epi16(lo, simd::loadu(xb.qs + 64 * c));
+                const __m256i ph = _mm256_maddubs_epi16(hi, simd::loadu(xb.qs + 64 * c + 32));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(pl, _mm256_set1_epi16(sm[2 * c])));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(ph, _mm256_set1_epi16(sm[2 * c + 1])));
+            }
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc[r]);
+        }
+    }
+    for (int r = 0; r < R; ++r) out[r] = simd::hsum(acc[r]) - accm[r];
+}
+
+}  // namespace
+
+void rows_q4_k(const uint8_t *w, size_t stride, int64_t nrows, const void *xv, int64_t n, float *out) {
+    const BlockQ8_K *x = static_cast<const BlockQ8_K *>(xv);
+    const int64_t nb = n / kQK_K;
+    int64_t r = 0;
+    for (; r + 4 <= nrows; r += 4) rows_q4_k_r<4>(w + r * stride, stride, x, nb, out + r);
+    for (; r < nrows; ++r) rows_q4_k_r<1>(w + r * stride, stride, x, nb, out + r);
+}
+
+}  // namespace ds4::quant::detail
