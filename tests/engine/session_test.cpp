@@ -1,0 +1,162 @@
+// Session semantics on a converted reference model: prefix reuse, rewind, bad input
+// leaving the state untouched, sampling and the payload tail.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "engine/common/error.h"
+#include "engine/model/model.h"
+#include "engine/model/session.h"
+#include "tests/engine/fixture.h"
+
+using namespace ds4;
+using namespace ds4test;
+
+namespace {
+
+struct SessionTest : ::testing::Test {
+    static void SetUpTestSuite() {
+        fx = new RefFixture(load_fixture("mix"));
+        model = Model::open(converted_gguf("mix", "f32"), {2}).release();
+    }
+    static void TearDownTestSuite() {
+        delete model;
+        delete fx;
+    }
+    static RefFixture *fx;
+    static Model *model;
+    std::span<const int32_t> toks(size_t n) const { return std::span<const int32_t>(fx->tokens).first(n); }
+};
+RefFixture *SessionTest::fx;
+Model *SessionTest::model;
+
+std::vector<float> row(const RefFixture &fx, size_t i) {
+    return std::vector<float>(fx.logits.begin() + i * fx.vocab, fx.logits.begin() + (i + 1) * fx.vocab);
+}
+
+TEST_F(SessionTest, SharedPrefixSyncEqualsFreshSession) {
+    Session a(*model, 128), b(*model, 128);
+    a.sync(toks(40));
+    const uint64_t gen = a.generation();
+    a.sync(toks(60));   // extends: reuses the 40-token state
+    EXPECT_EQ(a.generation(), gen);
+    b.sync(toks(60));
+    EXPECT_EQ(a.logits(), b.logits());
+    // Diverging suffix: common prefix 50, then other tokens.
+    std::vector<int32_t> other(fx->tokens.begin(), fx->tokens.begin() + 50);
+    other.push_back(7), other.push_back(9), other.push_back(11);
+    a.sync(other);
+    Session c(*model, 128);
+    c.sync(other);
+    EXPECT_EQ(a.logits(), c.logits());
+    EXPECT_EQ(a.tokens(), c.tokens());
+}
+
+TEST_F(SessionTest, RewindAndReevalReproducesLogitsExactly) {
+    Session s(*model, 128);
+    s.sync(toks(64));
+    const std::vector<float> at64 = s.logits();
+    for (int p : {63, 60, 57, 48, 33}) {   // inside a window, right after a window closes, ...
+        ASSERT_TRUE(s.can_rewind_in_place(p));
+        const uint64_t gen = s.generation();
+        s.rewind(p);
+        EXPECT_GT(s.generation(), gen);
+        EXPECT_FALSE(s.has_logits());
+        EXPECT_THROW(s.argmax(), ds4::Error);
+        for (int i = p; i < 64; ++i) s.eval(fx->tokens[i]);
+        EXPECT_EQ(s.logits(), at64) << "rewind to " << p;
+    }
+}
+
+TEST_F(SessionTest, RewindBeyondTheRingsRebuilds) {
+    // A tiny prefill cap and no slack make the rings short, so deep rewinds must rebuild.
+    Session s(*model, 72, 4, 0);
+    s.sync(toks(72));
+    EXPECT_FALSE(s.can_rewind_in_place(10));
+    s.rewind(10);
+    EXPECT_EQ(s.pos(), 10);
+    EXPECT_TRUE(s.has_logits());   // rebuilt by evaluating the kept prefix
+    EXPECT_LE(rel_error(row(*fx, 9), s.logits(), fx->vocab), 1e-4);
+    for (int i = 10; i < 72; ++i) s.eval(fx->tokens[i]);
+    EXPECT_LE(rel_error(row(*fx, 71), s.logits(), fx->vocab), 1e-4);
+}
+
+TEST_F(SessionTest, BadInputLeavesStateUnchanged) {
+    Session s(*model, 50);
+    s.sync(toks(30));
+    const auto before = s.logits();
+    const uint64_t gen = s.generation();
+    std::vector<int32_t> bad(fx->tokens.begin(), fx->tokens.begin() + 31);
+    bad[30] = fx->vocab;   // out of range
+    EXPECT_THROW(s.sync(bad), ds4::Error);
+    bad[30] = -1;
+    EXPECT_THROW(s.sync(bad), ds4::Error);
+    EXPECT_THROW(s.eval(fx->vocab + 5), ds4::Error);
+    EXPECT_THROW(s.sync(toks(51)), ds4::Error);   // overflow
+    EXPECT_THROW(s.sync({}), ds4::Error);          // empty
+    EXPECT_THROW(s.rewind(31), ds4::Error);
+    EXPECT_EQ(s.pos(), 30);
+    EXPECT_EQ(s.generation(), gen);
+    EXPECT_EQ(s.logits(), before);
+    for (int i = 30; i < 50; ++i) s.eval(fx->tokens[i]);
+    EXPECT_THROW(s.eval(1), ds4::Error);   // context full
+    EXPECT_EQ(s.pos(), 50);
+}
+
+TEST_F(SessionTest, SamplingIsDeterministicAndRespectsFilters) {
+    Session s(*model, 64);
+    s.sync(toks(20));
+    EXPECT_EQ(s.sample({0.f, 0, 1.f, 0.f}, nullptr), s.argmax());
+    uint64_t r1 = 42, r2 = 42;
+    for (int i = 0; i < 20; ++i) EXPECT_EQ(s.sample({0.8f, 40, 0.9f, 0.05f}, &r1), s.sample({0.8f, 40, 0.9f, 0.05f}, &r2));
+    uint64_t r = 7;
+    for (int i = 0; i < 50; ++i) EXPECT_EQ(s.sample({1.5f, 1, 1.f, 0.f}, &r), s.argmax());   // top_k 1 is greedy
+    const auto top = s.top_logprobs(5);
+    ASSERT_EQ(top.size(), 5u);
+    EXPECT_EQ(top[0].first, s.argmax());
+    for (size_t i = 1; i < top.size(); ++i) EXPECT_GE(top[i - 1].second, top[i].second);
+    EXPECT_LT(top[0].second, 0.f);
+}
+
+TEST_F(SessionTest, TailRoundTripIsBitExact) {
+    for (int n : {5, 8, 12, 13, 16, 31, 47, 64}) {   // in a window, at window closes, mid-window
+        Session a(*model, 72);
+        a.sync(toks(n));
+        std::vector<uint8_t> tail = a.save_tail();
+        EXPECT_EQ(tail.size(), a.tail_bytes());
+        Session b(*model, 72);
+        b.sync(toks(3));   // some other state first: load must replace it
+        b.load_tail(tail.data(), tail.size(), toks(n));
+        EXPECT_EQ(b.logits(), a.logits()) << n;
+        for (int i = n; i < 72; ++i) {
+            a.eval(fx->tokens[i]);
+            b.eval(fx->tokens[i]);
+            ASSERT_EQ(a.logits(), b.logits()) << "saved at " << n << ", step " << i;
+        }
+    }
+}
+
+TEST_F(SessionTest, CorruptTailIsRejectedWithoutStateChange) {
+    Session a(*model, 72);
+    a.sync(toks(20));
+    std::vector<uint8_t> tail = a.save_tail();
+    Session b(*model, 72);
+    b.sync(toks(10));
+    const auto before = b.logits();
+    const uint64_t gen = b.generation();
+    EXPECT_THROW(b.load_tail(tail.data(), tail.size() - 1, toks(20)), ds4::Error);   // truncated
+    EXPECT_THROW(b.load_tail(tail.data(), tail.size(), toks(19)), ds4::Error);       // wrong token count
+    std::vector<uint8_t> bad = tail;
+    bad[0] ^= 1;
+    EXPECT_THROW(b.load_tail(bad.data(), bad.size(), toks(20)), ds4::Error);          // magic
+    bad = tail;
+    bad[4] = 99;
+    EXPECT_THROW(b.load_tail(bad.data(), bad.size(), toks(20)), ds4::Error);          // version
+    Session small(*model, 16);
+    EXPECT_THROW(small.load_tail(tail.data(), tail.size(), toks(20)), ds4::Error);    // does not fit
+    EXPECT_EQ(b.generation(), gen);
+    EXPECT_EQ(b.logits(), before);
+    EXPECT_EQ(b.pos(), 10);
+}
+
+}  // namespace
