@@ -55,6 +55,15 @@ uint64_t Session::memory_bytes() const {
     return b;
 }
 
+uint64_t Session::scratch_bytes() const {
+    const Impl &S = *impl_;
+    uint64_t b = S.xq.capacity();
+    for (const std::vector<float> *v : {&S.H, &S.flat, &S.mix, &S.post, &S.comb, &S.X, &S.XN, &S.A, &S.qr, &S.q, &S.o,
+                                        &S.oa, &S.p1, &S.p2, &S.iq, &S.iw, &S.head, &S.g, &S.u, &S.ein, &S.eout})
+        b += v->capacity() * sizeof(float);
+    return b;
+}
+
 void Session::reset_state() {
     tokens_.clear();
     has_logits_ = false;
@@ -251,7 +260,6 @@ std::vector<std::pair<int, float>> Session::top_logprobs(int n) const {
     return out;
 }
 
-}  // namespace ds4
 
 // ---- payload tail -----------------------------------------------------------------
 //
@@ -388,3 +396,5 @@ void Session::load_tail(const uint8_t *data, size_t size, std::span<const int32_
     has_logits_ = has != 0;
     valid_from_ = (int64_t)n;   // older ring rows were not saved
 }
+
+}  // namespace ds4

@@ -41,7 +41,8 @@ public:
     int pos() const { return (int)tokens_.size(); }
     int prefill_cap() const { return prefill_cap_; }
     uint64_t generation() const { return generation_; }
-    uint64_t memory_bytes() const;
+    uint64_t memory_bytes() const;    // caches
+    uint64_t scratch_bytes() const;   // per-call work buffers (grow with the largest chunk)
     const std::vector<int32_t> &tokens() const { return tokens_; }
 
     using Progress = std::function<void(int done, int total)>;

@@ -1,0 +1,197 @@
+// C++ RAII layer over ds4_bridge.h: the only way the daemon and other hosts use the
+// engine. Errors become ds4::BridgeError; each handle's destructor is the only caller of
+// its *_free. Header-only over the C ABI, so it never sees engine types.
+#pragma once
+#include <cstdint>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "bridge/ds4_bridge.h"
+
+namespace ds4 {
+
+struct BridgeError : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+namespace detail {
+struct Err {
+    char buf[1024] = {0};
+    [[noreturn]] void raise(const char *what) const {
+        throw BridgeError(std::string(what) + ": " + (buf[0] ? buf : "unknown error"));
+    }
+};
+}  // namespace detail
+
+struct ModelOptions {
+    std::string model_path;
+    std::string mtp_path;
+    int backend = DS4_BRIDGE_BACKEND_CPU;
+    int n_threads = 0;
+    bool defer_boot_prewarm = false;
+};
+
+class Model {
+public:
+    explicit Model(const ModelOptions &o) {
+        ds4_bridge_model_open_options opt;
+        ds4_bridge_model_open_options_init(&opt);
+        opt.model_path = o.model_path.c_str();
+        opt.mtp_path = o.mtp_path.empty() ? nullptr : o.mtp_path.c_str();
+        opt.backend = o.backend;
+        opt.n_threads = o.n_threads;
+        opt.defer_boot_prewarm = o.defer_boot_prewarm;
+        detail::Err e;
+        if (ds4_bridge_model_open(&m_, &opt, e.buf, sizeof e.buf) != 0) e.raise("open model");
+    }
+    ~Model() { ds4_bridge_model_free(m_); }
+    Model(const Model &) = delete;
+    Model &operator=(const Model &) = delete;
+    Model(Model &&o) noexcept : m_(std::exchange(o.m_, nullptr)) {}
+
+    ds4_bridge_model *handle() const { return m_; }
+    void boot_prewarm() { ds4_bridge_model_boot_prewarm(m_); }
+    int vocab_size() const { return ds4_bridge_model_vocab_size(m_); }
+    uint64_t fingerprint() const { return ds4_bridge_model_fingerprint(m_); }
+    ds4_bridge_model_info_t info() const {
+        ds4_bridge_model_info_t i;
+        detail::Err e;
+        if (ds4_bridge_model_info(m_, &i, e.buf, sizeof e.buf) != 0) e.raise("model info");
+        return i;
+    }
+    ds4_bridge_memory_t memory() const {
+        ds4_bridge_memory_t mem{};
+        ds4_bridge_memory_stats(m_, &mem);
+        return mem;
+    }
+    std::vector<int32_t> tokenize(const std::string &text, bool rendered_chat = false) const {
+        std::vector<int32_t> out(text.size() + 16);
+        for (;;) {
+            int n = 0;
+            detail::Err e;
+            int rc = rendered_chat ? ds4_bridge_tokenize_rendered_chat(m_, text.c_str(), out.data(), (int)out.size(), &n, e.buf, sizeof e.buf)
+                                   : ds4_bridge_tokenize_text(m_, text.c_str(), out.data(), (int)out.size(), &n, e.buf, sizeof e.buf);
+            if (rc == 0) {
+                out.resize(n);
+                return out;
+            }
+            if (n <= (int)out.size()) e.raise("tokenize");
+            out.resize(n);
+        }
+    }
+    std::vector<int32_t> render_chat(const std::vector<std::pair<std::string, std::string>> &msgs, bool thinking = false) const {
+        std::vector<ds4_bridge_chat_msg> m;
+        size_t bytes = 16;
+        for (const auto &[role, content] : msgs) {
+            m.push_back({role.c_str(), content.c_str()});
+            bytes += content.size() + 16;
+        }
+        std::vector<int32_t> out(bytes);
+        for (;;) {
+            int n = 0;
+            detail::Err e;
+            if (ds4_bridge_render_chat(m_, m.data(), (int)m.size(), 1, thinking, out.data(), (int)out.size(), &n, e.buf, sizeof e.buf) == 0) {
+                out.resize(n);
+                return out;
+            }
+            if (n <= (int)out.size()) e.raise("render chat");
+            out.resize(n);
+        }
+    }
+    std::string detokenize(std::span<const int32_t> toks) const {
+        std::string s(toks.size() * 8 + 16, '\0');
+        for (;;) {
+            size_t len = 0;
+            detail::Err e;
+            if (ds4_bridge_detokenize(m_, toks.data(), (int)toks.size(), s.data(), s.size(), &len, e.buf, sizeof e.buf) == 0) {
+                s.resize(len);
+                return s;
+            }
+            if (len + 1 <= s.size()) e.raise("detokenize");
+            s.resize(len + 1);
+        }
+    }
+    std::string token_text(int32_t t) const { return detokenize(std::span<const int32_t>(&t, 1)); }
+    int32_t eos() const { return ds4_bridge_token_eos(m_); }
+    bool is_stop(int32_t t) const { return ds4_bridge_token_is_stop(m_, t) == 1; }
+
+private:
+    ds4_bridge_model *m_ = nullptr;
+};
+
+// Borrows its model: the Model must outlive the Session.
+class Session {
+public:
+    Session(Model &m, int ctx) {
+        detail::Err e;
+        if (ds4_bridge_session_create(&s_, m.handle(), ctx, e.buf, sizeof e.buf) != 0) e.raise("create session");
+    }
+    ~Session() { ds4_bridge_session_free(s_); }
+    Session(const Session &) = delete;
+    Session &operator=(const Session &) = delete;
+    Session(Session &&o) noexcept : s_(std::exchange(o.s_, nullptr)) {}
+
+    ds4_bridge_session *handle() const { return s_; }
+    void sync(std::span<const int32_t> toks, ds4_bridge_prefill_fn cb = nullptr, void *ud = nullptr) {
+        detail::Err e;
+        if (ds4_bridge_session_sync_cb(s_, toks.data(), (int)toks.size(), cb, ud, e.buf, sizeof e.buf) != 0) e.raise("sync");
+    }
+    void eval(int32_t t) {
+        detail::Err e;
+        if (ds4_bridge_eval(s_, t, e.buf, sizeof e.buf) != 0) e.raise("eval");
+    }
+    int argmax() const {
+        int t = ds4_bridge_session_argmax(s_);
+        if (t < 0) throw BridgeError("argmax: no logits");
+        return t;
+    }
+    int sample(float temperature, int top_k, float top_p, float min_p, uint64_t *rng) const {
+        int t = ds4_bridge_session_sample(s_, temperature, top_k, top_p, min_p, rng);
+        if (t < 0) throw BridgeError("sample: no logits or bad sampling parameters");
+        return t;
+    }
+    std::vector<float> logits(int vocab) const {
+        std::vector<float> out(vocab);
+        detail::Err e;
+        if (ds4_bridge_session_logits(s_, out.data(), vocab, e.buf, sizeof e.buf) != 0) e.raise("logits");
+        return out;
+    }
+    int pos() const { return ds4_bridge_session_pos(s_); }
+    int ctx() const { return ds4_bridge_session_ctx(s_); }
+    void rewind(int p) { ds4_bridge_session_rewind(s_, p); }
+    void invalidate() { ds4_bridge_session_invalidate(s_); }
+    uint64_t generation() const { return ds4_bridge_session_generation(s_); }
+    int prefill_cap() const { return ds4_bridge_session_prefill_cap(s_); }
+    std::vector<uint8_t> save_payload() const {
+        uint64_t n = 0;
+        detail::Err e;
+        if (ds4_bridge_session_payload_size(s_, &n, e.buf, sizeof e.buf) != 0) e.raise("payload size");
+        std::vector<uint8_t> buf(n);
+        size_t len = 0;
+        if (ds4_bridge_session_save_payload_mem(s_, buf.data(), buf.size(), &len, e.buf, sizeof e.buf) != 0) e.raise("save payload");
+        buf.resize(len);
+        return buf;
+    }
+    void save_payload(const std::string &path) const {
+        detail::Err e;
+        if (ds4_bridge_session_save_payload(s_, path.c_str(), e.buf, sizeof e.buf) != 0) e.raise("save payload");
+    }
+    void load_payload(std::span<const uint8_t> bytes) {
+        detail::Err e;
+        if (ds4_bridge_session_load_payload_mem(s_, bytes.data(), bytes.size(), e.buf, sizeof e.buf) != 0) e.raise("load payload");
+    }
+    void load_payload(const std::string &path, uint64_t offset = 0, uint64_t length = 0) {
+        detail::Err e;
+        int rc = length ? ds4_bridge_session_load_payload_range(s_, path.c_str(), offset, length, e.buf, sizeof e.buf)
+                        : ds4_bridge_session_load_payload(s_, path.c_str(), e.buf, sizeof e.buf);
+        if (rc != 0) e.raise("load payload");
+    }
+
+private:
+    ds4_bridge_session *s_ = nullptr;
+};
+
+}  // namespace ds4

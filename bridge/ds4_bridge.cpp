@@ -1,0 +1,614 @@
+// The C ABI over the engine. Every entry point catches everything: exceptions become an
+// int status and a message in the caller's buffer, never an abort across the boundary.
+#include "bridge/ds4_bridge.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "bridge/payload_header.h"
+#include "engine/common/error.h"
+#include "engine/gguf/gguf.h"
+#include "engine/model/model.h"
+#include "engine/model/session.h"
+#include "engine/tokenizer/chat_template.h"
+#include "engine/tokenizer/tokenizer.h"
+
+struct ds4_bridge_model {
+    std::unique_ptr<ds4::Model> model;
+    std::unique_ptr<ds4::Model> drafter;   // sibling drafter/MTP model, loaded privately
+    ds4::tok::Tokenizer tok = ds4::tok::Tokenizer::byte_fallback(259);
+    std::mutex mu;
+    std::set<ds4_bridge_session *> sessions;
+};
+
+struct ds4_bridge_session {
+    ds4_bridge_model *owner = nullptr;
+    std::unique_ptr<ds4::Session> s;
+    bool in_callback = false;   // inside sync_cb's progress callback: mutation is re-entry
+};
+
+namespace {
+
+void set_err(char *err, size_t errlen, const std::string &msg) {
+    if (!err || errlen == 0) return;
+    size_t n = std::min(msg.size(), errlen - 1);
+    std::memcpy(err, msg.data(), n);
+    err[n] = '\0';
+}
+
+// Runs fn, mapping exceptions to -1 + message.
+template <class F>
+int guarded(char *err, size_t errlen, F &&fn) {
+    try {
+        return fn();
+    } catch (const std::bad_alloc &) {
+        set_err(err, errlen, "out of memory");
+    } catch (const std::exception &e) {
+        set_err(err, errlen, e.what());
+    } catch (...) {
+        set_err(err, errlen, "unknown internal error");
+    }
+    return -1;
+}
+
+int bad(char *err, size_t errlen, const char *msg) {
+    set_err(err, errlen, msg);
+    return -1;
+}
+
+#define NEED(cond, msg)                           \
+    do {                                          \
+        if (!(cond)) return bad(err, errlen, msg); \
+    } while (0)
+
+#define NEED_MUTABLE(s)                                                                               \
+    do {                                                                                              \
+        if (!(s)) return bad(err, errlen, "session is NULL");                                        \
+        if ((s)->in_callback) return bad(err, errlen, "session re-entered from its progress callback"); \
+    } while (0)
+
+void copy_str(char *dst, size_t cap, const std::string &s) {
+    size_t n = std::min(s.size(), cap - 1);
+    std::memcpy(dst, s.data(), n);
+    dst[n] = '\0';
+}
+
+std::vector<uint8_t> encode_payload(ds4_bridge_session *s) {
+    const ds4::ModelConfig &c = s->owner->model->config();
+    std::vector<uint8_t> tail = s->s->save_tail();
+    ds4::payload::Header h;
+    h.ctx_size = (uint32_t)s->s->ctx();
+    h.n_tokens = (uint32_t)s->s->pos();
+    h.n_layer = (uint32_t)c.n_layer;
+    h.n_embd = (uint32_t)c.n_embd;
+    h.n_vocab = (uint32_t)c.n_vocab;
+    h.head_dim = (uint32_t)c.head_dim;
+    h.fingerprint = s->owner->model->fingerprint();
+    h.tail_bytes = tail.size();
+    std::vector<uint8_t> out;
+    std::string e;
+    if (!ds4::payload::encode_prefix(h, s->s->tokens().data(), s->s->tokens().size(), &out, &e))
+        throw ds4::Error("payload: " + e);
+    out.insert(out.end(), tail.begin(), tail.end());
+    return out;
+}
+
+// Validates header, model identity and fit, then hands the tail to the engine (which
+// validates it fully before mutating).
+void decode_payload_into(ds4_bridge_session *s, const uint8_t *data, size_t len) {
+    ds4::payload::Header h;
+    std::vector<int32_t> toks;
+    std::string e;
+    if (!ds4::payload::decode_payload(data, len, &h, &toks, &e)) throw ds4::Error("payload rejected: " + e);
+    const ds4::ModelConfig &c = s->owner->model->config();
+    if (h.fingerprint != s->owner->model->fingerprint() || (int)h.n_layer != c.n_layer || (int)h.n_embd != c.n_embd ||
+        (int)h.n_vocab != c.n_vocab || (int)h.head_dim != c.head_dim)
+        throw ds4::Error("payload rejected: it was saved with a different model");
+    if ((int64_t)h.n_tokens > s->s->ctx())
+        throw ds4::Error("payload rejected: " + std::to_string(h.n_tokens) + " tokens do not fit the session context of " +
+                         std::to_string(s->s->ctx()));
+    const size_t pre = ds4::payload::prefix_bytes(h.n_tokens);
+    s->s->load_tail(data + pre, len - pre, toks);
+}
+
+std::vector<uint8_t> read_range(const char *path, uint64_t offset, uint64_t length, bool whole) {
+    int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw ds4::Error(std::string("cannot open payload ") + path + ": " + std::strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        ::close(fd);
+        throw ds4::Error(std::string("cannot stat ") + path + ": " + std::strerror(e));
+    }
+    const uint64_t size = (uint64_t)st.st_size;
+    if (whole) offset = 0, length = size;
+    if (offset > size || length > size - offset) {
+        ::close(fd);
+        throw ds4::Error("payload range [" + std::to_string(offset) + ", +" + std::to_string(length) + ") is outside " + path +
+                         " (" + std::to_string(size) + " bytes)");
+    }
+    std::vector<uint8_t> buf(length);
+    uint64_t done = 0;
+    while (done < length) {
+        ssize_t r = ::pread(fd, buf.data() + done, length - done, (off_t)(offset + done));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            int e = errno;
+            ::close(fd);
+            throw ds4::Error(std::string("reading ") + path + " failed: " + (r == 0 ? "unexpected end of file" : std::strerror(e)));
+        }
+        done += (uint64_t)r;
+    }
+    ::close(fd);
+    return buf;
+}
+
+void write_file_durable(const char *path, const std::vector<uint8_t> &bytes) {
+    const std::string tmp = std::string(path) + ".tmp";
+    int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) throw ds4::Error("cannot create " + tmp + ": " + std::strerror(errno));
+    size_t done = 0;
+    while (done < bytes.size()) {
+        ssize_t w = ::write(fd, bytes.data() + done, bytes.size() - done);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) {
+            int e = errno;
+            ::close(fd);
+            ::unlink(tmp.c_str());
+            throw ds4::Error("writing " + tmp + " failed: " + std::strerror(e));
+        }
+        done += (size_t)w;
+    }
+    if (::fsync(fd) != 0 || ::close(fd) != 0) {
+        int e = errno;
+        ::unlink(tmp.c_str());
+        throw ds4::Error("fsync of " + tmp + " failed: " + std::strerror(e));
+    }
+    if (::rename(tmp.c_str(), path) != 0) {
+        int e = errno;
+        ::unlink(tmp.c_str());
+        throw ds4::Error(std::string("rename to ") + path + " failed: " + std::strerror(e));
+    }
+}
+
+int tokens_out(const std::vector<int32_t> &ids, int32_t *out, int cap, int *n_out, char *err, size_t errlen) {
+    if (n_out) *n_out = (int)ids.size();
+    if (cap < 0) return bad(err, errlen, "negative buffer capacity");
+    if ((size_t)cap < ids.size()) {
+        set_err(err, errlen, "token buffer too small: need " + std::to_string(ids.size()));
+        return -1;
+    }
+    if (!ids.empty()) {
+        if (!out) return bad(err, errlen, "token buffer is NULL");
+        std::memcpy(out, ids.data(), ids.size() * sizeof(int32_t));
+    }
+    return 0;
+}
+
+int bytes_out(const std::string &s, char *buf, size_t cap, size_t *len_out, char *err, size_t errlen) {
+    if (len_out) *len_out = s.size();
+    if (cap < s.size() + 1) {
+        set_err(err, errlen, "text buffer too small: need " + std::to_string(s.size() + 1) + " bytes");
+        return -1;
+    }
+    if (!buf) return bad(err, errlen, "text buffer is NULL");
+    std::memcpy(buf, s.data(), s.size());
+    buf[s.size()] = '\0';
+    return 0;
+}
+
+}  // namespace
+
+extern "C" {
+
+void ds4_bridge_model_open_options_init(ds4_bridge_model_open_options *opt) {
+    if (!opt) return;
+    std::memset(opt, 0, sizeof *opt);
+    opt->backend = DS4_BRIDGE_BACKEND_CPU;
+}
+
+int ds4_bridge_model_open(ds4_bridge_model **out, const ds4_bridge_model_open_options *opt, char *err, size_t errlen) {
+    NEED(out, "out is NULL");
+    *out = nullptr;
+    NEED(opt, "options are NULL");
+    NEED(opt->model_path && opt->model_path[0], "model_path is empty");
+    NEED(opt->n_threads >= 0 && opt->n_threads <= 1024, "n_threads must be in 0..1024");
+    if (opt->backend == DS4_BRIDGE_BACKEND_CUDA)
+        return bad(err, errlen, "the CUDA backend is not implemented yet; use DS4_BRIDGE_BACKEND_CPU");
+    NEED(opt->backend == DS4_BRIDGE_BACKEND_CPU, "unknown backend");
+    if (opt->ssd_streaming || opt->ssd_streaming_cold || opt->ssd_streaming_cache_experts || opt->ssd_streaming_cache_bytes)
+        return bad(err, errlen, "SSD expert streaming is not implemented yet");
+    if (opt->mtp_draft_tokens != 0) return bad(err, errlen, "speculative decoding (mtp_draft_tokens) is not implemented yet");
+    return guarded(err, errlen, [&] {
+        auto m = std::make_unique<ds4_bridge_model>();
+        m->model = ds4::Model::open(opt->model_path, {opt->n_threads});
+        const ds4::gguf::Reader &r = m->model->reader();
+        if (r.has("tokenizer.ggml.tokens")) {
+            m->tok = ds4::tok::Tokenizer::from_gguf(r);
+            if (m->tok.vocab_size() > m->model->config().n_vocab)
+                throw ds4::Error("tokenizer has more tokens than the model's vocabulary");
+        } else {
+            m->tok = ds4::tok::Tokenizer::byte_fallback(m->model->config().n_vocab);
+        }
+        if (opt->mtp_path && opt->mtp_path[0]) {
+            m->drafter = ds4::Model::open(opt->mtp_path, {opt->n_threads});
+            if (m->drafter->config().n_vocab != m->model->config().n_vocab)
+                throw ds4::Error("drafter vocabulary (" + std::to_string(m->drafter->config().n_vocab) +
+                                 ") differs from the model's (" + std::to_string(m->model->config().n_vocab) + ")");
+        }
+        if (!opt->defer_boot_prewarm) ds4_bridge_model_boot_prewarm(m.get());
+        *out = m.release();
+        return 0;
+    });
+}
+
+void ds4_bridge_model_boot_prewarm(ds4_bridge_model *m) {
+    if (!m) return;
+    try {
+        m->model->prewarm();
+        // One dummy forward allocates the kernels' scratch and faults in code paths.
+        ds4::Session s(*m->model, 4);
+        const int32_t t = m->tok.bos() >= 0 && m->tok.bos() < m->model->config().n_vocab ? m->tok.bos() : 0;
+        s.eval(t);
+    } catch (...) {
+        // Prewarming is an optimisation; a real problem shows on first use with a message.
+    }
+}
+
+void ds4_bridge_model_free(ds4_bridge_model *m) { delete m; }
+
+int ds4_bridge_drafter_shared(ds4_bridge_model *m) { return 0; }
+
+int32_t ds4_bridge_model_vocab_size(ds4_bridge_model *m) { return m ? m->model->config().n_vocab : -1; }
+
+uint64_t ds4_bridge_model_fingerprint(ds4_bridge_model *m) { return m ? m->model->fingerprint() : 0; }
+
+int ds4_bridge_model_info(ds4_bridge_model *m, ds4_bridge_model_info_t *out, char *err, size_t errlen) {
+    NEED(m, "model is NULL");
+    NEED(out, "out is NULL");
+    return guarded(err, errlen, [&] {
+        const ds4::ModelConfig &c = m->model->config();
+        std::memset(out, 0, sizeof *out);
+        copy_str(out->family, sizeof out->family, "deepseek4");
+        std::string name = m->model->reader().get_string("general.name", "");
+        if (name.empty()) {
+            name = m->model->path();
+            size_t slash = name.rfind('/');
+            if (slash != std::string::npos) name = name.substr(slash + 1);
+        }
+        copy_str(out->name, sizeof out->name, name);
+        out->n_layer = c.n_layer;
+        out->n_embd = c.n_embd;
+        out->n_vocab = c.n_vocab;
+        out->n_head = c.n_head;
+        out->head_dim = c.head_dim;
+        out->n_expert = c.n_expert;
+        out->n_expert_used = c.n_expert_used;
+        out->n_ctx_max = c.n_ctx_train;
+        out->fingerprint = m->model->fingerprint();
+        return 0;
+    });
+}
+
+int ds4_bridge_memory_stats(ds4_bridge_model *m, ds4_bridge_memory_t *out) {
+    if (!m || !out) return -1;
+    std::memset(out, 0, sizeof *out);
+    const ds4::ModelWeights &w = m->model->weights();
+    out->weights_bytes = w.mapped_bytes + w.owned_bytes;
+    std::lock_guard<std::mutex> lk(m->mu);
+    for (ds4_bridge_session *s : m->sessions) {
+        out->cache_bytes += s->s->memory_bytes();
+        out->scratch_bytes += s->s->scratch_bytes();
+    }
+    return 0;
+}
+
+int ds4_bridge_session_create(ds4_bridge_session **out, ds4_bridge_model *m, int ctx_size, char *err, size_t errlen) {
+    NEED(out, "out is NULL");
+    *out = nullptr;
+    NEED(m, "model is NULL");
+    NEED(ctx_size > 0, "ctx_size must be positive");
+    return guarded(err, errlen, [&] {
+        auto s = std::make_unique<ds4_bridge_session>();
+        s->owner = m;
+        s->s = std::make_unique<ds4::Session>(*m->model, ctx_size);
+        {
+            std::lock_guard<std::mutex> lk(m->mu);
+            m->sessions.insert(s.get());
+        }
+        *out = s.release();
+        return 0;
+    });
+}
+
+void ds4_bridge_session_free(ds4_bridge_session *s) {
+    if (!s) return;
+    {
+        std::lock_guard<std::mutex> lk(s->owner->mu);
+        s->owner->sessions.erase(s);
+    }
+    delete s;
+}
+
+int ds4_bridge_session_sync_cb(ds4_bridge_session *s, const int32_t *tokens, int n_tokens, ds4_bridge_prefill_fn progress,
+                               void *ud, char *err, size_t errlen) {
+    NEED_MUTABLE(s);
+    NEED(n_tokens > 0, "n_tokens must be positive");
+    NEED(tokens, "tokens is NULL");
+    return guarded(err, errlen, [&] {
+        ds4::Session::Progress cb;
+        if (progress)
+            cb = [&](int done, int total) {
+                s->in_callback = true;
+                try {
+                    progress(ud, done, total);
+                } catch (...) {
+                }
+                s->in_callback = false;
+            };
+        s->s->sync(std::span<const int32_t>(tokens, (size_t)n_tokens), cb);
+        return 0;
+    });
+}
+
+int ds4_bridge_session_sync(ds4_bridge_session *s, const int32_t *tokens, int n_tokens, char *err, size_t errlen) {
+    return ds4_bridge_session_sync_cb(s, tokens, n_tokens, nullptr, nullptr, err, errlen);
+}
+
+int ds4_bridge_eval(ds4_bridge_session *s, int32_t token, char *err, size_t errlen) {
+    NEED_MUTABLE(s);
+    return guarded(err, errlen, [&] {
+        s->s->eval(token);
+        return 0;
+    });
+}
+
+int ds4_bridge_session_argmax(ds4_bridge_session *s) {
+    if (!s || !s->s->has_logits()) return -1;
+    return s->s->argmax();
+}
+
+int ds4_bridge_session_sample(ds4_bridge_session *s, float temperature, int top_k, float top_p, float min_p, uint64_t *rng) {
+    if (!s || !s->s->has_logits()) return -1;
+    try {
+        return s->s->sample({temperature, top_k, top_p, min_p}, rng);
+    } catch (...) {
+        return -1;
+    }
+}
+
+int ds4_bridge_session_logits(ds4_bridge_session *s, float *out, int cap, char *err, size_t errlen) {
+    NEED(s, "session is NULL");
+    NEED(s->s->has_logits(), "no logits: evaluate a token first");
+    const int V = s->owner->model->config().n_vocab;
+    if (cap < V) {
+        set_err(err, errlen, "logits buffer too small: need " + std::to_string(V));
+        return -1;
+    }
+    NEED(out, "logits buffer is NULL");
+    std::memcpy(out, s->s->logits().data(), sizeof(float) * V);
+    return 0;
+}
+
+int ds4_bridge_session_top_logprobs(ds4_bridge_session *s, int n, int32_t *ids, float *logprobs, int *n_out, char *err,
+                                    size_t errlen) {
+    NEED(s, "session is NULL");
+    NEED(n >= 0, "n must be >= 0");
+    NEED(s->s->has_logits(), "no logits: evaluate a token first");
+    NEED(n == 0 || (ids && logprobs), "output buffers are NULL");
+    return guarded(err, errlen, [&] {
+        auto top = s->s->top_logprobs(n);
+        for (size_t i = 0; i < top.size(); ++i) ids[i] = top[i].first, logprobs[i] = top[i].second;
+        if (n_out) *n_out = (int)top.size();
+        return 0;
+    });
+}
+
+int ds4_bridge_session_pos(ds4_bridge_session *s) { return s ? s->s->pos() : -1; }
+int ds4_bridge_session_ctx(ds4_bridge_session *s) { return s ? s->s->ctx() : -1; }
+
+void ds4_bridge_session_rewind(ds4_bridge_session *s, int pos) {
+    if (!s || s->in_callback || pos < 0 || pos > s->s->pos()) return;
+    try {
+        s->s->rewind(pos);
+    } catch (...) {
+        // rewind only fails when rebuilding fails; the session is then invalidated.
+    }
+}
+
+void ds4_bridge_session_invalidate(ds4_bridge_session *s) {
+    if (!s || s->in_callback) return;
+    s->s->invalidate();
+}
+
+uint64_t ds4_bridge_session_generation(ds4_bridge_session *s) { return s ? s->s->generation() : 0; }
+int ds4_bridge_session_prefill_cap(ds4_bridge_session *s) { return s ? s->s->prefill_cap() : -1; }
+
+int ds4_bridge_session_payload_size(ds4_bridge_session *s, uint64_t *size_out, char *err, size_t errlen) {
+    NEED(s, "session is NULL");
+    NEED(size_out, "size_out is NULL");
+    *size_out = ds4::payload::prefix_bytes((uint64_t)s->s->pos()) + s->s->tail_bytes();
+    return 0;
+}
+
+int ds4_bridge_session_save_payload_mem(ds4_bridge_session *s, uint8_t *buf, size_t cap, size_t *len_out, char *err,
+                                        size_t errlen) {
+    NEED(s, "session is NULL");
+    return guarded(err, errlen, [&] {
+        std::vector<uint8_t> p = encode_payload(s);
+        if (len_out) *len_out = p.size();
+        if (cap < p.size()) {
+            set_err(err, errlen, "payload buffer too small: need " + std::to_string(p.size()) + " bytes");
+            return -1;
+        }
+        if (!buf) throw ds4::Error("payload buffer is NULL");
+        std::memcpy(buf, p.data(), p.size());
+        return 0;
+    });
+}
+
+int ds4_bridge_session_save_payload(ds4_bridge_session *s, const char *path, char *err, size_t errlen) {
+    NEED(s, "session is NULL");
+    NEED(path && path[0], "path is empty");
+    return guarded(err, errlen, [&] {
+        write_file_durable(path, encode_payload(s));
+        return 0;
+    });
+}
+
+int ds4_bridge_session_load_payload_mem(ds4_bridge_session *s, const uint8_t *data, size_t len, char *err, size_t errlen) {
+    NEED_MUTABLE(s);
+    NEED(data || len == 0, "data is NULL");
+    return guarded(err, errlen, [&] {
+        decode_payload_into(s, data, len);
+        return 0;
+    });
+}
+
+int ds4_bridge_session_load_payload_range(ds4_bridge_session *s, const char *path, uint64_t offset, uint64_t length,
+                                          char *err, size_t errlen) {
+    NEED_MUTABLE(s);
+    NEED(path && path[0], "path is empty");
+    return guarded(err, errlen, [&] {
+        std::vector<uint8_t> buf = read_range(path, offset, length, false);
+        decode_payload_into(s, buf.data(), buf.size());
+        return 0;
+    });
+}
+
+int ds4_bridge_session_load_payload(ds4_bridge_session *s, const char *path, char *err, size_t errlen) {
+    NEED_MUTABLE(s);
+    NEED(path && path[0], "path is empty");
+    return guarded(err, errlen, [&] {
+        std::vector<uint8_t> buf = read_range(path, 0, 0, true);
+        decode_payload_into(s, buf.data(), buf.size());
+        return 0;
+    });
+}
+
+int ds4_bridge_tokenize_text(ds4_bridge_model *m, const char *text, int32_t *out, int cap, int *n_out, char *err,
+                             size_t errlen) {
+    NEED(m, "model is NULL");
+    NEED(text, "text is NULL");
+    return guarded(err, errlen, [&] { return tokens_out(m->tok.encode(text), out, cap, n_out, err, errlen); });
+}
+
+int ds4_bridge_tokenize_rendered_chat(ds4_bridge_model *m, const char *text, int32_t *out, int cap, int *n_out, char *err,
+                                      size_t errlen) {
+    NEED(m, "model is NULL");
+    NEED(text, "text is NULL");
+    return guarded(err, errlen, [&] { return tokens_out(m->tok.encode_special(text), out, cap, n_out, err, errlen); });
+}
+
+int ds4_bridge_token_text(ds4_bridge_model *m, int32_t token, char *buf, size_t cap, size_t *len_out, char *err,
+                          size_t errlen) {
+    NEED(m, "model is NULL");
+    NEED(token >= 0 && token < m->tok.vocab_size(), "token id out of range");
+    return guarded(err, errlen, [&] { return bytes_out(m->tok.token_bytes(token), buf, cap, len_out, err, errlen); });
+}
+
+int ds4_bridge_detokenize(ds4_bridge_model *m, const int32_t *tokens, int n, char *buf, size_t cap, size_t *len_out,
+                          char *err, size_t errlen) {
+    NEED(m, "model is NULL");
+    NEED(n >= 0, "n must be >= 0");
+    NEED(tokens || n == 0, "tokens is NULL");
+    return guarded(err, errlen, [&] {
+        std::string s = m->tok.decode(std::span<const int32_t>(tokens, (size_t)n));
+        return bytes_out(s, buf, cap, len_out, err, errlen);
+    });
+}
+
+int ds4_bridge_render_chat(ds4_bridge_model *m, const ds4_bridge_chat_msg *msgs, int n_msgs, int add_generation_prompt,
+                           int thinking, int32_t *out, int cap, int *n_out, char *err, size_t errlen) {
+    NEED(m, "model is NULL");
+    NEED(n_msgs >= 0, "n_msgs must be >= 0");
+    NEED(msgs || n_msgs == 0, "msgs is NULL");
+    return guarded(err, errlen, [&] {
+        std::vector<ds4::tok::ChatMessage> conv;
+        for (int i = 0; i < n_msgs; ++i) {
+            if (!msgs[i].role || !msgs[i].content) throw ds4::Error("message " + std::to_string(i) + " has a NULL role or content");
+            conv.push_back({ds4::tok::chat_role_from_name(msgs[i].role), msgs[i].content, ""});
+        }
+        if (!add_generation_prompt && !conv.empty() && conv.back().role == ds4::tok::ChatRole::User)
+            throw ds4::Error("a conversation ending with a user turn always ends with the assistant prefix");
+        ds4::tok::ChatOptions opt;
+        opt.thinking = thinking != 0;
+        return tokens_out(ds4::tok::render_chat_tokens(m->tok, conv, opt), out, cap, n_out, err, errlen);
+    });
+}
+
+int32_t ds4_bridge_token_eos(ds4_bridge_model *m) { return m ? m->tok.eos() : -1; }
+
+int ds4_bridge_token_is_stop(ds4_bridge_model *m, int32_t token) {
+    if (!m) return -1;
+    return m->tok.is_stop(token) ? 1 : 0;
+}
+
+struct ds4_bridge_gguf {
+    std::unique_ptr<ds4::gguf::Reader> r;
+};
+
+int ds4_bridge_gguf_open(ds4_bridge_gguf **out, const char *path, char *err, size_t errlen) {
+    NEED(out, "out is NULL");
+    *out = nullptr;
+    NEED(path && path[0], "path is empty");
+    return guarded(err, errlen, [&] {
+        auto g = std::make_unique<ds4_bridge_gguf>();
+        g->r = ds4::gguf::Reader::open(path, false);
+        *out = g.release();
+        return 0;
+    });
+}
+
+void ds4_bridge_gguf_free(ds4_bridge_gguf *g) { delete g; }
+
+int ds4_bridge_gguf_info(ds4_bridge_gguf *g, ds4_bridge_gguf_info_t *out, char *err, size_t errlen) {
+    NEED(g, "gguf handle is NULL");
+    NEED(out, "out is NULL");
+    return guarded(err, errlen, [&] {
+        const ds4::gguf::Reader &r = *g->r;
+        std::memset(out, 0, sizeof *out);
+        const std::string arch = r.get_string("general.architecture", "");
+        copy_str(out->family, sizeof out->family, arch);
+        copy_str(out->name, sizeof out->name, r.get_string("general.name", ""));
+        auto geti = [&](const std::string &k) { return (int32_t)r.get_int(arch + "." + k, 0); };
+        out->n_layer = geti("block_count");
+        out->n_embd = geti("embedding_length");
+        out->n_vocab = geti("vocab_size");
+        out->n_head = geti("attention.head_count");
+        out->n_expert = geti("expert_count");
+        out->n_tensors = (int32_t)r.tensors().size();
+        out->split_count = r.split_count();
+        out->tensor_bytes = r.total_tensor_bytes();
+        return 0;
+    });
+}
+
+int ds4_bridge_gguf_tensor(ds4_bridge_gguf *g, int index, ds4_bridge_gguf_tensor_t *out, char *err, size_t errlen) {
+    NEED(g, "gguf handle is NULL");
+    NEED(out, "out is NULL");
+    NEED(index >= 0 && (size_t)index < g->r->tensors().size(), "tensor index out of range");
+    const ds4::gguf::TensorInfo &t = g->r->tensors()[index];
+    std::memset(out, 0, sizeof *out);
+    copy_str(out->name, sizeof out->name, t.name);
+    copy_str(out->type, sizeof out->type, ds4::gguf::type_name(t.type));
+    out->n_dims = (int32_t)t.ne.size();
+    for (size_t i = 0; i < t.ne.size() && i < 4; ++i) out->ne[i] = t.ne[i];
+    out->split = t.split;
+    out->offset = t.offset;
+    out->nbytes = t.nbytes;
+    return 0;
+}
+
+}  // extern "C"

@@ -1,0 +1,169 @@
+/* ds4_bridge.h: the one C ABI of the ds4 engine.
+ *
+ * Contract (DESIGN.md section 3):
+ *  - Handles are opaque. Only plain scalar/POD option and info structs cross by layout.
+ *  - Every fallible call returns int (0 = ok) and takes a caller-owned `char *err, size_t
+ *    errlen`, NUL-terminated on failure (err may be NULL). No exception, abort or crash
+ *    crosses the ABI: NULL handles and bad arguments are errors.
+ *  - Every successful *_create / *_open has exactly one *_free (free(NULL) is a no-op).
+ *  - Token arrays are borrowed for the call. Strings go into caller-owned buffers; when a
+ *    buffer is too small the call fails and *len_out / *n_out says how much is needed.
+ *  - Handles are thread-affine: use a session from one thread at a time. A model may be
+ *    shared by sessions on one thread; sessions of one model on different threads must
+ *    not run concurrently (they share the model's thread pool).
+ *  - Validation happens before mutation: a rejected call leaves the session as it was. A
+ *    failure after the engine started mutating invalidates the session and bumps its
+ *    generation, so callers drop stale checkpoints.
+ *  - Prefill progress callbacks run on the calling thread, only at durable chunk
+ *    frontiers, and must not re-enter the session (re-entry is an error).
+ *  - No CUDA types, streams or device pointers.
+ */
+#ifndef DS4_BRIDGE_H
+#define DS4_BRIDGE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DS4_BRIDGE_API __attribute__((visibility("default")))
+
+typedef struct ds4_bridge_model ds4_bridge_model;
+typedef struct ds4_bridge_session ds4_bridge_session;
+typedef struct ds4_bridge_gguf ds4_bridge_gguf;
+typedef void (*ds4_bridge_prefill_fn)(void *ud, int32_t current, int32_t total);
+
+enum { DS4_BRIDGE_BACKEND_CUDA = 0, DS4_BRIDGE_BACKEND_CPU = 2 };
+
+typedef struct { /* POD; initialise with ds4_bridge_model_open_options_init */
+    const char *model_path;
+    const char *mtp_path; /* optional sibling drafter/MTP GGUF, NULL if none */
+    int32_t backend;      /* DS4_BRIDGE_BACKEND_* */
+    int32_t n_threads;    /* 0 = all cores */
+    int32_t defer_boot_prewarm;
+    int32_t ssd_streaming, ssd_streaming_cold;
+    uint32_t ssd_streaming_cache_experts;
+    uint64_t ssd_streaming_cache_bytes;
+    int32_t mtp_draft_tokens;
+} ds4_bridge_model_open_options;
+
+typedef struct {
+    char family[32]; /* "deepseek4" */
+    char name[64];   /* general.name, or the file name */
+    int32_t n_layer, n_embd, n_vocab, n_head, head_dim, n_expert, n_expert_used;
+    int32_t n_ctx_max; /* the model's training context (0 if unknown) */
+    uint64_t fingerprint;
+} ds4_bridge_model_info_t;
+
+typedef struct {
+    uint64_t weights_bytes; /* tensor bytes mapped + small f32 copies */
+    uint64_t cache_bytes;   /* all live sessions' caches */
+    uint64_t scratch_bytes; /* all live sessions' scratch buffers */
+    uint64_t device_free, device_total; /* 0 without a device */
+} ds4_bridge_memory_t;
+
+typedef struct {
+    const char *role; /* "system" | "user" | "assistant" */
+    const char *content;
+} ds4_bridge_chat_msg;
+
+/* --- models ------------------------------------------------------------------------ */
+DS4_BRIDGE_API void ds4_bridge_model_open_options_init(ds4_bridge_model_open_options *opt);
+DS4_BRIDGE_API int ds4_bridge_model_open(ds4_bridge_model **out, const ds4_bridge_model_open_options *opt, char *err,
+                                         size_t errlen);
+/* Touches every weight page and runs one dummy forward (done by _open unless deferred). */
+DS4_BRIDGE_API void ds4_bridge_model_boot_prewarm(ds4_bridge_model *m);
+DS4_BRIDGE_API void ds4_bridge_model_free(ds4_bridge_model *m);
+/* 1 when the drafter was imported from another process, 0 when loaded privately or absent. */
+DS4_BRIDGE_API int ds4_bridge_drafter_shared(ds4_bridge_model *m);
+DS4_BRIDGE_API int32_t ds4_bridge_model_vocab_size(ds4_bridge_model *m); /* -1 for NULL */
+DS4_BRIDGE_API int ds4_bridge_model_info(ds4_bridge_model *m, ds4_bridge_model_info_t *out, char *err, size_t errlen);
+DS4_BRIDGE_API int ds4_bridge_memory_stats(ds4_bridge_model *m, ds4_bridge_memory_t *out);
+
+/* --- sessions ---------------------------------------------------------------------- */
+DS4_BRIDGE_API int ds4_bridge_session_create(ds4_bridge_session **out, ds4_bridge_model *m, int ctx_size, char *err,
+                                             size_t errlen);
+DS4_BRIDGE_API void ds4_bridge_session_free(ds4_bridge_session *s);
+DS4_BRIDGE_API int ds4_bridge_session_sync(ds4_bridge_session *s, const int32_t *tokens, int n_tokens, char *err,
+                                           size_t errlen);
+DS4_BRIDGE_API int ds4_bridge_session_sync_cb(ds4_bridge_session *s, const int32_t *tokens, int n_tokens,
+                                              ds4_bridge_prefill_fn progress, void *ud, char *err, size_t errlen);
+DS4_BRIDGE_API int ds4_bridge_eval(ds4_bridge_session *s, int32_t token, char *err, size_t errlen);
+DS4_BRIDGE_API int ds4_bridge_session_argmax(ds4_bridge_session *s); /* -1 on error */
+/* Greedy when temperature <= 0; top_k 0 = off, top_p 1 = off, min_p 0 = off. -1 on error. */
+DS4_BRIDGE_API int ds4_bridge_session_sample(ds4_bridge_session *s, float temperature, int top_k, float top_p,
+                                             float min_p, uint64_t *rng);
+/* Copies the last position's logits (cap >= vocab size). */
+DS4_BRIDGE_API int ds4_bridge_session_logits(ds4_bridge_session *s, float *out, int cap, char *err, size_t errlen);
+DS4_BRIDGE_API int ds4_bridge_session_pos(ds4_bridge_session *s); /* -1 for NULL */
+DS4_BRIDGE_API int ds4_bridge_session_ctx(ds4_bridge_session *s); /* -1 for NULL */
+/* Drops positions >= pos (no-op when pos is out of range or s is NULL). */
+DS4_BRIDGE_API void ds4_bridge_session_rewind(ds4_bridge_session *s, int pos);
+DS4_BRIDGE_API void ds4_bridge_session_invalidate(ds4_bridge_session *s);
+DS4_BRIDGE_API uint64_t ds4_bridge_session_generation(ds4_bridge_session *s); /* 0 for NULL */
+DS4_BRIDGE_API int ds4_bridge_session_prefill_cap(ds4_bridge_session *s);    /* -1 for NULL */
+/* Top-n (token, logprob) of the last position; *n_out = entries written. */
+DS4_BRIDGE_API int ds4_bridge_session_top_logprobs(ds4_bridge_session *s, int n, int32_t *ids, float *logprobs,
+                                                   int *n_out, char *err, size_t errlen);
+
+/* --- payloads (DESIGN.md section 4) ------------------------------------------------ */
+DS4_BRIDGE_API int ds4_bridge_session_save_payload(ds4_bridge_session *s, const char *path, char *err, size_t errlen);
+DS4_BRIDGE_API int ds4_bridge_session_load_payload(ds4_bridge_session *s, const char *path, char *err, size_t errlen);
+DS4_BRIDGE_API int ds4_bridge_session_load_payload_range(ds4_bridge_session *s, const char *path, uint64_t offset,
+                                                         uint64_t length, char *err, size_t errlen);
+/* In-memory forms (the store writes payloads through its own I/O path). */
+DS4_BRIDGE_API int ds4_bridge_session_payload_size(ds4_bridge_session *s, uint64_t *size_out, char *err, size_t errlen);
+DS4_BRIDGE_API int ds4_bridge_session_save_payload_mem(ds4_bridge_session *s, uint8_t *buf, size_t cap,
+                                                       size_t *len_out, char *err, size_t errlen);
+DS4_BRIDGE_API int ds4_bridge_session_load_payload_mem(ds4_bridge_session *s, const uint8_t *data, size_t len,
+                                                       char *err, size_t errlen);
+DS4_BRIDGE_API uint64_t ds4_bridge_model_fingerprint(ds4_bridge_model *m); /* 0 for NULL */
+
+/* --- tokenizer --------------------------------------------------------------------- */
+DS4_BRIDGE_API int ds4_bridge_tokenize_text(ds4_bridge_model *m, const char *text, int32_t *out, int cap, int *n_out,
+                                            char *err, size_t errlen);
+DS4_BRIDGE_API int ds4_bridge_tokenize_rendered_chat(ds4_bridge_model *m, const char *text, int32_t *out, int cap,
+                                                     int *n_out, char *err, size_t errlen);
+DS4_BRIDGE_API int ds4_bridge_token_text(ds4_bridge_model *m, int32_t token, char *buf, size_t cap, size_t *len_out,
+                                         char *err, size_t errlen);
+DS4_BRIDGE_API int ds4_bridge_detokenize(ds4_bridge_model *m, const int32_t *tokens, int n, char *buf, size_t cap,
+                                         size_t *len_out, char *err, size_t errlen);
+/* Renders messages with the DeepSeek-V4 chat template and tokenizes them on the special
+ * path. add_generation_prompt: end with the assistant prefix; thinking: open <think>. */
+DS4_BRIDGE_API int ds4_bridge_render_chat(ds4_bridge_model *m, const ds4_bridge_chat_msg *msgs, int n_msgs,
+                                          int add_generation_prompt, int thinking, int32_t *out, int cap, int *n_out,
+                                          char *err, size_t errlen);
+DS4_BRIDGE_API int32_t ds4_bridge_token_eos(ds4_bridge_model *m); /* -1 for NULL */
+DS4_BRIDGE_API int ds4_bridge_token_is_stop(ds4_bridge_model *m, int32_t token); /* 1 / 0; -1 for NULL */
+
+/* --- GGUF identification without opening the engine -------------------------------- */
+typedef struct {
+    char family[32];
+    char name[64];
+    int32_t n_layer, n_embd, n_vocab, n_head, n_expert;
+    int32_t n_tensors, split_count;
+    uint64_t tensor_bytes;
+} ds4_bridge_gguf_info_t;
+
+typedef struct {
+    char name[128];
+    char type[16];
+    int32_t n_dims;
+    int64_t ne[4];
+    int32_t split; /* which split file holds it */
+    uint64_t offset, nbytes; /* within that split's data section */
+} ds4_bridge_gguf_tensor_t;
+
+DS4_BRIDGE_API int ds4_bridge_gguf_open(ds4_bridge_gguf **out, const char *path, char *err, size_t errlen);
+DS4_BRIDGE_API void ds4_bridge_gguf_free(ds4_bridge_gguf *g);
+DS4_BRIDGE_API int ds4_bridge_gguf_info(ds4_bridge_gguf *g, ds4_bridge_gguf_info_t *out, char *err, size_t errlen);
+DS4_BRIDGE_API int ds4_bridge_gguf_tensor(ds4_bridge_gguf *g, int index, ds4_bridge_gguf_tensor_t *out, char *err,
+                                          size_t errlen);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DS4_BRIDGE_H */
