@@ -1,0 +1,16 @@
+// The tokenizer.ggml.* part of a converted or generated GGUF: the model's own BPE
+// vocabulary when tokenizer.json is there, else a byte-level fallback of n_vocab tokens,
+// plus the BOS/EOS ids config.json names. The tokenizer code itself is engine/tokenizer's.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "engine/gguf/gguf.h"
+
+namespace ds4::convert {
+
+// hf_dir may be empty (generated models: fallback vocabulary). bos/eos < 0: not given.
+void write_vocabulary(gguf::Writer &w, const std::string &hf_dir, int n_vocab, int bos, int eos,
+                      std::vector<std::string> *warnings);
+
+}  // namespace ds4::convert
