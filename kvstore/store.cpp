@@ -91,6 +91,10 @@ int del(MDB_txn *txn, MDB_dbi dbi, std::string_view key) {
 // ---------------------------------------------------------------- Impl basics
 
 Store::Impl::~Impl() {
+    if (!touches.empty()) {
+        std::string err;
+        if (write([](MDB_txn *) { return 0; }, &err)) log("cannot record last-used times at close: " + err);
+    }
     if (lock_fd >= 0) ::close(lock_fd);  // releases the flock
 }
 
@@ -157,14 +161,41 @@ int Store::Impl::delete_entry(MDB_txn *txn, const Entry &e) {
                session_alias_key(e.rec.fingerprint, e.rec.n_tokens, e.rec.prefix_hash, e.key));
 }
 
-int Store::Impl::next_seq(MDB_txn *txn, uint64_t *seq) {
-    std::string_view v;
-    uint64_t cur = 0;
-    const int rc = get(txn, db.meta(), kMetaSeqKey, &v);
-    if (rc == 0 && !decode_u64(v, &cur)) cur = 0;
-    if (rc != 0 && rc != MDB_NOTFOUND) return rc;
-    *seq = cur + 1;
-    return put(txn, db.meta(), kMetaSeqKey, encode_u64(*seq));
+int Store::Impl::write(const std::function<int(MDB_txn *)> &fn, std::string *err) {
+    const int rc = db.write(
+        [&](MDB_txn *txn) {
+            for (const auto &[k, t] : touches) {
+                const MDB_dbi dbi = k.first == EntryKind::kSession ? db.sessions() : db.prefixes();
+                std::string_view v;
+                Record rec;
+                int r = get(txn, dbi, k.second, &v);
+                if (r == MDB_NOTFOUND) continue;  // gone meanwhile
+                if (r) return r;
+                if (!decode_record(v, &rec) || rec.file_id != t.file_id || rec.last_used_seq >= t.seq) continue;
+                rec.last_used_seq = t.seq;
+                rec.last_used_ms = t.ms;
+                if ((r = put(txn, dbi, k.second, encode_record(rec)))) return r;
+            }
+            if (const int r = fn(txn)) return r;
+            return put(txn, db.meta(), kMetaSeqKey, encode_u64(seq));
+        },
+        err);
+    if (rc == 0) touches.clear();
+    return rc;
+}
+
+Status Store::Impl::load_seq() {
+    std::string err;
+    const int rc = db.read(
+        [&](MDB_txn *txn) {
+            std::string_view v;
+            const int r = get(txn, db.meta(), kMetaSeqKey, &v);
+            if (r == 0 && !decode_u64(v, &seq)) seq = 0;
+            return r == MDB_NOTFOUND ? 0 : r;
+        },
+        &err);
+    if (rc) return db_status(rc, "reading the LRU clock: " + err);
+    return Status::ok();
 }
 
 int Store::Impl::evict_to_budget(MDB_txn *txn, const std::string &keep, std::vector<Entry> *evicted) {
@@ -376,30 +407,14 @@ void Store::Impl::quarantine(const Entry &e, const std::string &why) {
     // recovery drops it; it can never be served from the bad file.
     move_to_quarantine(e.rec.file_id, who, why);
     std::string err;
-    const int rc = db.write([&](MDB_txn *txn) { return delete_entry(txn, e); }, &err);
+    const int rc = write([&](MDB_txn *txn) { return delete_entry(txn, e); }, &err);
     if (rc) log("cannot drop quarantined " + who + " from the index: " + err);
 }
 
 // ---------------------------------------------------------------- operations
 
-Status Store::Impl::touch(const Entry &e) {
-    std::string err;
-    const uint64_t ms = now_ms();
-    const int rc = db.write(
-        [&](MDB_txn *txn) {
-            std::string_view v;
-            const MDB_dbi dbi = e.kind == EntryKind::kSession ? db.sessions() : db.prefixes();
-            int r = get(txn, dbi, e.key, &v);
-            if (r) return r == MDB_NOTFOUND ? 0 : r;  // removed meanwhile: nothing to touch
-            Record rec;
-            if (!decode_record(v, &rec) || rec.file_id != e.rec.file_id) return 0;
-            if ((r = next_seq(txn, &rec.last_used_seq))) return r;
-            rec.last_used_ms = ms;
-            return put(txn, dbi, e.key, encode_record(rec));
-        },
-        &err);
-    if (rc) return db_status(rc, "updating last-used time: " + err);
-    return Status::ok();
+void Store::Impl::touch(const Entry &e) {
+    touches[{e.kind, e.key}] = Touch{e.rec.file_id, next_seq(), now_ms()};
 }
 
 Status Store::Impl::load_entry(const Entry &e, LoadedPayload *out) {
@@ -414,7 +429,7 @@ Status Store::Impl::load_entry(const Entry &e, LoadedPayload *out) {
         return {Code::kCorrupt, who + " cannot be loaded: " + why + "; it was quarantined"};
     }
     if (!st) return {st.code(), who + ": " + st.message()};
-    if (Status t = touch(e); !t) log(who + ": " + t.message());  // LRU bookkeeping only
+    touch(e);
     out->bytes = std::move(buf);
     out->header = hdr;
     out->info = to_info(e);
@@ -449,7 +464,7 @@ Status Store::Impl::save_locked(std::string_view name, const uint8_t *data, size
     rec.prefix_hash = token_prefix_hash(reinterpret_cast<const int32_t *>(data + payload::kHeaderBytes), hdr.n_tokens);
     const uint64_t ms = now_ms();
     std::vector<Entry> gone;
-    const int rc = db.write(
+    const int rc = write(
         [&](MDB_txn *txn) {
             gone.clear();
             std::string_view v;
@@ -461,7 +476,7 @@ Status Store::Impl::save_locked(std::string_view name, const uint8_t *data, size
             rec.pinned = had_old && old.pinned;
             rec.created_ms = had_old ? old.created_ms : ms;
             rec.last_used_ms = ms;
-            if ((r = next_seq(txn, &rec.last_used_seq))) return r;
+            rec.last_used_seq = next_seq();
             if (had_old) {
                 Entry e{EntryKind::kSession, key, old};
                 if ((r = delete_entry(txn, e))) return r;
@@ -566,7 +581,7 @@ Status Store::Impl::save_checkpoint_locked(const uint8_t *data, size_t len) {
     if (Status s = prefix_candidates(hdr.fingerprint, tokens.data(), tokens.size(), &same); !s) return s;
     for (const Entry &e : same) {
         if (e.kind == EntryKind::kCheckpoint && e.rec.n_tokens == hdr.n_tokens) {
-            if (Status t = touch(e); !t) log("checkpoint: " + t.message());
+            touch(e);
             return Status::ok();
         }
     }
@@ -591,11 +606,11 @@ Status Store::Impl::save_checkpoint_locked(const uint8_t *data, size_t len) {
     rec.created_ms = rec.last_used_ms = now_ms();
     const std::string key = checkpoint_key(rec.fingerprint, rec.n_tokens, rec.prefix_hash, file_id);
     std::vector<Entry> gone;
-    const int rc = db.write(
+    const int rc = write(
         [&](MDB_txn *txn) {
             gone.clear();
-            int r = next_seq(txn, &rec.last_used_seq);
-            if (r == 0) r = put(txn, db.prefixes(), key, encode_record(rec));
+            rec.last_used_seq = next_seq();
+            int r = put(txn, db.prefixes(), key, encode_record(rec));
             if (r == 0) r = evict_to_budget(txn, key, &gone);
             return r;
         },
@@ -629,6 +644,7 @@ Status Store::open(const StoreOptions &opt, std::unique_ptr<Store> *out) {
         if (const int rc = impl->db.open(impl->index_dir, opt.map_size, opt.max_map_size, &err))
             return db_status(rc, err);
         if (Status s = impl->check_schema(); !s) return s;
+        if (Status s = impl->load_seq(); !s) return s;
         if (Status s = impl->recover(); !s) return s;
         out->reset(new Store(std::move(impl)));
         return Status::ok();
@@ -676,7 +692,7 @@ Status Store::remove(std::string_view name) {
         std::string err;
         std::vector<Entry> gone;
         const std::string key(name);
-        const int rc = impl_->db.write(
+        const int rc = impl_->write(
             [&](MDB_txn *txn) {
                 gone.clear();
                 std::string_view v;
@@ -703,7 +719,7 @@ Status Store::pin(std::string_view name, bool pinned) {
         std::string err;
         const std::string key(name);
         bool bad = false;
-        const int rc = impl_->db.write(
+        const int rc = impl_->write(
             [&](MDB_txn *txn) {
                 std::string_view v;
                 int r = get(txn, impl_->db.sessions(), key, &v);

@@ -3,6 +3,7 @@
 #pragma once
 #include <lmdb.h>
 
+#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -29,6 +30,14 @@ struct Store::Impl {
     std::mutex mu;
     RecoveryReport report;
     uint64_t evictions = 0;
+    // LRU clock. Loads only note their use here; the notes reach the index with the next
+    // write transaction (or at close), so a load never waits for a commit. A crash loses
+    // at most those LRU updates.
+    uint64_t seq = 0;
+    struct Touch {
+        uint64_t file_id, seq, ms;
+    };
+    std::map<std::pair<EntryKind, std::string>, Touch> touches;
 
     ~Impl();
 
@@ -57,7 +66,10 @@ struct Store::Impl {
     // Index helpers, run inside a transaction.
     int all_entries(MDB_txn *txn, std::vector<Entry> *out, int *bad = nullptr);
     int delete_entry(MDB_txn *txn, const Entry &e);
-    int next_seq(MDB_txn *txn, uint64_t *seq);
+    uint64_t next_seq() { return ++seq; }
+    // db.write plus the pending LRU notes and the clock, for every index change.
+    int write(const std::function<int(MDB_txn *)> &fn, std::string *err);
+    Status load_seq();
     // Evicts least-recently-used unpinned entries (never `keep`) until the payload bytes
     // fit the budget; the files to unlink after commit are appended to `doomed`.
     int evict_to_budget(MDB_txn *txn, const std::string &keep, std::vector<Entry> *evicted);
@@ -66,7 +78,7 @@ struct Store::Impl {
     // Unlinks the files of entries removed by a committed transaction.
     void unlink_files(const std::vector<Entry> &gone, const char *why);
 
-    Status touch(const Entry &e);
+    void touch(const Entry &e);
     Status load_entry(const Entry &e, LoadedPayload *out);
     Status save_locked(std::string_view name, const uint8_t *data, size_t len);
     Status save_checkpoint_locked(const uint8_t *data, size_t len);

@@ -163,8 +163,13 @@ Status Store::Impl::recover() {
     for (const std::string &k : bad_session_keys) log("dropping undecodable index record for session '" + k + "'");
     if (!bad_prefix_keys.empty())
         log("dropping " + std::to_string(bad_prefix_keys.size()) + " stale or undecodable prefix index records");
+    uint64_t live_bytes = 0;
+    for (const Entry &e : entries)
+        if (live.count(e.rec.file_id)) live_bytes += e.rec.bytes;
+    const bool index_clean = condemned.empty() && bad_session_keys.empty() && bad_prefix_keys.empty() &&
+                             (opt.budget_bytes == 0 || live_bytes <= opt.budget_bytes);
     std::vector<Entry> evicted;
-    rc = db.write(
+    rc = index_clean ? 0 : write(
         [&](MDB_txn *txn) {
             evicted.clear();
             int r = 0;
