@@ -14,20 +14,6 @@
 namespace ds4::quant::detail {
 namespace {
 
-// Sign patterns as byte multipliers (+1 = 0x01, -1 = 0xff) for _mm256_sign_epi8.
-struct SignMasks {
-    uint64_t v[128];
-    constexpr SignMasks() : v() {
-        for (uint32_t i = 0; i < 128; ++i) {
-            const uint8_t s = iq2_signs_from7(i);
-            uint64_t m = 0;
-            for (int j = 0; j < 8; ++j) m |= uint64_t((s >> j) & 1 ? 0xff : 0x01) << (8 * j);
-            v[i] = m;
-        }
-    }
-};
-alignas(64) constexpr SignMasks kSignMasks;
-
 // Codebook transposed to floats for the quantizer's search: g[j][k] = magnitude of
 // element j in entry k; gg[k] = |entry k|^2.
 struct GridF {
@@ -203,43 +189,79 @@ void dequant_iq2_xxs(const void *src, float *dst, int64_t n) {
 
 namespace {
 
-template <int R>
-void rows_iq2_xxs_r(const uint8_t *w, size_t stride, const BlockQ8_K *x, int64_t nb, float *out) {
-    __m256 acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-    const uint64_t *grid = kIq2xxsGrid;
-    const uint64_t *sm = kSignMasks.v;
-    for (int64_t b = 0; b < nb; ++b) {
-        const BlockQ8_K &xb = x[b];
-        for (int r = 0; r < R; ++r) {
-            const BlockIQ2_XXS *wb = reinterpret_cast<const BlockIQ2_XXS *>(w + r * stride) + b;
-            __m256i sumi = _mm256_setzero_si256();
-            for (int ib = 0; ib < 8; ++ib) {
-                uint32_t a[2];
-                std::memcpy(a, wb->qs + 4 * ib, 8);
-                const __m256i g = _mm256_set_epi64x(int64_t(grid[a[0] >> 24]), int64_t(grid[(a[0] >> 16) & 255]),
-                                                    int64_t(grid[(a[0] >> 8) & 255]), int64_t(grid[a[0] & 255]));
-                const __m256i s = _mm256_set_epi64x(int64_t(sm[(a[1] >> 21) & 127]), int64_t(sm[(a[1] >> 14) & 127]),
-                                                    int64_t(sm[(a[1] >> 7) & 127]), int64_t(sm[a[1] & 127]));
-                const __m256i xs = _mm256_sign_epi8(simd::loadu(xb.qs + 32 * ib), s);
-                const __m256i p = _mm256_maddubs_epi16(g, xs);
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, _mm256_set1_epi16(int16_t(2 * (a[1] >> 28) + 1))));
-            }
-            const float d = 0.125f * xb.d * f16_to_f32_fast(wb->d);
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc[r]);
-        }
+// pshufb tables: parity of a nibble in bit 7; sign-byte expansion (group l of a 32-group
+// -> 8 bytes) for the four 32-groups held in one 128-bit lane; bit j of each byte.
+alignas(32) constexpr uint8_t kNibbleParity[32] = {0, 128, 128, 0, 128, 0, 0, 128, 128, 0, 0, 128, 0, 128, 128, 0,
+                                                   0, 128, 128, 0, 128, 0, 0, 128, 128, 0, 0, 128, 0, 128, 128, 0};
+struct Expand {
+    alignas(32) uint8_t c[4][32];
+    constexpr Expand() : c() {
+        for (int g = 0; g < 4; ++g)
+            for (int i = 0; i < 32; ++i) c[g][i] = uint8_t(4 * g + i / 8);
     }
-    for (int r = 0; r < R; ++r) out[r] = simd::hsum(acc[r]);
+};
+constexpr Expand kExpand;
+alignas(32) constexpr uint8_t kBit[32] = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128,
+                                          1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
+
+inline __m256i load32(const uint8_t *p) { return _mm256_load_si256(reinterpret_cast<const __m256i *>(p)); }
+
+float dot_row(const BlockIQ2_XXS *w, const BlockQ8_K *x, int64_t nb) {
+    const long long *grid = reinterpret_cast<const long long *>(kIq2xxsGrid);
+    const __m256i parity = load32(kNibbleParity), bit = load32(kBit);
+    const __m256i m7 = _mm256_set1_epi32(127), m4 = _mm256_set1_epi8(15), one8 = _mm256_set1_epi8(1);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+        const BlockIQ2_XXS &wb = w[b];
+        const int8_t *xq = x[b].qs;
+        // Decode all 8 sign/scale words at once. Word order after the odd-word shuffle:
+        // 32-groups (0, 1, 4, 5 | 2, 3, 6, 7).
+        const __m256i q0 = simd::loadu(wb.qs), q1 = simd::loadu(wb.qs + 16);
+        const __m256i a1 = _mm256_castps_si256(
+            _mm256_shuffle_ps(_mm256_castsi256_ps(q0), _mm256_castsi256_ps(q1), _MM_SHUFFLE(3, 1, 3, 1)));
+        // 4 x 7 sign bits -> 4 bytes, then bit 7 = parity
+        __m256i sg = _mm256_and_si256(a1, m7);
+        sg = _mm256_or_si256(sg, _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(a1, 7), m7), 8));
+        sg = _mm256_or_si256(sg, _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(a1, 14), m7), 16));
+        sg = _mm256_or_si256(sg, _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(a1, 21), m7), 24));
+        sg = _mm256_or_si256(sg, _mm256_xor_si256(_mm256_shuffle_epi8(parity, _mm256_and_si256(sg, m4)),
+                                                  _mm256_shuffle_epi8(parity, _mm256_and_si256(_mm256_srli_epi16(sg, 4), m4))));
+        // 32-group multipliers 2*scale+1 in both 16-bit halves
+        __m256i sc = _mm256_srli_epi32(a1, 28);
+        sc = _mm256_add_epi32(_mm256_add_epi32(sc, sc), _mm256_set1_epi32(1));
+        sc = _mm256_or_si256(sc, _mm256_slli_epi32(sc, 16));
+        const __m256i sg_lo = _mm256_permute2x128_si256(sg, sg, 0x00), sg_hi = _mm256_permute2x128_si256(sg, sg, 0x11);
+        const __m256i sc_lo = _mm256_permute2x128_si256(sc, sc, 0x00), sc_hi = _mm256_permute2x128_si256(sc, sc, 0x11);
+        const uint8_t *idx = reinterpret_cast<const uint8_t *>(wb.qs);
+        __m256i sum0 = _mm256_setzero_si256(), sum1 = sum0;
+        auto group = [&](int ib, __m256i sgv, __m256i scale, int slot) {
+            const __m256i g = _mm256_set_epi64x(grid[idx[8 * ib + 3]], grid[idx[8 * ib + 2]], grid[idx[8 * ib + 1]],
+                                                grid[idx[8 * ib]]);
+            const __m256i sb = _mm256_shuffle_epi8(sgv, load32(kExpand.c[slot]));
+            const __m256i neg = _mm256_cmpeq_epi8(_mm256_and_si256(sb, bit), bit);
+            const __m256i xs = _mm256_sign_epi8(simd::loadu(xq + 32 * ib), _mm256_or_si256(neg, one8));
+            return _mm256_madd_epi16(_mm256_maddubs_epi16(g, xs), scale);
+        };
+        sum0 = _mm256_add_epi32(sum0, group(0, sg_lo, _mm256_shuffle_epi32(sc_lo, 0x00), 0));
+        sum1 = _mm256_add_epi32(sum1, group(1, sg_lo, _mm256_shuffle_epi32(sc_lo, 0x55), 1));
+        sum0 = _mm256_add_epi32(sum0, group(2, sg_hi, _mm256_shuffle_epi32(sc_hi, 0x00), 0));
+        sum1 = _mm256_add_epi32(sum1, group(3, sg_hi, _mm256_shuffle_epi32(sc_hi, 0x55), 1));
+        sum0 = _mm256_add_epi32(sum0, group(4, sg_lo, _mm256_shuffle_epi32(sc_lo, 0xaa), 2));
+        sum1 = _mm256_add_epi32(sum1, group(5, sg_lo, _mm256_shuffle_epi32(sc_lo, 0xff), 3));
+        sum0 = _mm256_add_epi32(sum0, group(6, sg_hi, _mm256_shuffle_epi32(sc_hi, 0xaa), 2));
+        sum1 = _mm256_add_epi32(sum1, group(7, sg_hi, _mm256_shuffle_epi32(sc_hi, 0xff), 3));
+        const float d = 0.125f * x[b].d * f16_to_f32_fast(wb.d);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_add_epi32(sum0, sum1)), acc);
+    }
+    return simd::hsum(acc);
 }
 
 }  // namespace
 
 void rows_iq2_xxs(const uint8_t *w, size_t stride, int64_t nrows, const void *xv, int64_t n, float *out) {
     const BlockQ8_K *x = static_cast<const BlockQ8_K *>(xv);
-    const int64_t nb = n / kQK_K;
-    int64_t r = 0;
-    for (; r + 4 <= nrows; r += 4) rows_iq2_xxs_r<4>(w + r * stride, stride, x, nb, out + r);
-    for (; r < nrows; ++r) rows_iq2_xxs_r<1>(w + r * stride, stride, x, nb, out + r);
+    for (int64_t r = 0; r < nrows; ++r)
+        out[r] = dot_row(reinterpret_cast<const BlockIQ2_XXS *>(w + r * stride), x, n / kQK_K);
 }
 
 }  // namespace ds4::quant::detail

@@ -102,50 +102,53 @@ void dequant_q4_k(const void *src, float *dst, int64_t n) {
 
 namespace {
 
-template <int R>
-void rows_q4_k_r(const uint8_t *w, size_t stride, const BlockQ8_K *x, int64_t nb, float *out) {
-    __m256 acc[R];
-    float accm[R];
-    for (int r = 0; r < R; ++r) {
-        acc[r] = _mm256_setzero_ps();
-        accm[r] = 0;
+// Byte-shuffle controls broadcasting 16-bit element j of a 128-bit lane.
+struct Bcast16 {
+    alignas(32) uint8_t c[8][32];
+    constexpr Bcast16() : c() {
+        for (int j = 0; j < 8; ++j)
+            for (int i = 0; i < 32; ++i) c[j][i] = uint8_t(2 * j + (i & 1));
     }
+};
+constexpr Bcast16 kBcast16;
+
+float dot_row(const BlockQ4_K *w, const BlockQ8_K *x, int64_t nb) {
+    __m256 acc = _mm256_setzero_ps();
+    float accm = 0;
     const __m256i m4 = _mm256_set1_epi8(0xF);
     for (int64_t b = 0; b < nb; ++b) {
         const BlockQ8_K &xb = x[b];
+        const BlockQ4_K &wb = w[b];
+        const float d = xb.d * f16_to_f32_fast(wb.d), dmin = xb.d * f16_to_f32_fast(wb.dmin);
+        alignas(16) uint8_t sm[16];
+        unpack_scales(wb.scales, sm);
+        const __m256i sm16 = _mm256_cvtepu8_epi16(_mm_load_si128(reinterpret_cast<const __m128i *>(sm)));
         // sums over the 32-element sub-blocks
         const __m128i bs = _mm_hadd_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i *>(xb.bsums)),
                                           _mm_loadu_si128(reinterpret_cast<const __m128i *>(xb.bsums + 8)));
-        for (int r = 0; r < R; ++r) {
-            const BlockQ4_K *wb = reinterpret_cast<const BlockQ4_K *>(w + r * stride) + b;
-            const float d = xb.d * f16_to_f32_fast(wb->d), dmin = xb.d * f16_to_f32_fast(wb->dmin);
-            alignas(16) uint8_t sm[16];
-            unpack_scales(wb->scales, sm);
-            const __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(sm + 8)));
-            accm[r] += dmin * float(simd::hsum_i32(_mm_madd_epi16(mins, bs)));
-            __m256i sumi = _mm256_setzero_si256();
-            for (int c = 0; c < 4; ++c) {
-                const __m256i q = simd::loadu(wb->qs + 32 * c);
-                const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-                const __m256i pl = _mm256_maddubs_epi16(lo, simd::loadu(xb.qs + 64 * c));
-                const __m256i ph = _mm256_maddubs_epi16(hi, simd::loadu(xb.qs + 64 * c + 32));
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(pl, _mm256_set1_epi16(sm[2 * c])));
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(ph, _mm256_set1_epi16(sm[2 * c + 1])));
-            }
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc[r]);
+        accm += dmin * float(simd::hsum_i32(_mm_madd_epi16(_mm256_extracti128_si256(sm16, 1), bs)));
+        const __m256i scales = _mm256_permute2x128_si256(sm16, sm16, 0x00);
+        __m256i sum0 = _mm256_setzero_si256(), sum1 = sum0;
+        for (int c = 0; c < 4; ++c) {
+            const __m256i q = simd::loadu(wb.qs + 32 * c);
+            const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            const __m256i pl = _mm256_maddubs_epi16(lo, simd::loadu(xb.qs + 64 * c));
+            const __m256i ph = _mm256_maddubs_epi16(hi, simd::loadu(xb.qs + 64 * c + 32));
+            const __m256i sl = _mm256_shuffle_epi8(scales, _mm256_load_si256(reinterpret_cast<const __m256i *>(kBcast16.c[2 * c])));
+            const __m256i sh = _mm256_shuffle_epi8(scales, _mm256_load_si256(reinterpret_cast<const __m256i *>(kBcast16.c[2 * c + 1])));
+            sum0 = _mm256_add_epi32(sum0, _mm256_madd_epi16(pl, sl));
+            sum1 = _mm256_add_epi32(sum1, _mm256_madd_epi16(ph, sh));
         }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_add_epi32(sum0, sum1)), acc);
     }
-    for (int r = 0; r < R; ++r) out[r] = simd::hsum(acc[r]) - accm[r];
+    return simd::hsum(acc) - accm;
 }
 
 }  // namespace
 
 void rows_q4_k(const uint8_t *w, size_t stride, int64_t nrows, const void *xv, int64_t n, float *out) {
     const BlockQ8_K *x = static_cast<const BlockQ8_K *>(xv);
-    const int64_t nb = n / kQK_K;
-    int64_t r = 0;
-    for (; r + 4 <= nrows; r += 4) rows_q4_k_r<4>(w + r * stride, stride, x, nb, out + r);
-    for (; r < nrows; ++r) rows_q4_k_r<1>(w + r * stride, stride, x, nb, out + r);
+    for (int64_t r = 0; r < nrows; ++r) out[r] = dot_row(reinterpret_cast<const BlockQ4_K *>(w + r * stride), x, n / kQK_K);
 }
 
 }  // namespace ds4::quant::detail

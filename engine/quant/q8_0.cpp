@@ -46,30 +46,28 @@ void dequant_q8_0(const void *src, float *dst, int64_t n) {
 
 namespace {
 
-template <int R>
-void rows_q8_0_r(const uint8_t *w, size_t stride, const BlockQ8_0 *x, int64_t nb, float *out) {
-    __m256 acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; ++b) {
-        const __m256i xq = simd::loadu(x[b].qs);
-        const float dx = f16_to_f32_fast(x[b].d);
-        for (int r = 0; r < R; ++r) {
-            const BlockQ8_0 *wb = reinterpret_cast<const BlockQ8_0 *>(w + r * stride) + b;
-            const __m256i p = simd::dot_i8(simd::loadu(wb->qs), xq);
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(f16_to_f32_fast(wb->d) * dx), _mm256_cvtepi32_ps(p), acc[r]);
-        }
+inline __m256 block_dot(const BlockQ8_0 &w, const BlockQ8_0 &x) {
+    const __m256i p = simd::dot_i8(simd::loadu(w.qs), simd::loadu(x.qs));
+    return _mm256_mul_ps(_mm256_set1_ps(f16_to_f32_fast(w.d) * f16_to_f32_fast(x.d)), _mm256_cvtepi32_ps(p));
+}
+
+// One row, two blocks per step on separate accumulators.
+float dot_row(const BlockQ8_0 *w, const BlockQ8_0 *x, int64_t nb) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        a0 = _mm256_add_ps(a0, block_dot(w[b], x[b]));
+        a1 = _mm256_add_ps(a1, block_dot(w[b + 1], x[b + 1]));
     }
-    for (int r = 0; r < R; ++r) out[r] = simd::hsum(acc[r]);
+    if (b < nb) a0 = _mm256_add_ps(a0, block_dot(w[b], x[b]));
+    return simd::hsum(_mm256_add_ps(a0, a1));
 }
 
 }  // namespace
 
 void rows_q8_0(const uint8_t *w, size_t stride, int64_t nrows, const void *xv, int64_t n, float *out) {
     const BlockQ8_0 *x = static_cast<const BlockQ8_0 *>(xv);
-    const int64_t nb = n / kQK8_0;
-    int64_t r = 0;
-    for (; r + 4 <= nrows; r += 4) rows_q8_0_r<4>(w + r * stride, stride, x, nb, out + r);
-    for (; r < nrows; ++r) rows_q8_0_r<1>(w + r * stride, stride, x, nb, out + r);
+    for (int64_t r = 0; r < nrows; ++r) out[r] = dot_row(reinterpret_cast<const BlockQ8_0 *>(w + r * stride), x, n / kQK8_0);
 }
 
 }  // namespace ds4::quant::detail

@@ -1,0 +1,137 @@
+// Single-thread throughput of vec_dot_rows per weight format over a weight block larger
+// than the caches, next to a plain streaming-read loop over the same bytes.
+// Usage: ds4-bench-quant [--mb N] [--n ROWLEN] [--reps R] [--types q8_0,q2_K,...] [--wall]
+// Reports the best of R passes.
+#include <immintrin.h>
+
+#include <ctime>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/quant/quants.h"
+
+using ds4::quant::Type;
+
+namespace {
+
+struct Fmt {
+    const char *name;
+    Type t;
+    int qk, bytes;
+    std::vector<int> f16_offsets;   // scale fields to keep finite and sane
+};
+
+const Fmt kFormats[] = {
+    {"f32", Type::F32, 1, 4, {}},          {"f16", Type::F16, 1, 2, {}},
+    {"bf16", Type::BF16, 1, 2, {}},        {"q8_0", Type::Q8_0, 32, 34, {0}},
+    {"q4_K", Type::Q4_K, 256, 144, {0, 2}}, {"q2_K", Type::Q2_K, 256, 84, {80, 82}},
+    {"iq2_xxs", Type::IQ2_XXS, 256, 66, {0}},
+};
+
+// Thread CPU time by default: the dev machine is shared, and time slices spent in other
+// processes would otherwise count as slow kernels (--wall to use wall-clock time).
+bool g_wall = false;
+double now() {
+    timespec ts;
+    clock_gettime(g_wall ? CLOCK_MONOTONIC : CLOCK_THREAD_CPUTIME_ID, &ts);
+    return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
+void *alloc(size_t n) {
+    void *p = std::aligned_alloc(64, (n + 63) / 64 * 64);
+    if (!p) { std::fprintf(stderr, "out of memory\n"); std::exit(1); }
+    return p;
+}
+
+double read_bandwidth(const uint8_t *p, size_t n, int reps) {
+    double best = 1e30;
+    volatile float sink = 0;
+    for (int r = 0; r < reps; ++r) {
+        const double t0 = now();
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (size_t i = 0; i + 128 <= n; i += 128) {
+            a0 = _mm256_add_ps(a0, _mm256_load_ps(reinterpret_cast<const float *>(p + i)));
+            a1 = _mm256_add_ps(a1, _mm256_load_ps(reinterpret_cast<const float *>(p + i + 32)));
+            a2 = _mm256_add_ps(a2, _mm256_load_ps(reinterpret_cast<const float *>(p + i + 64)));
+            a3 = _mm256_add_ps(a3, _mm256_load_ps(reinterpret_cast<const float *>(p + i + 96)));
+        }
+        float tmp[8];
+        _mm256_storeu_ps(tmp, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+        sink = sink + tmp[0];
+        best = std::min(best, now() - t0);
+    }
+    return double(n) / best / 1e9;
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+    double mb = 64;
+    int64_t n = 4096;
+    int reps = 5;
+    std::string types = "f32,f16,bf16,q8_0,q4_K,q2_K,iq2_xxs";
+    for (int i = 1; i < argc; ++i) {
+        const std::string a = argv[i];
+        auto next = [&]() -> const char * {
+            if (i + 1 >= argc) { std::fprintf(stderr, "%s needs a value\n", a.c_str()); std::exit(2); }
+            return argv[++i];
+        };
+        if (a == "--mb") mb = std::atof(next());
+        else if (a == "--n") n = std::atoll(next());
+        else if (a == "--reps") reps = std::atoi(next());
+        else if (a == "--types") types = next();
+        else if (a == "--wall") g_wall = true;
+        else { std::fprintf(stderr, "usage: %s [--mb N] [--n ROWLEN] [--reps R] [--types a,b] [--wall]\n", argv[0]); return 2; }
+    }
+    const size_t total = size_t(mb * 1024 * 1024);
+    std::mt19937 rng(1);
+    {
+        uint8_t *buf = static_cast<uint8_t *>(alloc(total));
+        for (size_t i = 0; i < total; ++i) buf[i] = uint8_t(rng());
+        std::printf("streaming read (1 thread)  %8.2f GB/s\n", read_bandwidth(buf, total, reps));
+        std::free(buf);
+    }
+    std::vector<float> x(static_cast<size_t>(n));
+    std::normal_distribution<float> g(0, 1);
+    for (auto &v : x) v = g(rng);
+    for (const Fmt &f : kFormats) {
+        const std::string list = "," + types + ",", key = std::string(",") + f.name + ",";
+        if (list.find(key) == std::string::npos) continue;
+        if (n % f.qk) { std::printf("%-8s skipped: n %% %d != 0\n", f.name, f.qk); continue; }
+        const size_t row = size_t(n / f.qk) * size_t(f.bytes);
+        const int64_t rows = int64_t(total / row);
+        const size_t bytes = row * size_t(rows);
+        uint8_t *w = static_cast<uint8_t *>(alloc(bytes));
+        if (f.qk == 1) {   // plain types: encode real values so no NaN/Inf slow paths
+            std::vector<float> tmp(static_cast<size_t>(n));
+            for (int64_t r = 0; r < rows; ++r) {
+                for (auto &v : tmp) v = g(rng);
+                ds4::quant::quantize_row(f.t, tmp.data(), w + size_t(r) * row, n);
+            }
+        } else {
+            for (size_t i = 0; i < bytes; ++i) w[i] = uint8_t(rng());
+            for (size_t b = 0; b < bytes / size_t(f.bytes); ++b)
+                for (int off : f.f16_offsets) {
+                    const uint16_t h = ds4::quant::f32_to_f16(0.001f + 0.01f * float(rng() % 100) / 100.f);
+                    std::memcpy(w + b * size_t(f.bytes) + size_t(off), &h, 2);
+                }
+        }
+        std::vector<uint8_t> xa(ds4::quant::vec_dot_row_bytes(f.t, n));
+        ds4::quant::quantize_activation(f.t, x.data(), xa.data(), n);
+        std::vector<float> out(static_cast<size_t>(rows));
+        double best = 1e30;
+        for (int r = 0; r <= reps; ++r) {   // first pass warms pages and caches
+            const double t0 = now();
+            ds4::quant::vec_dot_rows(f.t, w, row, rows, xa.data(), n, out.data());
+            if (r) best = std::min(best, now() - t0);
+        }
+        std::printf("%-8s vec_dot_rows (1 thread) %8.2f GB/s  %7.2f Gweights/s  (%lld rows x %lld)\n", f.name,
+                    double(bytes) / best / 1e9, double(rows) * double(n) / best / 1e9, (long long)rows, (long long)n);
+        std::free(w);
+    }
+    return 0;
+}
