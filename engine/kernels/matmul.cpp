@@ -1,12 +1,17 @@
 #include "engine/kernels/matmul.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 
 #include "engine/common/error.h"
 #include "engine/quant/quants.h"
 
 namespace ds4 {
+
+static std::atomic<uint64_t> g_weight_bytes{0};
+
+uint64_t matmul_weight_bytes() { return g_weight_bytes.load(std::memory_order_relaxed); }
 
 WeightView WeightView::rows(int64_t r0, int64_t n) const {
     WeightView v = *this;
@@ -38,6 +43,13 @@ uint64_t quantize_rows(ThreadPool &pool, gguf::Type t, const float *x, int64_t n
 
 void matmul_q(ThreadPool &pool, const WeightView &w, const uint8_t *xq, int64_t n_tok, uint64_t xq_row, float *y,
               int64_t y_stride) {
+    g_weight_bytes.fetch_add(w.bytes(), std::memory_order_relaxed);
+    // Small products are not worth waking the pool for.
+    if (w.bytes() * (uint64_t)n_tok < (64u << 10)) {
+        for (int64_t t = 0; t < n_tok; ++t)
+            quant::vec_dot_rows(w.type, w.data, w.row_bytes, w.out, xq + t * xq_row, w.in, y + t * y_stride);
+        return;
+    }
     if (n_tok == 1) {
         // Rows in blocks of 16 so each thread streams long contiguous runs of weights.
         pool.parallel_for(w.out, 16, [&](int64_t b, int64_t e, int) {

@@ -45,6 +45,9 @@ void matmul(ThreadPool &pool, const WeightView &w, const float *x, int64_t n_tok
 void matmul_q(ThreadPool &pool, const WeightView &w, const uint8_t *xq, int64_t n_tok, uint64_t xq_row, float *y,
               int64_t y_stride);
 
+// Weight bytes streamed by matmul/matmul_q since start (benchmarks: bytes per token).
+uint64_t matmul_weight_bytes();
+
 // Quantises n_tok rows of x for weights of type t into buf (resized); returns its row size.
 uint64_t quantize_rows(ThreadPool &pool, gguf::Type t, const float *x, int64_t n_tok, int64_t x_stride, int64_t n,
                        std::vector<uint8_t> &buf);

@@ -48,7 +48,8 @@ void ThreadPool::worker(int index) {
     for (;;) {
         int spins = 0;
         while (epoch_.load(std::memory_order_acquire) == seen && spins < 20000) {
-            DS4_PAUSE();
+            if (spins < 10000) DS4_PAUSE();
+            else std::this_thread::yield();
             ++spins;
         }
         if (epoch_.load(std::memory_order_acquire) == seen) {
@@ -81,7 +82,12 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain, const std::function<void
     }
     cv_.notify_all();
     run_share(0);
-    while (pending_.load(std::memory_order_acquire) != 0) DS4_PAUSE();
+    // Spin briefly, then yield: on an oversubscribed machine a worker may be descheduled
+    // and pure spinning would burn the time slice it needs.
+    for (int spins = 0; pending_.load(std::memory_order_acquire) != 0; ++spins) {
+        if (spins < 4000) DS4_PAUSE();
+        else std::this_thread::yield();
+    }
     fn_ = nullptr;
     if (error_) std::rethrow_exception(error_);
 }

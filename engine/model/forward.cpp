@@ -16,6 +16,9 @@ namespace ds4 {
 
 namespace {
 
+// Items per task so that a task is worth a wake-up (~64K multiply-adds).
+int64_t grain_for(int64_t cost_per_item) { return std::max<int64_t>(1, (64 << 10) / std::max<int64_t>(1, cost_per_item)); }
+
 struct Ctx {
     const ModelConfig &c;
     const ModelWeights &w;
@@ -37,12 +40,12 @@ void hc_pre(Ctx &x, const WeightView &fn, const std::vector<float> &base, const 
     Session::Impl &S = x.S;
     grow(S.flat, (size_t)x.T * hc * D);
     grow(S.mix, (size_t)x.T * nmix);
-    x.pool.parallel_for(x.T, 1, [&](int64_t b, int64_t e, int) {
+    x.pool.parallel_for(x.T, grain_for((int64_t)hc * D), [&](int64_t b, int64_t e, int) {
         for (int64_t t = b; t < e; ++t)
             ops::rmsnorm(H + t * hc * D, (int64_t)hc * D, nullptr, c.rms_eps, S.flat.data() + t * hc * D);
     });
     matmul(x.pool, fn, S.flat.data(), x.T, (int64_t)hc * D, S.mix.data(), nmix);
-    x.pool.parallel_for(x.T, 1, [&](int64_t b, int64_t e, int) {
+    x.pool.parallel_for(x.T, grain_for((int64_t)hc * D + 40 * hc * hc * c.hc_iters), [&](int64_t b, int64_t e, int) {
         for (int64_t t = b; t < e; ++t) {
             const float *m = S.mix.data() + (size_t)t * nmix;
             float pre[16];
@@ -86,7 +89,7 @@ void hc_pre(Ctx &x, const WeightView &fn, const std::vector<float> &base, const 
 // Hyper-connection "post": new stream k = post[k] * out + sum_j comb[j][k] * old stream j.
 void hc_post(Ctx &x, const float *post, const float *comb, const float *out, float *H) {
     const int hc = x.c.hc_mult, D = x.c.n_embd;
-    x.pool.parallel_for(x.T, 1, [&](int64_t b, int64_t e, int) {
+    x.pool.parallel_for(x.T, grain_for((int64_t)hc * hc * D), [&](int64_t b, int64_t e, int) {
         std::vector<float> old((size_t)hc * D);
         for (int64_t t = b; t < e; ++t) {
             float *h = H + t * hc * D;
@@ -126,7 +129,7 @@ void compress(Ctx &x, CompState &cs, const CompressorWeights &cw, const float *X
     const int first = cs.n_entries, last = (int)((x.n0 + T) / r);   // entries [first, last) close now
     if (last > cs.max_entries) failf("internal: compressed entries exceed capacity (%d > %d)", last, cs.max_entries);
     const Rope &rope = x.m.rope(true);
-    x.pool.parallel_for(last - first, 1, [&](int64_t b, int64_t e, int) {
+    x.pool.parallel_for(last - first, grain_for((int64_t)dim * r * 4), [&](int64_t b, int64_t e, int) {
         std::vector<float> lg(2 * r), cs_(rope.n_pairs), sn(rope.n_pairs);
         for (int64_t wi = first + b; wi < first + e; ++wi) {
             float *out = cs.entry((int)wi);
@@ -175,7 +178,7 @@ void indexer_select(Ctx &x, const LayerWeights &L, CompState &ics, const float *
     const Rope &rope = x.m.rope(true);
     const float qscale = 1.f / std::sqrt((float)Id), wscale = 1.f / std::sqrt((float)IH);
     sel.assign(T, {});
-    x.pool.parallel_for(T, 1, [&](int64_t b, int64_t e, int) {
+    x.pool.parallel_for(T, grain_for((int64_t)ics.n_entries * IH * Id + 1), [&](int64_t b, int64_t e, int) {
         std::vector<float> cs_(rope.n_pairs), sn(rope.n_pairs);
         std::vector<TopEntry> sc;
         for (int64_t t = b; t < e; ++t) {
@@ -223,7 +226,7 @@ void attention(Ctx &x, int l, const float *XN, float *A) {
     matmul(x.pool, L.q_b, S.qr.data(), T, c.q_lora, S.q.data(), (int64_t)H * hd);
     std::vector<float> kvb((size_t)T * hd);
     matmul(x.pool, L.kv, XN, T, D, kvb.data(), hd);
-    x.pool.parallel_for(T, 1, [&](int64_t b, int64_t e, int) {
+    x.pool.parallel_for(T, grain_for((int64_t)H * hd * 4), [&](int64_t b, int64_t e, int) {
         std::vector<float> cs_(rope.n_pairs), sn(rope.n_pairs);
         for (int64_t t = b; t < e; ++t) {
             const int64_t pos = x.n0 + t;
@@ -254,7 +257,8 @@ void attention(Ctx &x, int l, const float *XN, float *A) {
     grow(S.o, (size_t)T * H * hd);
     const float scale = 1.f / std::sqrt((float)hd);
     const int W = c.sliding_window, r = c.compress_ratio[l];
-    x.pool.parallel_for((int64_t)T * H, 1, [&](int64_t b, int64_t e, int) {
+    const int64_t n_keys = W + (compressed ? std::min<int64_t>(ls.comp.n_entries, c.is_csa(l) ? c.indexer_topk : ls.comp.n_entries) : 0);
+    x.pool.parallel_for((int64_t)T * H, grain_for(n_keys * hd * 2), [&](int64_t b, int64_t e, int) {
         std::vector<float> lg;
         std::vector<const float *> rows;
         for (int64_t i = b; i < e; ++i) {
@@ -283,7 +287,7 @@ void attention(Ctx &x, int l, const float *XN, float *A) {
         }
     });
     // K = V carried RoPE into the output's rope slice: rotate it back at the query position.
-    x.pool.parallel_for(T, 1, [&](int64_t b, int64_t e, int) {
+    x.pool.parallel_for(T, grain_for((int64_t)H * rope.n_pairs * 4), [&](int64_t b, int64_t e, int) {
         std::vector<float> cs_(rope.n_pairs), sn(rope.n_pairs);
         for (int64_t t = b; t < e; ++t) {
             rope.cos_sin(x.n0 + t, cs_.data(), sn.data());
