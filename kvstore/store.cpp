@@ -419,9 +419,10 @@ void Store::Impl::touch(const Entry &e) {
 
 Status Store::Impl::load_entry(const Entry &e, LoadedPayload *out) {
     std::string why;
-    AlignedBuffer buf;
     payload::Header hdr;
-    Status st = read_payload_file(e.rec, &buf, &hdr, &why);
+    // Straight into the caller's buffer, reusing its allocation when it is big enough.
+    Status st = read_payload_file(e.rec, &out->bytes, &hdr, &why);
+    if (!st) out->bytes.resize(0);
     const std::string who = e.kind == EntryKind::kSession ? "session " + quoted(e.key)
                                                           : "checkpoint " + payload_file_name(e.rec.file_id);
     if (st.code() == Code::kCorrupt) {
@@ -430,7 +431,6 @@ Status Store::Impl::load_entry(const Entry &e, LoadedPayload *out) {
     }
     if (!st) return {st.code(), who + ": " + st.message()};
     touch(e);
-    out->bytes = std::move(buf);
     out->header = hdr;
     out->info = to_info(e);
     return Status::ok();

@@ -61,6 +61,9 @@ struct EntryInfo {
     bool pinned = false;
 };
 
+// Loads read into `bytes`, reusing its allocation when it is large enough (keep one
+// LoadedPayload around to avoid faulting in fresh memory for every load). On failure
+// bytes.size() is 0.
 struct LoadedPayload {
     AlignedBuffer bytes;      // the verified payload, bytes.size() long
     payload::Header header;
