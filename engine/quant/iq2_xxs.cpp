@@ -206,14 +206,20 @@ alignas(32) constexpr uint8_t kBit[32] = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 
 
 inline __m256i load32(const uint8_t *p) { return _mm256_load_si256(reinterpret_cast<const __m256i *>(p)); }
 
-float dot_row(const BlockIQ2_XXS *w, const BlockQ8_K *x, int64_t nb) {
+template <int C>
+void dot_cols(const uint8_t *wv, const void *const *xv, int64_t n, float *out) {
+    const BlockIQ2_XXS *w = reinterpret_cast<const BlockIQ2_XXS *>(wv);
+    const BlockQ8_K *x[C];
+    __m256 acc[C];
+    for (int c = 0; c < C; ++c) {
+        x[c] = static_cast<const BlockQ8_K *>(xv[c]);
+        acc[c] = _mm256_setzero_ps();
+    }
     const long long *grid = reinterpret_cast<const long long *>(kIq2xxsGrid);
     const __m256i parity = load32(kNibbleParity), bit = load32(kBit);
     const __m256i m7 = _mm256_set1_epi32(127), m4 = _mm256_set1_epi8(15), one8 = _mm256_set1_epi8(1);
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; ++b) {
+    for (int64_t b = 0; b < n / kQK_K; ++b) {
         const BlockIQ2_XXS &wb = w[b];
-        const int8_t *xq = x[b].qs;
         // Decode all 8 sign/scale words at once. Word order after the odd-word shuffle:
         // 32-groups (0, 1, 4, 5 | 2, 3, 6, 7).
         const __m256i q0 = simd::loadu(wb.qs), q1 = simd::loadu(wb.qs + 16);
@@ -227,41 +233,49 @@ float dot_row(const BlockIQ2_XXS *w, const BlockQ8_K *x, int64_t nb) {
         sg = _mm256_or_si256(sg, _mm256_xor_si256(_mm256_shuffle_epi8(parity, _mm256_and_si256(sg, m4)),
                                                   _mm256_shuffle_epi8(parity, _mm256_and_si256(_mm256_srli_epi16(sg, 4), m4))));
         // 32-group multipliers 2*scale+1 in both 16-bit halves
-        __m256i sc = _mm256_srli_epi32(a1, 28);
-        sc = _mm256_add_epi32(_mm256_add_epi32(sc, sc), _mm256_set1_epi32(1));
-        sc = _mm256_or_si256(sc, _mm256_slli_epi32(sc, 16));
+        __m256i scv = _mm256_srli_epi32(a1, 28);
+        scv = _mm256_add_epi32(_mm256_add_epi32(scv, scv), _mm256_set1_epi32(1));
+        scv = _mm256_or_si256(scv, _mm256_slli_epi32(scv, 16));
         const __m256i sg_lo = _mm256_permute2x128_si256(sg, sg, 0x00), sg_hi = _mm256_permute2x128_si256(sg, sg, 0x11);
-        const __m256i sc_lo = _mm256_permute2x128_si256(sc, sc, 0x00), sc_hi = _mm256_permute2x128_si256(sc, sc, 0x11);
+        const __m256i sc_lo = _mm256_permute2x128_si256(scv, scv, 0x00), sc_hi = _mm256_permute2x128_si256(scv, scv, 0x11);
         const uint8_t *idx = reinterpret_cast<const uint8_t *>(wb.qs);
-        __m256i sum0 = _mm256_setzero_si256(), sum1 = sum0;
+        // per 32-group (in natural order): grid magnitudes, sign multipliers (+-1), scale
+        __m256i g[8], sm[8], sc[8];
         auto group = [&](int ib, __m256i sgv, __m256i scale, int slot) {
-            const __m256i g = _mm256_set_epi64x(grid[idx[8 * ib + 3]], grid[idx[8 * ib + 2]], grid[idx[8 * ib + 1]],
-                                                grid[idx[8 * ib]]);
+            g[ib] = _mm256_set_epi64x(grid[idx[8 * ib + 3]], grid[idx[8 * ib + 2]], grid[idx[8 * ib + 1]], grid[idx[8 * ib]]);
             const __m256i sb = _mm256_shuffle_epi8(sgv, load32(kExpand.c[slot]));
-            const __m256i neg = _mm256_cmpeq_epi8(_mm256_and_si256(sb, bit), bit);
-            const __m256i xs = _mm256_sign_epi8(simd::loadu(xq + 32 * ib), _mm256_or_si256(neg, one8));
-            return _mm256_madd_epi16(_mm256_maddubs_epi16(g, xs), scale);
+            sm[ib] = _mm256_or_si256(_mm256_cmpeq_epi8(_mm256_and_si256(sb, bit), bit), one8);
+            sc[ib] = scale;
         };
-        sum0 = _mm256_add_epi32(sum0, group(0, sg_lo, _mm256_shuffle_epi32(sc_lo, 0x00), 0));
-        sum1 = _mm256_add_epi32(sum1, group(1, sg_lo, _mm256_shuffle_epi32(sc_lo, 0x55), 1));
-        sum0 = _mm256_add_epi32(sum0, group(2, sg_hi, _mm256_shuffle_epi32(sc_hi, 0x00), 0));
-        sum1 = _mm256_add_epi32(sum1, group(3, sg_hi, _mm256_shuffle_epi32(sc_hi, 0x55), 1));
-        sum0 = _mm256_add_epi32(sum0, group(4, sg_lo, _mm256_shuffle_epi32(sc_lo, 0xaa), 2));
-        sum1 = _mm256_add_epi32(sum1, group(5, sg_lo, _mm256_shuffle_epi32(sc_lo, 0xff), 3));
-        sum0 = _mm256_add_epi32(sum0, group(6, sg_hi, _mm256_shuffle_epi32(sc_hi, 0xaa), 2));
-        sum1 = _mm256_add_epi32(sum1, group(7, sg_hi, _mm256_shuffle_epi32(sc_hi, 0xff), 3));
-        const float d = 0.125f * x[b].d * f16_to_f32_fast(wb.d);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_add_epi32(sum0, sum1)), acc);
+        group(0, sg_lo, _mm256_shuffle_epi32(sc_lo, 0x00), 0);
+        group(1, sg_lo, _mm256_shuffle_epi32(sc_lo, 0x55), 1);
+        group(2, sg_hi, _mm256_shuffle_epi32(sc_hi, 0x00), 0);
+        group(3, sg_hi, _mm256_shuffle_epi32(sc_hi, 0x55), 1);
+        group(4, sg_lo, _mm256_shuffle_epi32(sc_lo, 0xaa), 2);
+        group(5, sg_lo, _mm256_shuffle_epi32(sc_lo, 0xff), 3);
+        group(6, sg_hi, _mm256_shuffle_epi32(sc_hi, 0xaa), 2);
+        group(7, sg_hi, _mm256_shuffle_epi32(sc_hi, 0xff), 3);
+        const float dw = f16_to_f32_fast(wb.d);
+        for (int c = 0; c < C; ++c) {
+            const int8_t *xq = x[c][b].qs;
+            __m256i sum0 = _mm256_setzero_si256(), sum1 = sum0;
+            for (int ib = 0; ib < 8; ib += 2) {
+                const __m256i p0 = _mm256_maddubs_epi16(g[ib], _mm256_sign_epi8(simd::loadu(xq + 32 * ib), sm[ib]));
+                const __m256i p1 = _mm256_maddubs_epi16(g[ib + 1], _mm256_sign_epi8(simd::loadu(xq + 32 * ib + 32), sm[ib + 1]));
+                sum0 = _mm256_add_epi32(sum0, _mm256_madd_epi16(p0, sc[ib]));
+                sum1 = _mm256_add_epi32(sum1, _mm256_madd_epi16(p1, sc[ib + 1]));
+            }
+            const float d = 0.125f * x[c][b].d * dw;
+            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_add_epi32(sum0, sum1)), acc[c]);
+        }
     }
-    return simd::hsum(acc);
+    for (int c = 0; c < C; ++c) out[c] = simd::hsum(acc[c]);
 }
 
 }  // namespace
 
-void rows_iq2_xxs(const uint8_t *w, size_t stride, int64_t nrows, const void *xv, int64_t n, float *out) {
-    const BlockQ8_K *x = static_cast<const BlockQ8_K *>(xv);
-    for (int64_t r = 0; r < nrows; ++r)
-        out[r] = dot_row(reinterpret_cast<const BlockIQ2_XXS *>(w + r * stride), x, n / kQK_K);
+void dot_iq2_xxs(const uint8_t *w, const void *const *x, int ncols, int64_t n, float *out) {
+    DS4_QUANT_COLS_DISPATCH(dot_cols, w, x, n, out)
 }
 
 }  // namespace ds4::quant::detail

@@ -5,17 +5,29 @@
 
 namespace ds4::quant::detail {
 
-// out[r] = dot(row r of w, x) for r < nrows; rows are `stride` bytes apart; x is in the
-// format's activation type; n is the row length in elements.
-using RowsFn = void (*)(const uint8_t *w, size_t stride, int64_t nrows, const void *x, int64_t n, float *out);
+// One weight row against ncols (1..kMaxCols) activation rows: out[c] = dot(w, x[c]).
+// Activation rows are in the format's activation type; n is the row length. Each weight
+// block is decoded once for all columns, and column c's result is bit-identical to a
+// call with that column alone (same operations in the same order).
+constexpr int kMaxCols = 4;
+using DotFn = void (*)(const uint8_t *w, const void *const *x, int ncols, int64_t n, float *out);
 
-void rows_f32(const uint8_t *w, size_t stride, int64_t nrows, const void *x, int64_t n, float *out);
-void rows_f16(const uint8_t *w, size_t stride, int64_t nrows, const void *x, int64_t n, float *out);
-void rows_bf16(const uint8_t *w, size_t stride, int64_t nrows, const void *x, int64_t n, float *out);
-void rows_q8_0(const uint8_t *w, size_t stride, int64_t nrows, const void *x, int64_t n, float *out);
-void rows_q2_k(const uint8_t *w, size_t stride, int64_t nrows, const void *x, int64_t n, float *out);
-void rows_q4_k(const uint8_t *w, size_t stride, int64_t nrows, const void *x, int64_t n, float *out);
-void rows_iq2_xxs(const uint8_t *w, size_t stride, int64_t nrows, const void *x, int64_t n, float *out);
+void dot_f32(const uint8_t *w, const void *const *x, int ncols, int64_t n, float *out);
+void dot_f16(const uint8_t *w, const void *const *x, int ncols, int64_t n, float *out);
+void dot_bf16(const uint8_t *w, const void *const *x, int ncols, int64_t n, float *out);
+void dot_q8_0(const uint8_t *w, const void *const *x, int ncols, int64_t n, float *out);
+void dot_q2_k(const uint8_t *w, const void *const *x, int ncols, int64_t n, float *out);
+void dot_q4_k(const uint8_t *w, const void *const *x, int ncols, int64_t n, float *out);
+void dot_iq2_xxs(const uint8_t *w, const void *const *x, int ncols, int64_t n, float *out);
+
+// Instantiates F<1..kMaxCols> behind a runtime column count.
+#define DS4_QUANT_COLS_DISPATCH(F, ...)          \
+    switch (ncols) {                             \
+        case 1: F<1>(__VA_ARGS__); break;        \
+        case 2: F<2>(__VA_ARGS__); break;        \
+        case 3: F<3>(__VA_ARGS__); break;        \
+        default: F<4>(__VA_ARGS__); break;       \
+    }
 
 void dequant_f16(const void *src, float *dst, int64_t n);
 void dequant_bf16(const void *src, float *dst, int64_t n);

@@ -1,4 +1,4 @@
-// F32 / F16 / BF16 rows: conversions and dots against f32 activations.
+// F32 / F16 / BF16: conversions and dots against f32 activations.
 #include <cstring>
 
 #include "engine/quant/half.h"
@@ -27,42 +27,53 @@ struct LoadBF16 {
     static constexpr int kBytes = 2;
 };
 
-// One row at a time: a single sequential stream is what the memory system handles best
-// (interleaving several rows measured 2-4x slower from DRAM on the 2-core dev machine);
-// four accumulators hide the FMA latency.
-template <class L>
-float dot_plain(const uint8_t *w, const float *x, int64_t n) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+// Four accumulators per column hide the FMA latency; each group of 8 weights is
+// converted once for all columns.
+template <class L, int C>
+void dot_plain(const uint8_t *w, const void *const *xv, int64_t n, float *out) {
+    const float *x[C];
+    __m256 a[C][4];
+    for (int c = 0; c < C; ++c) {
+        x[c] = static_cast<const float *>(xv[c]);
+        for (int k = 0; k < 4; ++k) a[c][k] = _mm256_setzero_ps();
+    }
     int64_t i = 0;
     for (; i + 32 <= n; i += 32) {
         const uint8_t *p = w + i * L::kBytes;
-        a0 = _mm256_fmadd_ps(L::load8(p), _mm256_loadu_ps(x + i), a0);
-        a1 = _mm256_fmadd_ps(L::load8(p + 8 * L::kBytes), _mm256_loadu_ps(x + i + 8), a1);
-        a2 = _mm256_fmadd_ps(L::load8(p + 16 * L::kBytes), _mm256_loadu_ps(x + i + 16), a2);
-        a3 = _mm256_fmadd_ps(L::load8(p + 24 * L::kBytes), _mm256_loadu_ps(x + i + 24), a3);
+        const __m256 w0 = L::load8(p), w1 = L::load8(p + 8 * L::kBytes);
+        const __m256 w2 = L::load8(p + 16 * L::kBytes), w3 = L::load8(p + 24 * L::kBytes);
+        for (int c = 0; c < C; ++c) {
+            a[c][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x[c] + i), a[c][0]);
+            a[c][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x[c] + i + 8), a[c][1]);
+            a[c][2] = _mm256_fmadd_ps(w2, _mm256_loadu_ps(x[c] + i + 16), a[c][2]);
+            a[c][3] = _mm256_fmadd_ps(w3, _mm256_loadu_ps(x[c] + i + 24), a[c][3]);
+        }
     }
-    for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(L::load8(w + i * L::kBytes), _mm256_loadu_ps(x + i), a0);
-    float s = simd::hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-    for (; i < n; ++i) s += L::one(w + i * L::kBytes) * x[i];
-    return s;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 w0 = L::load8(w + i * L::kBytes);
+        for (int c = 0; c < C; ++c) a[c][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x[c] + i), a[c][0]);
+    }
+    for (int c = 0; c < C; ++c) {
+        float s = simd::hsum(_mm256_add_ps(_mm256_add_ps(a[c][0], a[c][1]), _mm256_add_ps(a[c][2], a[c][3])));
+        for (int64_t j = i; j < n; ++j) s += L::one(w + j * L::kBytes) * x[c][j];
+        out[c] = s;
+    }
 }
 
-template <class L>
-void rows_any(const uint8_t *w, size_t stride, int64_t nrows, const void *xv, int64_t n, float *out) {
-    const float *x = static_cast<const float *>(xv);
-    for (int64_t r = 0; r < nrows; ++r) out[r] = dot_plain<L>(w + r * stride, x, n);
-}
+template <int C> void dot_f32_c(const uint8_t *w, const void *const *x, int64_t n, float *out) { dot_plain<LoadF32, C>(w, x, n, out); }
+template <int C> void dot_f16_c(const uint8_t *w, const void *const *x, int64_t n, float *out) { dot_plain<LoadF16, C>(w, x, n, out); }
+template <int C> void dot_bf16_c(const uint8_t *w, const void *const *x, int64_t n, float *out) { dot_plain<LoadBF16, C>(w, x, n, out); }
 
 }  // namespace
 
-void rows_f32(const uint8_t *w, size_t stride, int64_t nrows, const void *x, int64_t n, float *out) {
-    rows_any<LoadF32>(w, stride, nrows, x, n, out);
+void dot_f32(const uint8_t *w, const void *const *x, int ncols, int64_t n, float *out) {
+    DS4_QUANT_COLS_DISPATCH(dot_f32_c, w, x, n, out)
 }
-void rows_f16(const uint8_t *w, size_t stride, int64_t nrows, const void *x, int64_t n, float *out) {
-    rows_any<LoadF16>(w, stride, nrows, x, n, out);
+void dot_f16(const uint8_t *w, const void *const *x, int ncols, int64_t n, float *out) {
+    DS4_QUANT_COLS_DISPATCH(dot_f16_c, w, x, n, out)
 }
-void rows_bf16(const uint8_t *w, size_t stride, int64_t nrows, const void *x, int64_t n, float *out) {
-    rows_any<LoadBF16>(w, stride, nrows, x, n, out);
+void dot_bf16(const uint8_t *w, const void *const *x, int ncols, int64_t n, float *out) {
+    DS4_QUANT_COLS_DISPATCH(dot_bf16_c, w, x, n, out)
 }
 
 void dequant_f16(const void *src, float *dst, int64_t n) {

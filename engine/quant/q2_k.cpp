@@ -91,45 +91,58 @@ alignas(32) constexpr uint8_t kScaleShuffle[4][32] = {
      14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15},
 };
 
-float dot_row(const BlockQ2_K *w, const BlockQ8_K *x, int64_t nb) {
-    __m256 acc = _mm256_setzero_ps();
-    float accm = 0;
+template <int C>
+void dot_cols(const uint8_t *wv, const void *const *xv, int64_t n, float *out) {
+    const BlockQ2_K *w = reinterpret_cast<const BlockQ2_K *>(wv);
+    const BlockQ8_K *x[C];
+    __m256 acc[C];
+    float accm[C];
+    for (int c = 0; c < C; ++c) {
+        x[c] = static_cast<const BlockQ8_K *>(xv[c]);
+        acc[c] = _mm256_setzero_ps();
+        accm[c] = 0;
+    }
     const __m256i m3 = _mm256_set1_epi8(3);
     const __m128i m4 = _mm_set1_epi8(0xF);
     __m256i shuf[4];
     for (int k = 0; k < 4; ++k) shuf[k] = _mm256_load_si256(reinterpret_cast<const __m256i *>(kScaleShuffle[k]));
-    for (int64_t b = 0; b < nb; ++b) {
-        const BlockQ8_K &xb = x[b];
+    for (int64_t b = 0; b < n / kQK_K; ++b) {
         const BlockQ2_K &wb = w[b];
-        const float d = xb.d * f16_to_f32_fast(wb.d), dmin = xb.d * f16_to_f32_fast(wb.dmin);
+        const float dw = f16_to_f32_fast(wb.d), dminw = f16_to_f32_fast(wb.dmin);
         const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i *>(wb.scales));
         const __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc8, 4), m4));
-        accm += dmin * float(simd::hsum_i32(_mm256_madd_epi16(mins, simd::loadu(xb.bsums))));
         const __m256i sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(sc8, m4));
-        __m256i sum0 = _mm256_setzero_si256(), sum1 = sum0;
+        // decoded once: 2-bit quants and the sub-block scale vectors, in dot order
+        __m256i q2[8], sc[8];
         for (int h = 0; h < 2; ++h) {
             const __m256i s = h == 0 ? _mm256_permute2x128_si256(sc16, sc16, 0x00)
                                      : _mm256_permute2x128_si256(sc16, sc16, 0x11);
             const __m256i q = simd::loadu(wb.qs + 32 * h);
-            for (int k = 0; k < 4; k += 2) {
-                const __m256i q0 = _mm256_and_si256(_mm256_srli_epi16(q, 2 * k), m3);
-                const __m256i q1 = _mm256_and_si256(_mm256_srli_epi16(q, 2 * k + 2), m3);
-                const __m256i p0 = _mm256_maddubs_epi16(q0, simd::loadu(xb.qs + 128 * h + 32 * k));
-                const __m256i p1 = _mm256_maddubs_epi16(q1, simd::loadu(xb.qs + 128 * h + 32 * k + 32));
-                sum0 = _mm256_add_epi32(sum0, _mm256_madd_epi16(p0, _mm256_shuffle_epi8(s, shuf[k])));
-                sum1 = _mm256_add_epi32(sum1, _mm256_madd_epi16(p1, _mm256_shuffle_epi8(s, shuf[k + 1])));
+            for (int k = 0; k < 4; ++k) {
+                q2[4 * h + k] = _mm256_and_si256(_mm256_srli_epi16(q, 2 * k), m3);
+                sc[4 * h + k] = _mm256_shuffle_epi8(s, shuf[k]);
             }
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_add_epi32(sum0, sum1)), acc);
+        for (int c = 0; c < C; ++c) {
+            const BlockQ8_K &xb = x[c][b];
+            accm[c] += xb.d * dminw * float(simd::hsum_i32(_mm256_madd_epi16(mins, simd::loadu(xb.bsums))));
+            __m256i sum0 = _mm256_setzero_si256(), sum1 = sum0;
+            for (int j = 0; j < 8; j += 2) {
+                const __m256i p0 = _mm256_maddubs_epi16(q2[j], simd::loadu(xb.qs + 32 * j));
+                const __m256i p1 = _mm256_maddubs_epi16(q2[j + 1], simd::loadu(xb.qs + 32 * j + 32));
+                sum0 = _mm256_add_epi32(sum0, _mm256_madd_epi16(p0, sc[j]));
+                sum1 = _mm256_add_epi32(sum1, _mm256_madd_epi16(p1, sc[j + 1]));
+            }
+            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(xb.d * dw), _mm256_cvtepi32_ps(_mm256_add_epi32(sum0, sum1)), acc[c]);
+        }
     }
-    return simd::hsum(acc) - accm;
+    for (int c = 0; c < C; ++c) out[c] = simd::hsum(acc[c]) - accm[c];
 }
 
 }  // namespace
 
-void rows_q2_k(const uint8_t *w, size_t stride, int64_t nrows, const void *xv, int64_t n, float *out) {
-    const BlockQ8_K *x = static_cast<const BlockQ8_K *>(xv);
-    for (int64_t r = 0; r < nrows; ++r) out[r] = dot_row(reinterpret_cast<const BlockQ2_K *>(w + r * stride), x, n / kQK_K);
+void dot_q2_k(const uint8_t *w, const void *const *x, int ncols, int64_t n, float *out) {
+    DS4_QUANT_COLS_DISPATCH(dot_cols, w, x, n, out)
 }
 
 }  // namespace ds4::quant::detail

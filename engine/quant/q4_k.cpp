@@ -112,43 +112,57 @@ struct Bcast16 {
 };
 constexpr Bcast16 kBcast16;
 
-float dot_row(const BlockQ4_K *w, const BlockQ8_K *x, int64_t nb) {
-    __m256 acc = _mm256_setzero_ps();
-    float accm = 0;
+template <int C>
+void dot_cols(const uint8_t *wv, const void *const *xv, int64_t n, float *out) {
+    const BlockQ4_K *w = reinterpret_cast<const BlockQ4_K *>(wv);
+    const BlockQ8_K *x[C];
+    __m256 acc[C];
+    float accm[C];
+    for (int c = 0; c < C; ++c) {
+        x[c] = static_cast<const BlockQ8_K *>(xv[c]);
+        acc[c] = _mm256_setzero_ps();
+        accm[c] = 0;
+    }
     const __m256i m4 = _mm256_set1_epi8(0xF);
-    for (int64_t b = 0; b < nb; ++b) {
-        const BlockQ8_K &xb = x[b];
+    for (int64_t b = 0; b < n / kQK_K; ++b) {
         const BlockQ4_K &wb = w[b];
-        const float d = xb.d * f16_to_f32_fast(wb.d), dmin = xb.d * f16_to_f32_fast(wb.dmin);
+        const float dw = f16_to_f32_fast(wb.d), dminw = f16_to_f32_fast(wb.dmin);
         alignas(16) uint8_t sm[16];
         unpack_scales(wb.scales, sm);
         const __m256i sm16 = _mm256_cvtepu8_epi16(_mm_load_si128(reinterpret_cast<const __m128i *>(sm)));
-        // sums over the 32-element sub-blocks
-        const __m128i bs = _mm_hadd_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i *>(xb.bsums)),
-                                          _mm_loadu_si128(reinterpret_cast<const __m128i *>(xb.bsums + 8)));
-        accm += dmin * float(simd::hsum_i32(_mm_madd_epi16(_mm256_extracti128_si256(sm16, 1), bs)));
+        const __m128i mins = _mm256_extracti128_si256(sm16, 1);
         const __m256i scales = _mm256_permute2x128_si256(sm16, sm16, 0x00);
-        __m256i sum0 = _mm256_setzero_si256(), sum1 = sum0;
-        for (int c = 0; c < 4; ++c) {
-            const __m256i q = simd::loadu(wb.qs + 32 * c);
-            const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-            const __m256i pl = _mm256_maddubs_epi16(lo, simd::loadu(xb.qs + 64 * c));
-            const __m256i ph = _mm256_maddubs_epi16(hi, simd::loadu(xb.qs + 64 * c + 32));
-            const __m256i sl = _mm256_shuffle_epi8(scales, _mm256_load_si256(reinterpret_cast<const __m256i *>(kBcast16.c[2 * c])));
-            const __m256i sh = _mm256_shuffle_epi8(scales, _mm256_load_si256(reinterpret_cast<const __m256i *>(kBcast16.c[2 * c + 1])));
-            sum0 = _mm256_add_epi32(sum0, _mm256_madd_epi16(pl, sl));
-            sum1 = _mm256_add_epi32(sum1, _mm256_madd_epi16(ph, sh));
+        __m256i q4[8], sc[8];
+        for (int k = 0; k < 4; ++k) {
+            const __m256i q = simd::loadu(wb.qs + 32 * k);
+            q4[2 * k] = _mm256_and_si256(q, m4);
+            q4[2 * k + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_add_epi32(sum0, sum1)), acc);
+        for (int j = 0; j < 8; ++j)
+            sc[j] = _mm256_shuffle_epi8(scales, _mm256_load_si256(reinterpret_cast<const __m256i *>(kBcast16.c[j])));
+        for (int c = 0; c < C; ++c) {
+            const BlockQ8_K &xb = x[c][b];
+            // sums over the 32-element sub-blocks
+            const __m128i bs = _mm_hadd_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i *>(xb.bsums)),
+                                              _mm_loadu_si128(reinterpret_cast<const __m128i *>(xb.bsums + 8)));
+            accm[c] += xb.d * dminw * float(simd::hsum_i32(_mm_madd_epi16(mins, bs)));
+            __m256i sum0 = _mm256_setzero_si256(), sum1 = sum0;
+            for (int j = 0; j < 8; j += 2) {
+                const __m256i pl = _mm256_maddubs_epi16(q4[j], simd::loadu(xb.qs + 32 * j));
+                const __m256i ph = _mm256_maddubs_epi16(q4[j + 1], simd::loadu(xb.qs + 32 * j + 32));
+                sum0 = _mm256_add_epi32(sum0, _mm256_madd_epi16(pl, sc[j]));
+                sum1 = _mm256_add_epi32(sum1, _mm256_madd_epi16(ph, sc[j + 1]));
+            }
+            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(xb.d * dw), _mm256_cvtepi32_ps(_mm256_add_epi32(sum0, sum1)), acc[c]);
+        }
     }
-    return simd::hsum(acc) - accm;
+    for (int c = 0; c < C; ++c) out[c] = simd::hsum(acc[c]) - accm[c];
 }
 
 }  // namespace
 
-void rows_q4_k(const uint8_t *w, size_t stride, int64_t nrows, const void *xv, int64_t n, float *out) {
-    const BlockQ8_K *x = static_cast<const BlockQ8_K *>(xv);
-    for (int64_t r = 0; r < nrows; ++r) out[r] = dot_row(reinterpret_cast<const BlockQ4_K *>(w + r * stride), x, n / kQK_K);
+void dot_q4_k(const uint8_t *w, const void *const *x, int ncols, int64_t n, float *out) {
+    DS4_QUANT_COLS_DISPATCH(dot_cols, w, x, n, out)
 }
 
 }  // namespace ds4::quant::detail

@@ -46,28 +46,40 @@ void dequant_q8_0(const void *src, float *dst, int64_t n) {
 
 namespace {
 
-inline __m256 block_dot(const BlockQ8_0 &w, const BlockQ8_0 &x) {
-    const __m256i p = simd::dot_i8(simd::loadu(w.qs), simd::loadu(x.qs));
-    return _mm256_mul_ps(_mm256_set1_ps(f16_to_f32_fast(w.d) * f16_to_f32_fast(x.d)), _mm256_cvtepi32_ps(p));
-}
-
-// One row, two blocks per step on separate accumulators.
-float dot_row(const BlockQ8_0 *w, const BlockQ8_0 *x, int64_t nb) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+// Two blocks per step on separate accumulators; |w| is formed once for all columns.
+template <int C>
+void dot_cols(const uint8_t *wv, const void *const *xv, int64_t n, float *out) {
+    const BlockQ8_0 *w = reinterpret_cast<const BlockQ8_0 *>(wv);
+    const BlockQ8_0 *x[C];
+    __m256 a0[C], a1[C];
+    for (int c = 0; c < C; ++c) {
+        x[c] = static_cast<const BlockQ8_0 *>(xv[c]);
+        a0[c] = a1[c] = _mm256_setzero_ps();
+    }
+    const __m256i ones = _mm256_set1_epi16(1);
+    auto step = [&](int64_t b, __m256 *acc) {
+        const __m256i q = simd::loadu(w[b].qs);
+        const __m256i aq = _mm256_sign_epi8(q, q);
+        const float dw = f16_to_f32_fast(w[b].d);
+        for (int c = 0; c < C; ++c) {
+            const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aq, _mm256_sign_epi8(simd::loadu(x[c][b].qs), q)), ones);
+            acc[c] = _mm256_add_ps(acc[c], _mm256_mul_ps(_mm256_set1_ps(dw * f16_to_f32_fast(x[c][b].d)), _mm256_cvtepi32_ps(p)));
+        }
+    };
+    const int64_t nb = n / kQK8_0;
     int64_t b = 0;
     for (; b + 2 <= nb; b += 2) {
-        a0 = _mm256_add_ps(a0, block_dot(w[b], x[b]));
-        a1 = _mm256_add_ps(a1, block_dot(w[b + 1], x[b + 1]));
+        step(b, a0);
+        step(b + 1, a1);
     }
-    if (b < nb) a0 = _mm256_add_ps(a0, block_dot(w[b], x[b]));
-    return simd::hsum(_mm256_add_ps(a0, a1));
+    if (b < nb) step(b, a0);
+    for (int c = 0; c < C; ++c) out[c] = simd::hsum(_mm256_add_ps(a0[c], a1[c]));
 }
 
 }  // namespace
 
-void rows_q8_0(const uint8_t *w, size_t stride, int64_t nrows, const void *xv, int64_t n, float *out) {
-    const BlockQ8_0 *x = static_cast<const BlockQ8_0 *>(xv);
-    for (int64_t r = 0; r < nrows; ++r) out[r] = dot_row(reinterpret_cast<const BlockQ8_0 *>(w + r * stride), x, n / kQK8_0);
+void dot_q8_0(const uint8_t *w, const void *const *x, int ncols, int64_t n, float *out) {
+    DS4_QUANT_COLS_DISPATCH(dot_cols, w, x, n, out)
 }
 
 }  // namespace ds4::quant::detail

@@ -32,10 +32,17 @@ void quantize_activation(Type weight_type, const float *x, void *dst, int64_t n)
 // format (f32 for plain weight types).
 float vec_dot(Type t, const void *w, const void *x, int64_t n);
 
-// GEMV helper: out[r] = vec_dot(t, w + r * w_row_stride, x, n) for r < n_rows. Rows are
-// processed several at a time sharing the activation loads; thread-safe (callers split
-// row ranges across threads).
+// GEMV helper: out[r] = vec_dot(t, w + r * w_row_stride, x, n) for r < n_rows, one row
+// after another (a single sequential weight stream measured fastest from DRAM; several
+// interleaved rows were 2-4x slower). Thread-safe: callers split row ranges over threads.
 void vec_dot_rows(Type t, const void *w, size_t w_row_stride, int64_t n_rows, const void *x, int64_t n, float *out);
+
+// GEMM helper for prefill: out[c * out_col_stride + r] = vec_dot(t, w + r * w_row_stride,
+// x + c * x_row_stride, n) for r < n_rows, c < n_cols (activation rows in vec_dot_type(t)
+// format). Each weight block is decoded once for up to 4 activation rows; every result is
+// bit-identical to the vec_dot of that pair. Thread-safe like vec_dot_rows.
+void vec_dot_tile(Type t, const void *w, size_t w_row_stride, int64_t n_rows, const void *x, size_t x_row_stride,
+                  int64_t n_cols, int64_t n, float *out, size_t out_col_stride);
 
 // Reference (scalar, obviously-correct) versions for tests.
 void dequantize_row_ref(Type t, const void *src, float *dst, int64_t n);

@@ -1,10 +1,12 @@
 // Single-thread throughput of vec_dot_rows per weight format over a weight block larger
 // than the caches, next to a plain streaming-read loop over the same bytes.
 // Usage: ds4-bench-quant [--mb N] [--n ROWLEN] [--reps R] [--types q8_0,q2_K,...] [--wall]
-// Reports the best of R passes.
+// Reports the best of R passes. --tile COLS also times vec_dot_tile (prefill-style, COLS
+// activation rows per weight row) over 4 MB of rows.
 #include <immintrin.h>
 
 #include <ctime>
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -72,7 +74,7 @@ double read_bandwidth(const uint8_t *p, size_t n, int reps) {
 int main(int argc, char **argv) {
     double mb = 64;
     int64_t n = 4096;
-    int reps = 5;
+    int reps = 5, tile_cols = 0;
     std::string types = "f32,f16,bf16,q8_0,q4_K,q2_K,iq2_xxs";
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
@@ -85,7 +87,8 @@ int main(int argc, char **argv) {
         else if (a == "--reps") reps = std::atoi(next());
         else if (a == "--types") types = next();
         else if (a == "--wall") g_wall = true;
-        else { std::fprintf(stderr, "usage: %s [--mb N] [--n ROWLEN] [--reps R] [--types a,b] [--wall]\n", argv[0]); return 2; }
+        else if (a == "--tile") tile_cols = std::atoi(next());
+        else { std::fprintf(stderr, "usage: %s [--mb N] [--n ROWLEN] [--reps R] [--types a,b] [--wall] [--tile COLS]\n", argv[0]); return 2; }
     }
     const size_t total = size_t(mb * 1024 * 1024);
     std::mt19937 rng(1);
@@ -131,6 +134,20 @@ int main(int argc, char **argv) {
         }
         std::printf("%-8s vec_dot_rows (1 thread) %8.2f GB/s  %7.2f Gweights/s  (%lld rows x %lld)\n", f.name,
                     double(bytes) / best / 1e9, double(rows) * double(n) / best / 1e9, (long long)rows, (long long)n);
+        if (tile_cols > 0) {   // prefill-style: the same weights against several activation rows
+            std::vector<uint8_t> xs(xa.size() * size_t(tile_cols));
+            for (int c = 0; c < tile_cols; ++c) std::memcpy(&xs[xa.size() * size_t(c)], xa.data(), xa.size());
+            const int64_t trows = std::min<int64_t>(rows, std::max<int64_t>(1, int64_t(4u << 20) / int64_t(row)));
+            std::vector<float> tout(size_t(trows) * size_t(tile_cols));
+            double tbest = 1e30;
+            for (int r = 0; r <= reps; ++r) {
+                const double t0 = now();
+                ds4::quant::vec_dot_tile(f.t, w, row, trows, xs.data(), xa.size(), tile_cols, n, tout.data(), size_t(trows));
+                if (r) tbest = std::min(tbest, now() - t0);
+            }
+            std::printf("%-8s vec_dot_tile x%-3d        %7.2f Gweight-dots/s (4 MB of rows)\n", f.name, tile_cols,
+                        double(trows) * double(n) * tile_cols / tbest / 1e9);
+        }
         std::free(w);
     }
     return 0;
