@@ -135,14 +135,15 @@ void vec_dot_tile(Type t, const void *w, size_t w_row_stride, int64_t n_rows, co
               (long long)n_rows);
     const uint8_t *wp = static_cast<const uint8_t *>(w);
     const uint8_t *xp = static_cast<const uint8_t *>(x);
-    for (int64_t r = 0; r < n_rows; ++r) {
-        const uint8_t *wr = wp + size_t(r) * w_row_stride;
-        for (int64_t c0 = 0; c0 < n_cols; c0 += detail::kMaxCols) {
-            const int nc = int(std::min<int64_t>(detail::kMaxCols, n_cols - c0));
-            const void *xs[detail::kMaxCols];
+    // Column groups outer: a group's activations stay in L1 while the weight rows stream
+    // past (from L2 when the caller's row block fits there).
+    for (int64_t c0 = 0; c0 < n_cols; c0 += detail::kMaxCols) {
+        const int nc = int(std::min<int64_t>(detail::kMaxCols, n_cols - c0));
+        const void *xs[detail::kMaxCols];
+        for (int c = 0; c < nc; ++c) xs[c] = xp + size_t(c0 + c) * x_row_stride;
+        for (int64_t r = 0; r < n_rows; ++r) {
             float res[detail::kMaxCols];
-            for (int c = 0; c < nc; ++c) xs[c] = xp + size_t(c0 + c) * x_row_stride;
-            f.dot(wr, xs, nc, n, res);
+            f.dot(wp + size_t(r) * w_row_stride, xs, nc, n, res);
             for (int c = 0; c < nc; ++c) out[size_t(c0 + c) * out_col_stride + size_t(r)] = res[c];
         }
     }

@@ -40,7 +40,9 @@ void vec_dot_rows(Type t, const void *w, size_t w_row_stride, int64_t n_rows, co
 // GEMM helper for prefill: out[c * out_col_stride + r] = vec_dot(t, w + r * w_row_stride,
 // x + c * x_row_stride, n) for r < n_rows, c < n_cols (activation rows in vec_dot_type(t)
 // format). Each weight block is decoded once for up to 4 activation rows; every result is
-// bit-identical to the vec_dot of that pair. Thread-safe like vec_dot_rows.
+// bit-identical to the vec_dot of that pair. Activation rows are taken 4 at a time with
+// all n_rows weight rows passing under them, so pass a row block that fits in L2 (e.g.
+// ~256 KB of weights) and split row blocks over threads. Thread-safe like vec_dot_rows.
 void vec_dot_tile(Type t, const void *w, size_t w_row_stride, int64_t n_rows, const void *x, size_t x_row_stride,
                   int64_t n_cols, int64_t n, float *out, size_t out_col_stride);
 
