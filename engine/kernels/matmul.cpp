@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstring>
 
 #include "engine/common/error.h"
 #include "engine/quant/quants.h"
@@ -63,13 +62,9 @@ void matmul_q(ThreadPool &pool, const WeightView &w, const uint8_t *xq, int64_t 
     block = (block / 4) * 4;
     const int64_t n_blocks = (w.out + block - 1) / block;
     pool.parallel_for(n_blocks, 1, [&](int64_t b, int64_t e, int) {
-        float tmp[256];
         for (int64_t bi = b; bi < e; ++bi) {
             const int64_t r0 = bi * block, nr = std::min(block, w.out - r0);
-            for (int64_t t = 0; t < n_tok; ++t) {
-                quant::vec_dot_rows(w.type, w.row(r0), w.row_bytes, nr, xq + t * xq_row, w.in, tmp);
-                std::memcpy(y + t * y_stride + r0, tmp, sizeof(float) * nr);
-            }
+            quant::vec_dot_tile(w.type, w.row(r0), w.row_bytes, nr, xq, xq_row, n_tok, w.in, y + r0, (size_t)y_stride);
         }
     });
 }
