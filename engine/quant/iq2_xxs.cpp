@@ -61,21 +61,31 @@ void prepare_group(const float *x, Group8 *g) {
         for (int k = 0; k < 256; ++k) g->ag[k] += a[j] * G.g[j][k];
 }
 
-// Best entry for a group at scale s (> 0): minimises s^2*gg - 2*s*ag. Returns the error
-// term (without the constant sum of squares) and the index.
+// Best entry for a group at scale s (> 0): minimises s^2*gg - 2*s*ag (first index on
+// ties). Returns that error term (without the constant sum of squares) and the index.
 inline float best_entry(const Group8 &g, float s, int *idx) {
     const GridF &G = grid_f();
-    float best = G.gg[0] * s - 2 * g.ag[0];
-    int bi = 0;
-    for (int k = 1; k < 256; ++k) {
-        const float e = G.gg[k] * s - 2 * g.ag[k];
-        if (e < best) {
-            best = e;
-            bi = k;
-        }
+    const __m256 vs = _mm256_set1_ps(s), two = _mm256_set1_ps(2.f);
+    __m256 best = _mm256_set1_ps(INFINITY);
+    __m256i bidx = _mm256_setzero_si256(), k = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i eight = _mm256_set1_epi32(8);
+    for (int j = 0; j < 256; j += 8) {
+        const __m256 e = _mm256_sub_ps(_mm256_mul_ps(_mm256_loadu_ps(G.gg + j), vs),
+                                       _mm256_mul_ps(two, _mm256_loadu_ps(g.ag + j)));
+        const __m256 lt = _mm256_cmp_ps(e, best, _CMP_LT_OQ);
+        best = _mm256_blendv_ps(best, e, lt);
+        bidx = _mm256_blendv_epi8(bidx, k, _mm256_castps_si256(lt));
+        k = _mm256_add_epi32(k, eight);
     }
-    *idx = bi;
-    return best * s;
+    alignas(32) float bv[8];
+    alignas(32) int bi[8];
+    _mm256_store_ps(bv, best);
+    _mm256_store_si256(reinterpret_cast<__m256i *>(bi), bidx);
+    int l = 0;
+    for (int i = 1; i < 8; ++i)
+        if (bv[i] < bv[l] || (bv[i] == bv[l] && bi[i] < bi[l])) l = i;
+    *idx = bi[l];
+    return bv[l] * s;
 }
 
 float group32_error(const Group8 *g, float s, int *idx) {

@@ -23,48 +23,50 @@ float fit_scale_offset(int n, int nmax, const float *x, const float *w, uint8_t 
         return 0.f;
     }
     const float range = hi - lo;
-    auto quantize = [&](float iscale, uint8_t *out) {
-        for (int i = 0; i < n; ++i) out[i] = uint8_t(std::clamp(nearest_int(iscale * (x[i] - lo)), 0, nmax));
-    };
-    auto error = [&](const uint8_t *q, float a, float b) {
-        double e = 0;
-        for (int i = 0; i < n; ++i) {
-            const double d = double(a) * q[i] + b - x[i];
-            e += w[i] * d * d;
-        }
-        return e;
-    };
-    quantize(nmax / range, L);
-    float best_scale = range / nmax, best_min = lo;
-    double best = error(L, best_scale, best_min);
-
-    double sw = 0, sx = 0;
+    float sw = 0, sx = 0, sx2 = 0;
     for (int i = 0; i < n; ++i) {
         sw += w[i];
-        sx += double(w[i]) * x[i];
+        sx += w[i] * x[i];
+        sx2 += w[i] * x[i] * x[i];
     }
+    // Quantizes on the grid iscale and returns the weighted sums the fit needs.
+    auto quantize = [&](float iscale, uint8_t *out, float *sl, float *sl2, float *sxl) {
+        float a = 0, b = 0, c = 0;
+        for (int i = 0; i < n; ++i) {
+            const int l = std::clamp(nearest_int(iscale * (x[i] - lo)), 0, nmax);
+            out[i] = uint8_t(l);
+            a += w[i] * float(l);
+            b += w[i] * float(l * l);
+            c += w[i] * float(l) * x[i];
+        }
+        *sl = a;
+        *sl2 = b;
+        *sxl = c;
+    };
+    // sum w (a*L + b - x)^2 expanded over the sums
+    auto error = [&](float sl, float sl2, float sxl, float a, float b) {
+        return a * a * sl2 + 2 * a * b * sl + b * b * sw - 2 * a * sxl - 2 * b * sx + sx2;
+    };
+    float sl, sl2, sxl;
+    quantize(nmax / range, L, &sl, &sl2, &sxl);
+    float best_scale = range / nmax, best_min = lo;
+    float best = error(sl, sl2, sxl, best_scale, best_min);
     uint8_t aux[256];
     for (int k = 0; k <= nstep; ++k) {
-        quantize((nmax + rmin + rdelta * k) / range, aux);
-        double sl = 0, sl2 = 0, sxl = 0;
-        for (int i = 0; i < n; ++i) {
-            sl += double(w[i]) * aux[i];
-            sl2 += double(w[i]) * aux[i] * aux[i];
-            sxl += double(w[i]) * aux[i] * x[i];
-        }
-        const double det = sw * sl2 - sl * sl;
+        quantize((nmax + rmin + rdelta * k) / range, aux, &sl, &sl2, &sxl);
+        const float det = sw * sl2 - sl * sl;
         if (!(det > 0)) continue;
-        double a = (sw * sxl - sx * sl) / det, b = (sl2 * sx - sl * sxl) / det;
+        float a = (sw * sxl - sx * sl) / det, b = (sl2 * sx - sl * sxl) / det;
         if (b > 0) {   // the offset may only pull values down
             b = 0;
             a = sxl / sl2;
         }
         if (!(a > 0)) continue;
-        const double e = error(aux, float(a), float(b));
+        const float e = error(sl, sl2, sxl, a, b);
         if (e < best) {
             best = e;
-            best_scale = float(a);
-            best_min = float(b);
+            best_scale = a;
+            best_min = b;
             std::copy(aux, aux + n, L);
         }
     }

@@ -1,5 +1,7 @@
 // Scale/offset fitting shared by the Q2_K and Q4_K quantizers.
 #pragma once
+#include <immintrin.h>
+
 #include <cstdint>
 
 namespace ds4::quant::detail {
@@ -14,6 +16,11 @@ float fit_scale_offset(int n, int nmax, const float *x, const float *w, uint8_t 
 // Quantizer input hygiene: non-finite values become 0.
 void sanitize(const float *src, float *dst, int n);
 
-inline int nearest_int(float v) { return int(__builtin_lrintf(v)); }
+// Round to nearest (even) without a libm call; out-of-range inputs saturate, NaN -> 0.
+inline int nearest_int(float v) {
+    if (!(v == v)) return 0;
+    v = v < -1e9f ? -1e9f : (v > 1e9f ? 1e9f : v);
+    return _mm_cvtss_si32(_mm_set_ss(v));
+}
 
 }  // namespace ds4::quant::detail
