@@ -2,6 +2,7 @@
 // 256-entry codebook), 4 x 7 sign bits (8th implied by even parity) and a 4-bit scale.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "engine/quant/blocks.h"
@@ -216,6 +217,27 @@ alignas(32) constexpr uint8_t kBit[32] = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 
 
 inline __m256i load32(const uint8_t *p) { return _mm256_load_si256(reinterpret_cast<const __m256i *>(p)); }
 
+// All 8 sign/scale words of a block at once. Returns the sign bytes (4 per 32-group, bit 7
+// = parity) and the multipliers 2*scale+1 (in both 16-bit halves of a 32-bit lane), in
+// 32-group order (0, 1, 4, 5 | 2, 3, 6, 7), the order of the odd-word shuffle.
+inline void decode_signs_scales(const BlockIQ2_XXS &wb, __m256i *sg_out, __m256i *sc_out) {
+    const __m256i parity = load32(kNibbleParity);
+    const __m256i m7 = _mm256_set1_epi32(127), m4 = _mm256_set1_epi8(15);
+    const __m256i q0 = simd::loadu(wb.qs), q1 = simd::loadu(wb.qs + 16);
+    const __m256i a1 = _mm256_castps_si256(
+        _mm256_shuffle_ps(_mm256_castsi256_ps(q0), _mm256_castsi256_ps(q1), _MM_SHUFFLE(3, 1, 3, 1)));
+    __m256i sg = _mm256_and_si256(a1, m7);
+    sg = _mm256_or_si256(sg, _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(a1, 7), m7), 8));
+    sg = _mm256_or_si256(sg, _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(a1, 14), m7), 16));
+    sg = _mm256_or_si256(sg, _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(a1, 21), m7), 24));
+    sg = _mm256_or_si256(sg, _mm256_xor_si256(_mm256_shuffle_epi8(parity, _mm256_and_si256(sg, m4)),
+                                              _mm256_shuffle_epi8(parity, _mm256_and_si256(_mm256_srli_epi16(sg, 4), m4))));
+    __m256i scv = _mm256_srli_epi32(a1, 28);
+    scv = _mm256_add_epi32(_mm256_add_epi32(scv, scv), _mm256_set1_epi32(1));
+    *sg_out = sg;
+    *sc_out = _mm256_or_si256(scv, _mm256_slli_epi32(scv, 16));
+}
+
 template <int C>
 void dot_cols(const uint8_t *wv, const void *const *xv, int64_t n, float *out) {
     const BlockIQ2_XXS *w = reinterpret_cast<const BlockIQ2_XXS *>(wv);
@@ -226,26 +248,11 @@ void dot_cols(const uint8_t *wv, const void *const *xv, int64_t n, float *out) {
         acc[c] = _mm256_setzero_ps();
     }
     const long long *grid = reinterpret_cast<const long long *>(kIq2xxsGrid);
-    const __m256i parity = load32(kNibbleParity), bit = load32(kBit);
-    const __m256i m7 = _mm256_set1_epi32(127), m4 = _mm256_set1_epi8(15), one8 = _mm256_set1_epi8(1);
+    const __m256i bit = load32(kBit), one8 = _mm256_set1_epi8(1);
     for (int64_t b = 0; b < n / kQK_K; ++b) {
         const BlockIQ2_XXS &wb = w[b];
-        // Decode all 8 sign/scale words at once. Word order after the odd-word shuffle:
-        // 32-groups (0, 1, 4, 5 | 2, 3, 6, 7).
-        const __m256i q0 = simd::loadu(wb.qs), q1 = simd::loadu(wb.qs + 16);
-        const __m256i a1 = _mm256_castps_si256(
-            _mm256_shuffle_ps(_mm256_castsi256_ps(q0), _mm256_castsi256_ps(q1), _MM_SHUFFLE(3, 1, 3, 1)));
-        // 4 x 7 sign bits -> 4 bytes, then bit 7 = parity
-        __m256i sg = _mm256_and_si256(a1, m7);
-        sg = _mm256_or_si256(sg, _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(a1, 7), m7), 8));
-        sg = _mm256_or_si256(sg, _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(a1, 14), m7), 16));
-        sg = _mm256_or_si256(sg, _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(a1, 21), m7), 24));
-        sg = _mm256_or_si256(sg, _mm256_xor_si256(_mm256_shuffle_epi8(parity, _mm256_and_si256(sg, m4)),
-                                                  _mm256_shuffle_epi8(parity, _mm256_and_si256(_mm256_srli_epi16(sg, 4), m4))));
-        // 32-group multipliers 2*scale+1 in both 16-bit halves
-        __m256i scv = _mm256_srli_epi32(a1, 28);
-        scv = _mm256_add_epi32(_mm256_add_epi32(scv, scv), _mm256_set1_epi32(1));
-        scv = _mm256_or_si256(scv, _mm256_slli_epi32(scv, 16));
+        __m256i sg, scv;
+        decode_signs_scales(wb, &sg, &scv);
         const __m256i sg_lo = _mm256_permute2x128_si256(sg, sg, 0x00), sg_hi = _mm256_permute2x128_si256(sg, sg, 0x11);
         const __m256i sc_lo = _mm256_permute2x128_si256(scv, scv, 0x00), sc_hi = _mm256_permute2x128_si256(scv, scv, 0x11);
         const uint8_t *idx = reinterpret_cast<const uint8_t *>(wb.qs);
@@ -282,10 +289,99 @@ void dot_cols(const uint8_t *wv, const void *const *xv, int64_t n, float *out) {
     for (int c = 0; c < C; ++c) out[c] = simd::hsum(acc[c]);
 }
 
+
+// AVX-512 (F/BW/VL/DQ) variant: two 32-groups per register, the sign bytes used directly as
+// a 64-bit negation mask. Integer sums are folded back to the AVX2 lane layout before
+// the float steps, so results are bit-identical to dot_cols.
+#define DS4_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+// GCC 12 flags the intrinsics' own undefined-upper-half temporaries.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+DS4_AVX512 inline __m512i grid8(const long long *grid, const uint8_t *i) {
+    const __m128i a = _mm_insert_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(grid + i[0])), grid[i[1]], 1);
+    const __m128i b = _mm_insert_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(grid + i[2])), grid[i[3]], 1);
+    const __m128i c = _mm_insert_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(grid + i[8])), grid[i[9]], 1);
+    const __m128i d = _mm_insert_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(grid + i[10])), grid[i[11]], 1);
+    const __m256i lo = _mm256_inserti128_si256(_mm256_castsi128_si256(a), b, 1);
+    const __m256i hi = _mm256_inserti128_si256(_mm256_castsi128_si256(c), d, 1);
+    return _mm512_inserti64x4(_mm512_zextsi256_si512(lo), hi, 1);
+}
+
+template <int C>
+DS4_AVX512 void dot_cols_avx512(const uint8_t *wv, const void *const *xv, int64_t n, float *out) {
+    const BlockIQ2_XXS *w = reinterpret_cast<const BlockIQ2_XXS *>(wv);
+    const BlockQ8_K *x[C];
+    __m256 acc[C];
+    for (int c = 0; c < C; ++c) {
+        x[c] = static_cast<const BlockQ8_K *>(xv[c]);
+        acc[c] = _mm256_setzero_ps();
+    }
+    const long long *grid = reinterpret_cast<const long long *>(kIq2xxsGrid);
+    const __m512i zero = _mm512_setzero_si512();
+    // lanes of the decoded scale vector holding 32-groups (2p, 2p+1), each spread over 8 lanes
+    const __m512i pick[4] = {
+        _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+        _mm512_setr_epi32(4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5),
+        _mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3),
+        _mm512_setr_epi32(6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7)};
+    // byte offset of the sign bytes of 32-groups (2p, 2p+1) in the decoded sign vector
+    constexpr int kSignOff[4] = {0, 16, 8, 24};
+    for (int64_t b = 0; b < n / kQK_K; ++b) {
+        const BlockIQ2_XXS &wb = w[b];
+        __m256i sg, scv;
+        decode_signs_scales(wb, &sg, &scv);
+        alignas(32) uint8_t sgb[32];
+        _mm256_store_si256(reinterpret_cast<__m256i *>(sgb), sg);
+        const __m512i sc512 = _mm512_zextsi256_si512(scv);
+        const uint8_t *idx = reinterpret_cast<const uint8_t *>(wb.qs);
+        __m512i g[4], sc[4];
+        __mmask64 neg[4];
+        for (int p = 0; p < 4; ++p) {
+            g[p] = grid8(grid, idx + 16 * p);
+            sc[p] = _mm512_permutexvar_epi32(pick[p], sc512);
+            uint64_t m;
+            std::memcpy(&m, sgb + kSignOff[p], 8);
+            neg[p] = _cvtu64_mask64(m);
+        }
+        const float dw = f16_to_f32_fast(wb.d);
+        for (int c = 0; c < C; ++c) {
+            const int8_t *xq = x[c][b].qs;
+            __m512i sum = _mm512_setzero_si512();
+            for (int p = 0; p < 4; ++p) {
+                const __m512i xv = _mm512_loadu_si512(xq + 64 * p);
+                const __m512i xs = _mm512_mask_sub_epi8(xv, neg[p], zero, xv);
+                sum = _mm512_add_epi32(sum, _mm512_madd_epi16(_mm512_maddubs_epi16(g[p], xs), sc[p]));
+            }
+            const __m256i s256 = _mm256_add_epi32(_mm512_castsi512_si256(sum), _mm512_extracti64x4_epi64(sum, 1));
+            const float d = 0.125f * x[c][b].d * dw;
+            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(s256), acc[c]);
+        }
+    }
+    for (int c = 0; c < C; ++c) out[c] = simd::hsum(acc[c]);
+}
+
+#pragma GCC diagnostic pop
+
+bool detect_avx512() {
+    if (const char *e = std::getenv("DS4_NO_AVX512"); e && *e && *e != '0') return false;
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+}
+
 }  // namespace
 
+bool &iq2_xxs_avx512_enabled() {
+    static bool on = detect_avx512();
+    return on;
+}
+
 void dot_iq2_xxs(const uint8_t *w, const void *const *x, int ncols, int64_t n, float *out) {
-    DS4_QUANT_COLS_DISPATCH(dot_cols, w, x, n, out)
+    if (iq2_xxs_avx512_enabled()) {
+        DS4_QUANT_COLS_DISPATCH(dot_cols_avx512, w, x, n, out)
+    } else {
+        DS4_QUANT_COLS_DISPATCH(dot_cols, w, x, n, out)
+    }
 }
 
 }  // namespace ds4::quant::detail
