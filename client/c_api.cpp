@@ -7,6 +7,15 @@
 #include <new>
 
 #include "client/ds4client.hpp"
+#include "ipc/protocol.h"
+
+namespace fbx = ds4::ipc::fb;
+static_assert(DS4C_SERVER_BAD_FRAME == int(fbx::ErrorCode::BadFrame));
+static_assert(DS4C_SERVER_UNKNOWN_SESSION == int(fbx::ErrorCode::UnknownSession));
+static_assert(DS4C_SERVER_CONTEXT_OVERFLOW == int(fbx::ErrorCode::ContextOverflow));
+static_assert(DS4C_SERVER_BUSY == int(fbx::ErrorCode::Busy) && fbx::ErrorCode::Busy == fbx::ErrorCode::MAX);
+static_assert(DS4C_FINISH_CANCELLED == int(fbx::FinishReason::Cancelled) && fbx::FinishReason::Cancelled == fbx::FinishReason::MAX);
+static_assert(DS4C_FINISH_STOP_STRING == int(fbx::FinishReason::StopString));
 
 struct ds4c_client {
     std::unique_ptr<ds4::client::Client> client;

@@ -21,6 +21,26 @@ enum {
     DS4C_ERR_SERVER = 4    /* the daemon answered with an error: see ds4c_server_error_code */
 };
 
+/* ds4c_server_error_code values: the wire protocol's ErrorCode. */
+enum {
+    DS4C_SERVER_NONE = 0,
+    DS4C_SERVER_BAD_FRAME = 1,
+    DS4C_SERVER_FRAME_TOO_LARGE = 2,
+    DS4C_SERVER_VERSION_MISMATCH = 3,
+    DS4C_SERVER_PROTOCOL = 4,
+    DS4C_SERVER_BAD_REQUEST = 5,
+    DS4C_SERVER_UNKNOWN_SESSION = 6,
+    DS4C_SERVER_SESSION_BUSY = 7,
+    DS4C_SERVER_SESSION_LIMIT = 8,
+    DS4C_SERVER_CONTEXT_OVERFLOW = 9,
+    DS4C_SERVER_ENGINE = 10,
+    DS4C_SERVER_NOT_IMPLEMENTED = 11,
+    DS4C_SERVER_SHUTTING_DOWN = 12,
+    DS4C_SERVER_PERMISSION_DENIED = 13,
+    DS4C_SERVER_INTERNAL = 14,
+    DS4C_SERVER_BUSY = 15
+};
+
 /* Finish reasons, the same values as the wire protocol's FinishReason. */
 enum {
     DS4C_FINISH_STOP = 0,

@@ -1,0 +1,78 @@
+#include "daemon/bridge_host.h"
+
+#include <cstring>
+
+namespace ds4::daemon {
+namespace {
+
+std::string fixed_str(const char *p, size_t cap) { return std::string(p, strnlen(p, cap)); }
+
+}  // namespace
+
+BridgeModel::BridgeModel(const ModelOpenConfig &cfg) {
+    ds4::ModelOptions o;
+    o.model_path = cfg.model_path;
+    o.mtp_path = cfg.mtp_path;
+    o.backend = cfg.backend == ModelOpenConfig::Backend::Cuda ? DS4_BRIDGE_BACKEND_CUDA : DS4_BRIDGE_BACKEND_CPU;
+    o.n_threads = cfg.threads;
+    o.defer_boot_prewarm = false;  // open touches the weights and runs one dummy forward
+    m_ = std::make_unique<ds4::Model>(o);
+    const ds4_bridge_model_info_t info = m_->info();
+    summary_.family = fixed_str(info.family, sizeof info.family);
+    summary_.name = fixed_str(info.name, sizeof info.name);
+    summary_.backend = cfg.backend == ModelOpenConfig::Backend::Cuda ? "cuda" : "cpu";
+    summary_.n_layer = uint32_t(info.n_layer);
+    summary_.n_embd = uint32_t(info.n_embd);
+    summary_.n_vocab = uint32_t(info.n_vocab);
+    summary_.n_ctx_max = uint32_t(info.n_ctx_max);
+    summary_.n_head = uint32_t(info.n_head);
+    summary_.n_expert = uint32_t(info.n_expert);
+    vocab_ = m_->vocab_size();
+}
+
+std::vector<int32_t> BridgeModel::tokenize(const std::string &text, bool special) { return m_->tokenize(text, special); }
+
+std::vector<int32_t> BridgeModel::render_chat(const std::vector<ChatTurn> &msgs, bool add_generation_prompt,
+                                              bool thinking) {
+    // The DeepSeek-V4 template always ends a final user turn with the assistant prefix
+    // (ds4.hpp renders with it); refusing the other combination keeps the flag honest.
+    if (!add_generation_prompt && !msgs.empty() && msgs.back().role == "user")
+        throw BridgeFailure("render chat: a conversation ending with a user turn always ends with the assistant prefix");
+    std::vector<std::pair<std::string, std::string>> m;
+    m.reserve(msgs.size());
+    for (const auto &t : msgs) m.emplace_back(t.role, t.content);
+    return m_->render_chat(m, thinking);
+}
+
+std::string BridgeModel::token_text(int32_t token) { return m_->token_text(token); }
+
+std::string BridgeModel::detokenize(std::span<const int32_t> tokens) { return m_->detokenize(tokens); }
+
+bool BridgeModel::is_stop(int32_t token) { return m_->is_stop(token); }
+
+MemorySnapshot BridgeModel::memory() {
+    const ds4_bridge_memory_t mem = m_->memory();
+    MemorySnapshot out;
+    out.weights_bytes = mem.weights_bytes;
+    out.cache_bytes = mem.cache_bytes;
+    out.scratch_bytes = mem.scratch_bytes;
+    out.device_free = mem.device_free;
+    out.device_total = mem.device_total;
+    return out;
+}
+
+BridgeSession::BridgeSession(BridgeModel &model, int ctx) : s_(model.model(), ctx), ctx_(ctx) {}
+
+void BridgeSession::sync(std::span<const int32_t> tokens) { s_.sync(tokens); }
+
+void BridgeSession::eval(int32_t token) { s_.eval(token); }
+
+int32_t BridgeSession::argmax() { return s_.argmax(); }
+
+int32_t BridgeSession::sample(float temperature, int top_k, float top_p, float min_p, uint64_t *rng) {
+    return s_.sample(temperature, top_k, top_p, min_p, rng);
+}
+
+int BridgeSession::pos() { return s_.pos(); }
+
+}  // namespace ds4::daemon

@@ -1,0 +1,78 @@
+// The daemon's only contact with the engine: bridge/ds4.hpp (RAII over the bridge C ABI)
+// plus the summaries the daemon reports. Everything here runs on the worker thread.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "bridge/ds4.hpp"
+#include "daemon/requests.h"
+
+namespace ds4::daemon {
+
+using BridgeFailure = ds4::BridgeError;
+
+struct ModelSummary {
+    std::string family, name, backend;
+    uint32_t n_layer = 0, n_embd = 0, n_vocab = 0, n_ctx_max = 0, n_head = 0, n_expert = 0;
+};
+
+struct MemorySnapshot {
+    uint64_t weights_bytes = 0, cache_bytes = 0, scratch_bytes = 0, device_free = 0, device_total = 0;
+};
+
+struct ModelOpenConfig {
+    std::string model_path, mtp_path;
+    enum class Backend { Cpu, Cuda } backend = Backend::Cpu;
+    int32_t threads = 0;
+};
+
+class BridgeModel {
+public:
+    explicit BridgeModel(const ModelOpenConfig &cfg);  // opens and prewarms
+    BridgeModel(const BridgeModel &) = delete;
+    BridgeModel &operator=(const BridgeModel &) = delete;
+
+    const ModelSummary &summary() const { return summary_; }
+    int32_t vocab() const { return vocab_; }
+
+    std::vector<int32_t> tokenize(const std::string &text, bool special);
+    std::vector<int32_t> render_chat(const std::vector<ChatTurn> &msgs, bool add_generation_prompt, bool thinking);
+    std::string token_text(int32_t token);
+    std::string detokenize(std::span<const int32_t> tokens);
+    bool is_stop(int32_t token);
+    MemorySnapshot memory();
+
+    ds4::Model &model() { return *m_; }
+
+private:
+    std::unique_ptr<ds4::Model> m_;
+    ModelSummary summary_;
+    int32_t vocab_ = 0;
+};
+
+class BridgeSession {
+public:
+    BridgeSession(BridgeModel &model, int ctx);
+    BridgeSession(const BridgeSession &) = delete;
+    BridgeSession &operator=(const BridgeSession &) = delete;
+
+    // After sync the session holds exactly `tokens` (the bridge reuses the common prefix).
+    void sync(std::span<const int32_t> tokens);
+    void eval(int32_t token);
+    int32_t argmax();
+    int32_t sample(float temperature, int top_k, float top_p, float min_p, uint64_t *rng);
+    int pos();
+    // Bumped when the engine had to rebuild the state (its prefix could not be kept).
+    uint64_t generation() const { return s_.generation(); }
+    int ctx() const { return ctx_; }
+
+private:
+    ds4::Session s_;
+    int ctx_ = 0;
+};
+
+}  // namespace ds4::daemon

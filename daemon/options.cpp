@@ -1,0 +1,106 @@
+#include "daemon/options.h"
+
+#include <cerrno>
+#include <cstdlib>
+
+#include "ipc/protocol.h"
+#include "ipc/socket_path.h"
+
+namespace ds4::daemon {
+namespace {
+
+uint64_t parse_uint(const std::string &opt, const char *s, uint64_t lo, uint64_t hi) {
+    errno = 0;
+    char *end = nullptr;
+    if (!*s || *s == '-' || *s == '+') throw UsageError(opt + " needs an integer, got \"" + s + "\"");
+    unsigned long long v = std::strtoull(s, &end, 10);
+    if (errno || *end || v < lo || v > hi)
+        throw UsageError(opt + " needs an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                         "], got \"" + s + "\"");
+    return v;
+}
+
+}  // namespace
+
+std::string daemon_usage() {
+    return "usage: ds4d --model PATH [--socket PATH] [--state-dir DIR] [--ctx N] [--threads N]\n"
+           "            [--backend auto|cpu|cuda] [--max-sessions N] [options]\n"
+           "\n"
+           "Serves a ds4 model to local clients over a Unix socket. Runs in the foreground and\n"
+           "logs to stderr; SIGTERM or SIGINT shuts it down cleanly.\n"
+           "\n"
+           "  --model PATH           GGUF model file (required)\n"
+           "  --mtp PATH             sibling MTP/drafter GGUF\n"
+           "  --socket PATH          socket to listen on (default $XDG_RUNTIME_DIR/ds4.sock, else\n"
+           "                         /tmp/ds4-$UID.sock; here: " +
+           ipc::default_socket_path() +
+           ")\n"
+           "  --state-dir DIR        directory of the persistent session store\n"
+           "  --ctx N                default context size of a session (default min(4096, model limit))\n"
+           "  --threads N            CPU threads (default 0: all cores)\n"
+           "  --backend B            auto (default: CUDA, else CPU), cpu or cuda\n"
+           "  --max-sessions N       sessions held at once (default 64)\n"
+           "  --prefill-chunk N      prefill tokens per scheduling step, so other sessions keep\n"
+           "                         streaming during a long prompt (default 256)\n"
+           "  --max-frame BYTES      largest request frame accepted (default 16777216)\n"
+           "  --queue-bytes BYTES    unsent output per connection before its generation pauses\n"
+           "                         (default 1048576)\n"
+           "  --max-inflight N       requests per connection at once (default 64)\n"
+           "  --shutdown-grace-ms MS time running requests get to finish on SIGTERM (default 2000)\n"
+           "  -h, --help             this help\n";
+}
+
+DaemonOptions parse_daemon_args(int argc, const char *const *argv) {
+    DaemonOptions o;
+    auto value = [&](int &i, const std::string &opt) -> const char * {
+        if (i + 1 >= argc) throw UsageError(opt + " needs a value");
+        return argv[++i];
+    };
+    for (int i = 1; i < argc; ++i) {
+        const std::string a = argv[i];
+        if (a == "-h" || a == "--help") {
+            o.help = true;
+            return o;
+        } else if (a == "--model") {
+            o.model_path = value(i, a);
+        } else if (a == "--mtp") {
+            o.mtp_path = value(i, a);
+        } else if (a == "--socket") {
+            o.socket_path = value(i, a);
+        } else if (a == "--state-dir") {
+            o.state_dir = value(i, a);
+        } else if (a == "--ctx") {
+            o.ctx = uint32_t(parse_uint(a, value(i, a), 16, 1u << 24));
+        } else if (a == "--threads") {
+            o.threads = int32_t(parse_uint(a, value(i, a), 0, 4096));
+        } else if (a == "--backend") {
+            const std::string b = value(i, a);
+            if (b == "auto") o.backend = DaemonOptions::Backend::Auto;
+            else if (b == "cpu") o.backend = DaemonOptions::Backend::Cpu;
+            else if (b == "cuda") o.backend = DaemonOptions::Backend::Cuda;
+            else throw UsageError("--backend must be auto, cpu or cuda, got \"" + b + "\"");
+        } else if (a == "--max-sessions") {
+            o.max_sessions = uint32_t(parse_uint(a, value(i, a), 1, 100000));
+        } else if (a == "--prefill-chunk") {
+            o.prefill_chunk = uint32_t(parse_uint(a, value(i, a), 1, 1u << 20));
+        } else if (a == "--max-frame") {
+            o.max_frame = size_t(parse_uint(a, value(i, a), 1024, ipc::kMaxFrameCeiling));
+        } else if (a == "--queue-bytes") {
+            o.queue_bytes = size_t(parse_uint(a, value(i, a), 4096, 1ull << 32));
+        } else if (a == "--max-inflight") {
+            o.max_inflight = uint32_t(parse_uint(a, value(i, a), 1, 100000));
+        } else if (a == "--shutdown-grace-ms") {
+            o.shutdown_grace_ms = uint32_t(parse_uint(a, value(i, a), 0, 600000));
+        } else {
+            throw UsageError("unknown argument \"" + a + "\"");
+        }
+    }
+    if (o.model_path.empty()) throw UsageError("--model PATH is required");
+    if (o.socket_path.empty()) o.socket_path = ipc::default_socket_path();
+    if (o.socket_path.size() > ipc::kMaxSocketPath)
+        throw UsageError("socket path is longer than " + std::to_string(ipc::kMaxSocketPath) +
+                         " bytes: " + o.socket_path);
+    return o;
+}
+
+}  // namespace ds4::daemon

@@ -1,0 +1,36 @@
+// ds4d command line.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+namespace ds4::daemon {
+
+struct UsageError : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+struct DaemonOptions {
+    std::string model_path;
+    std::string mtp_path;
+    std::string socket_path;          // resolved: never empty after parse
+    std::string state_dir;
+    uint32_t ctx = 0;                 // 0: min(4096, the model's limit)
+    int32_t threads = 0;              // 0: all cores
+    enum class Backend { Auto, Cpu, Cuda } backend = Backend::Auto;
+    uint32_t max_sessions = 64;
+    uint32_t prefill_chunk = 256;     // tokens per scheduling step of a prefill
+    size_t max_frame = 16u << 20;     // largest accepted request frame
+    size_t queue_bytes = 1u << 20;    // per-connection output bound (back-pressure)
+    uint32_t max_inflight = 64;       // requests per connection at once
+    uint32_t shutdown_grace_ms = 2000;
+    bool help = false;
+};
+
+// argv[0] is the program name. Throws UsageError naming the bad argument.
+DaemonOptions parse_daemon_args(int argc, const char *const *argv);
+
+std::string daemon_usage();
+
+}  // namespace ds4::daemon

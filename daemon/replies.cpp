@@ -1,0 +1,98 @@
+#include "daemon/replies.h"
+
+#include "ipc/frame.h"
+
+namespace ds4::daemon {
+
+namespace fb = ipc::fb;
+
+namespace {
+
+template <class T> Frame finish(flatbuffers::FlatBufferBuilder &fbb, uint64_t rid, flatbuffers::Offset<T> body) {
+    ipc::finish_frame(fbb, rid, body);
+    return ipc::frame_bytes(fbb);
+}
+
+flatbuffers::Offset<flatbuffers::String> sv(flatbuffers::FlatBufferBuilder &fbb, std::string_view s) {
+    return fbb.CreateString(s.data(), s.size());
+}
+
+flatbuffers::Offset<fb::ModelInfo> model_info(flatbuffers::FlatBufferBuilder &fbb, const ModelSummary &m) {
+    return fb::CreateModelInfo(fbb, sv(fbb, m.family), sv(fbb, m.name), m.n_layer, m.n_embd, m.n_vocab, m.n_ctx_max,
+                               m.n_head, m.n_expert, sv(fbb, m.backend));
+}
+
+}  // namespace
+
+Frame error_frame(uint64_t rid, fb::ErrorCode code, std::string_view message) {
+    flatbuffers::FlatBufferBuilder fbb(128 + message.size());
+    return finish(fbb, rid, fb::CreateError(fbb, code, sv(fbb, message), rid));
+}
+
+Frame hello_ok_frame(uint64_t rid, const ModelSummary &m, uint32_t default_ctx, uint32_t max_frame) {
+    flatbuffers::FlatBufferBuilder fbb(256);
+    auto mi = model_info(fbb, m);
+    return finish(fbb, rid, fb::CreateHelloOk(fbb, ipc::kProtocolVersion, fbb.CreateString("ds4d"), mi, default_ctx, max_frame));
+}
+
+Frame session_opened_frame(uint64_t rid, uint64_t session, std::string_view name, uint32_t ctx, uint32_t n_tokens,
+                           bool created) {
+    flatbuffers::FlatBufferBuilder fbb(128);
+    return finish(fbb, rid, fb::CreateSessionOpened(fbb, session, sv(fbb, name), ctx, n_tokens, created));
+}
+
+Frame ok_frame(uint64_t rid) {
+    flatbuffers::FlatBufferBuilder fbb(64);
+    return finish(fbb, rid, fb::CreateOk(fbb));
+}
+
+Frame progress_frame(uint64_t rid, uint32_t current, uint32_t total) {
+    flatbuffers::FlatBufferBuilder fbb(64);
+    return finish(fbb, rid, fb::CreateProgress(fbb, current, total));
+}
+
+Frame token_chunk_frame(uint64_t rid, std::span<const int32_t> tokens, std::string_view text) {
+    flatbuffers::FlatBufferBuilder fbb(96 + tokens.size() * 4 + text.size());
+    auto tv = fbb.CreateVector(tokens.data(), tokens.size());
+    auto tx = sv(fbb, text);
+    return finish(fbb, rid, fb::CreateTokenChunk(fbb, tv, tx));
+}
+
+Frame done_frame(uint64_t rid, const DoneFields &d) {
+    flatbuffers::FlatBufferBuilder fbb(128);
+    return finish(fbb, rid,
+                  fb::CreateDone(fbb, d.reason, d.prompt_tokens, d.cached_tokens, d.generated_tokens, d.prefill_us,
+                                 d.decode_us, d.stop_token));
+}
+
+Frame tokenize_result_frame(uint64_t rid, std::span<const int32_t> tokens) {
+    flatbuffers::FlatBufferBuilder fbb(64 + tokens.size() * 4);
+    return finish(fbb, rid, fb::CreateTokenizeResult(fbb, fbb.CreateVector(tokens.data(), tokens.size())));
+}
+
+Frame detokenize_result_frame(uint64_t rid, std::string_view text) {
+    flatbuffers::FlatBufferBuilder fbb(64 + text.size());
+    return finish(fbb, rid, fb::CreateDetokenizeResult(fbb, sv(fbb, text)));
+}
+
+Frame stats_result_frame(uint64_t rid, const ModelSummary &m, const StatsFields &s) {
+    flatbuffers::FlatBufferBuilder fbb(512);
+    auto mi = model_info(fbb, m);
+    auto mem = fb::CreateMemoryStats(fbb, s.memory.weights_bytes, s.memory.cache_bytes, s.memory.scratch_bytes,
+                                     s.memory.device_free, s.memory.device_total);
+    return finish(fbb, rid,
+                  fb::CreateStatsResult(fbb, s.uptime_s, mi, s.sessions, s.connections, s.active_requests,
+                                        s.queued_requests, s.requests_total, s.tokens_in, s.tokens_cached,
+                                        s.tokens_out, s.prefill_tok_s, s.decode_tok_s, mem));
+}
+
+Frame session_list_frame(uint64_t rid, const std::vector<SessionListEntry> &entries) {
+    flatbuffers::FlatBufferBuilder fbb(128 + entries.size() * 64);
+    std::vector<flatbuffers::Offset<fb::SessionInfo>> v;
+    for (const auto &e : entries)
+        v.push_back(fb::CreateSessionInfo(fbb, sv(fbb, e.name), e.n_tokens, 0, e.created_unix, e.last_used_unix,
+                                          false, true));
+    return finish(fbb, rid, fb::CreateSessionList(fbb, fbb.CreateVector(v)));
+}
+
+}  // namespace ds4::daemon

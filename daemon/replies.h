@@ -1,0 +1,50 @@
+// Response frames, built as complete byte vectors ready to write.
+#pragma once
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "daemon/bridge_host.h"
+#include "ipc/protocol.h"
+
+namespace ds4::daemon {
+
+using Frame = std::vector<uint8_t>;
+
+struct DoneFields {
+    ipc::fb::FinishReason reason = ipc::fb::FinishReason::Stop;
+    uint32_t prompt_tokens = 0, cached_tokens = 0, generated_tokens = 0;
+    uint64_t prefill_us = 0, decode_us = 0;
+    int32_t stop_token = -1;
+};
+
+struct StatsFields {
+    double uptime_s = 0;
+    uint32_t sessions = 0, connections = 0, active_requests = 0, queued_requests = 0;
+    uint64_t requests_total = 0, tokens_in = 0, tokens_cached = 0, tokens_out = 0;
+    double prefill_tok_s = 0, decode_tok_s = 0;
+    MemorySnapshot memory;
+};
+
+struct SessionListEntry {
+    std::string name;
+    uint32_t n_tokens = 0;
+    uint64_t created_unix = 0, last_used_unix = 0;
+};
+
+Frame error_frame(uint64_t rid, ipc::fb::ErrorCode code, std::string_view message);
+Frame hello_ok_frame(uint64_t rid, const ModelSummary &m, uint32_t default_ctx, uint32_t max_frame);
+Frame session_opened_frame(uint64_t rid, uint64_t session, std::string_view name, uint32_t ctx, uint32_t n_tokens,
+                           bool created);
+Frame ok_frame(uint64_t rid);
+Frame progress_frame(uint64_t rid, uint32_t current, uint32_t total);
+Frame token_chunk_frame(uint64_t rid, std::span<const int32_t> tokens, std::string_view text);
+Frame done_frame(uint64_t rid, const DoneFields &d);
+Frame tokenize_result_frame(uint64_t rid, std::span<const int32_t> tokens);
+Frame detokenize_result_frame(uint64_t rid, std::string_view text);
+Frame stats_result_frame(uint64_t rid, const ModelSummary &m, const StatsFields &s);
+Frame session_list_frame(uint64_t rid, const std::vector<SessionListEntry> &entries);
+
+}  // namespace ds4::daemon

@@ -1,0 +1,170 @@
+#include <cmath>
+
+#include "daemon/requests.h"
+
+namespace ds4::daemon {
+namespace {
+
+namespace fb = ipc::fb;
+
+ParseResult reject(fb::ErrorCode code, std::string msg) {
+    ParseResult r;
+    r.kind = ParseResult::Kind::Reject;
+    r.code = code;
+    r.message = std::move(msg);
+    return r;
+}
+
+ParseResult bad(std::string msg) { return reject(fb::ErrorCode::BadRequest, std::move(msg)); }
+
+ParseResult request(RequestBody body) {
+    ParseResult r;
+    r.kind = ParseResult::Kind::Request;
+    r.body = std::move(body);
+    return r;
+}
+
+std::string str(const flatbuffers::String *s) { return s ? s->str() : std::string(); }
+
+ParseResult parse_generate(const fb::Generate *g, const ParseLimits &lim) {
+    GenerateParams p;
+    p.session = g->session();
+    const int forms = (g->text() != nullptr) + (g->tokens() != nullptr) + (g->messages() != nullptr);
+    if (forms > 1) return bad("Generate: give one of text, tokens, messages, not " + std::to_string(forms));
+    if (g->text()) {
+        p.kind = GenerateParams::Prompt::Text;
+        p.text = g->text()->str();
+    } else if (g->tokens()) {
+        p.kind = GenerateParams::Prompt::Tokens;
+        p.tokens.assign(g->tokens()->begin(), g->tokens()->end());
+        for (size_t i = 0; i < p.tokens.size(); ++i)
+            if (p.tokens[i] < 0) return bad("Generate: token " + std::to_string(i) + " is negative (" + std::to_string(p.tokens[i]) + ")");
+    } else if (g->messages()) {
+        p.kind = GenerateParams::Prompt::Chat;
+        if (g->messages()->size() == 0) return bad("Generate: messages is empty");
+        for (const fb::ChatMessage *m : *g->messages()) {
+            if (m->role()->size() == 0) return bad("Generate: a chat message has an empty role");
+            p.messages.push_back({m->role()->str(), m->content()->str()});
+        }
+    }
+    p.add_generation_prompt = g->add_generation_prompt();
+    p.thinking = g->thinking();
+    if (const fb::Sampling *s = g->sampling()) {
+        p.temperature = s->temperature();
+        p.top_k = s->top_k();
+        p.top_p = s->top_p();
+        p.min_p = s->min_p();
+        p.seed = s->seed();
+    }
+    if (!std::isfinite(p.temperature) || p.temperature < 0 || p.temperature > 100)
+        return bad("Generate: temperature must be in [0, 100], got " + std::to_string(p.temperature));
+    if (p.top_k < 0) return bad("Generate: top_k must be >= 0, got " + std::to_string(p.top_k));
+    if (!std::isfinite(p.top_p) || p.top_p < 0 || p.top_p > 1)
+        return bad("Generate: top_p must be in [0, 1], got " + std::to_string(p.top_p));
+    if (!std::isfinite(p.min_p) || p.min_p < 0 || p.min_p > 1)
+        return bad("Generate: min_p must be in [0, 1], got " + std::to_string(p.min_p));
+    p.max_tokens = g->max_tokens();
+    if (p.max_tokens > lim.max_tokens)
+        return bad("Generate: max_tokens " + std::to_string(p.max_tokens) + " exceeds " + std::to_string(lim.max_tokens));
+    if (g->stop_strings()) {
+        if (g->stop_strings()->size() > lim.max_stop_strings)
+            return bad("Generate: at most " + std::to_string(lim.max_stop_strings) + " stop strings");
+        for (const flatbuffers::String *s : *g->stop_strings()) {
+            if (!s || s->size() == 0) return bad("Generate: empty stop string");
+            if (s->size() > lim.max_stop_string_bytes)
+                return bad("Generate: stop string longer than " + std::to_string(lim.max_stop_string_bytes) + " bytes");
+            p.stop_strings.push_back(s->str());
+        }
+    }
+    if (g->stop_tokens()) p.stop_tokens.assign(g->stop_tokens()->begin(), g->stop_tokens()->end());
+    p.ignore_eos = g->ignore_eos();
+    p.progress = g->progress();
+    return request(std::move(p));
+}
+
+}  // namespace
+
+bool valid_session_name(const std::string &name, size_t max_len, std::string *why) {
+    auto fail = [&](std::string w) {
+        if (why) *why = std::move(w);
+        return false;
+    };
+    if (name.empty()) return fail("session name is empty");
+    if (name.size() > max_len) return fail("session name is longer than " + std::to_string(max_len) + " bytes");
+    if (name[0] == '.') return fail("session name may not start with '.'");
+    for (char c : name) {
+        const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+                        c == '_' || c == '-';
+        if (!ok) return fail("session name may only contain letters, digits, '.', '_' and '-'");
+    }
+    return true;
+}
+
+ParseResult parse_request(const fb::Envelope *env, const ParseLimits &lim) {
+    using M = fb::Message;
+    const M type = env->body_type();
+    switch (type) {
+    case M::NONE: return reject(fb::ErrorCode::Protocol, "message has no body");
+    case M::Hello: {
+        ParseResult r;
+        r.kind = ParseResult::Kind::Hello;
+        r.hello_version = env->body_as_Hello()->protocol_version();
+        return r;
+    }
+    case M::OpenSession: {
+        const fb::OpenSession *o = env->body_as_OpenSession();
+        OpenSessionParams p{str(o->name()), o->ctx()};
+        std::string why;
+        if (!p.name.empty() && !valid_session_name(p.name, lim.max_session_name, &why)) return bad("OpenSession: " + why);
+        return request(std::move(p));
+    }
+    case M::Close: return request(CloseParams{env->body_as_Close()->session()});
+    case M::Generate: return parse_generate(env->body_as_Generate(), lim);
+    case M::Cancel: {
+        ParseResult r;
+        r.kind = ParseResult::Kind::Cancel;
+        r.cancel_target = env->body_as_Cancel()->target();
+        return r;
+    }
+    case M::Tokenize: {
+        const fb::Tokenize *t = env->body_as_Tokenize();
+        if (!t->text()) return bad("Tokenize: text is missing");
+        return request(TokenizeParams{t->text()->str(), t->special()});
+    }
+    case M::Detokenize: {
+        const fb::Detokenize *d = env->body_as_Detokenize();
+        DetokenizeParams p;
+        if (d->tokens()) p.tokens.assign(d->tokens()->begin(), d->tokens()->end());
+        return request(std::move(p));
+    }
+    case M::Stats: return request(StatsParams{});
+    case M::ListSessions: return request(ListSessionsParams{});
+    case M::DeleteSession: {
+        DeleteSessionParams p{str(env->body_as_DeleteSession()->name())};
+        std::string why;
+        if (!valid_session_name(p.name, lim.max_session_name, &why)) return bad("DeleteSession: " + why);
+        return request(std::move(p));
+    }
+    case M::SaveSession:
+    case M::LoadSession:
+    case M::PinSession:
+        return reject(fb::ErrorCode::NotImplemented,
+                      std::string(fb::EnumNameMessage(type)) + " needs the persistent session store, which this ds4d does not have yet");
+    case M::HelloOk:
+    case M::SessionOpened:
+    case M::Ok:
+    case M::Progress:
+    case M::TokenChunk:
+    case M::Done:
+    case M::TokenizeResult:
+    case M::DetokenizeResult:
+    case M::StatsResult:
+    case M::Error:
+    case M::SessionSaved:
+    case M::SessionList:
+        return reject(fb::ErrorCode::Protocol, std::string(fb::EnumNameMessage(type)) + " is a reply, not a request");
+    }
+    return reject(fb::ErrorCode::Protocol, "unknown message type " + std::to_string(int(type)));
+}
+
+}  // namespace ds4::daemon

@@ -1,0 +1,108 @@
+// Requests as the worker sees them: parsed and validated from verified frames by the loop
+// thread, so the worker never touches wire buffers.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "ipc/protocol.h"
+
+namespace ds4::daemon {
+
+// Shared by the loop thread and the worker for one connection.
+struct ConnShared {
+    explicit ConnShared(uint64_t id_) : id(id_) {}
+    const uint64_t id;
+    // Output the worker produced that the loop has not finished writing: the worker does not
+    // step this connection's requests while it is above the limit.
+    std::atomic<size_t> queued_bytes{0};
+    std::atomic<bool> closed{false};
+};
+
+struct ChatTurn {
+    std::string role, content;
+};
+
+struct GenerateParams {
+    uint64_t session = 0;
+    enum class Prompt { None, Text, Tokens, Chat } kind = Prompt::None;
+    std::string text;
+    std::vector<int32_t> tokens;
+    std::vector<ChatTurn> messages;
+    bool add_generation_prompt = true;
+    bool thinking = false;
+    float temperature = 0.0f;
+    int32_t top_k = 0;
+    float top_p = 1.0f;
+    float min_p = 0.0f;
+    uint64_t seed = 0;
+    uint32_t max_tokens = 256;
+    std::vector<std::string> stop_strings;
+    std::vector<int32_t> stop_tokens;
+    bool ignore_eos = false;
+    bool progress = false;
+};
+
+struct OpenSessionParams {
+    std::string name;
+    uint32_t ctx = 0;
+};
+struct CloseParams {
+    uint64_t session = 0;
+};
+struct TokenizeParams {
+    std::string text;
+    bool special = false;
+};
+struct DetokenizeParams {
+    std::vector<int32_t> tokens;
+};
+struct StatsParams {
+    uint32_t connections = 0;  // filled in by the loop, which owns the connections
+};
+struct ListSessionsParams {};
+struct DeleteSessionParams {
+    std::string name;
+};
+
+using RequestBody = std::variant<GenerateParams, OpenSessionParams, CloseParams, TokenizeParams, DetokenizeParams,
+                                 StatsParams, ListSessionsParams, DeleteSessionParams>;
+
+struct Request {
+    std::shared_ptr<ConnShared> conn;
+    uint64_t id = 0;
+    RequestBody body;
+};
+
+// What the loop does with a verified envelope.
+struct ParseResult {
+    enum class Kind {
+        Request,   // forward `body` to the worker
+        Hello,     // answer from the loop
+        Cancel,    // forward `cancel_target` to the worker
+        Reject,    // answer Error{code, message}
+    } kind = Kind::Reject;
+    RequestBody body;
+    uint32_t hello_version = 0;
+    uint64_t cancel_target = 0;
+    ipc::fb::ErrorCode code = ipc::fb::ErrorCode::None;
+    std::string message;
+};
+
+struct ParseLimits {
+    size_t max_stop_strings = 16;
+    size_t max_stop_string_bytes = 256;
+    size_t max_session_name = 128;
+    uint32_t max_tokens = 1u << 24;
+};
+
+ParseResult parse_request(const ipc::fb::Envelope *env, const ParseLimits &limits = {});
+
+// Session names: 1..max bytes of [A-Za-z0-9._-], not starting with '.'.
+bool valid_session_name(const std::string &name, size_t max_len, std::string *why);
+
+}  // namespace ds4::daemon

@@ -1,0 +1,400 @@
+#include "daemon/server.h"
+
+#include <sys/socket.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include <csignal>
+#include <cstring>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "daemon/log.h"
+#include "daemon/replies.h"
+#include "daemon/requests.h"
+#include "ipc/frame.h"
+
+namespace ds4::daemon {
+
+namespace fb = ipc::fb;
+
+namespace {
+
+constexpr size_t kReadBuf = 64 * 1024;
+constexpr uint64_t kFlushTimeoutMs = 1000;  // after the worker stops: time left to write replies
+
+}  // namespace
+
+struct Conn {
+    Server::Impl *server = nullptr;
+    uv_pipe_t pipe{};
+    uint64_t id = 0;
+    std::shared_ptr<ConnShared> shared;
+    ipc::FrameDecoder decoder;
+    bool hello = false;
+    bool reading = false;
+    bool closing = false;           // uv_close issued
+    bool close_when_flushed = false;
+    size_t pending_writes = 0;
+    std::unordered_set<uint64_t> inflight;  // request ids the worker has not finished
+    char rbuf[kReadBuf];
+
+    explicit Conn(ipc::Limits limits) : decoder(limits) {}
+};
+
+struct WriteReq {
+    uv_write_t req{};
+    Conn *conn = nullptr;
+    std::vector<Frame> frames;
+    std::vector<uv_buf_t> bufs;
+    size_t bytes = 0;
+};
+
+struct Server::Impl {
+    const DaemonOptions &opt;
+    Worker &worker;
+    OutQueue &out;
+    ListenSocket &listen;
+    ipc::Limits limits;
+    uv_loop_t loop{};
+    uv_pipe_t listener{};
+    uv_async_t async{};
+    uv_signal_t sigterm{}, sigint{};
+    uv_timer_t flush_timer{};
+    bool listener_open = false;
+    bool handles_closed = false;
+    bool shutting_down = false;
+    bool worker_done = false;
+    bool shutdown_requested = false;
+    uint64_t next_conn = 1;
+    std::unordered_map<uint64_t, std::unique_ptr<Conn>> conns;
+    uid_t uid = ::geteuid();
+
+    Impl(const DaemonOptions &o, Worker &w, OutQueue &q, ListenSocket &l) : opt(o), worker(w), out(q), listen(l) {
+        limits.max_frame = opt.max_frame;
+    }
+
+    // ---- writing ----
+
+    void write_frames(Conn *c, std::vector<Frame> &&frames, size_t counted_bytes) {
+        if (c->closing) return;
+        auto *w = new WriteReq;
+        w->conn = c;
+        w->frames = std::move(frames);
+        w->bytes = counted_bytes;
+        for (auto &f : w->frames) w->bufs.push_back(uv_buf_init(reinterpret_cast<char *>(f.data()), unsigned(f.size())));
+        w->req.data = w;
+        int rc = uv_write(&w->req, reinterpret_cast<uv_stream_t *>(&c->pipe), w->bufs.data(), unsigned(w->bufs.size()),
+                          on_write);
+        if (rc != 0) {
+            account_written(c, w->bytes);
+            delete w;
+            begin_close(c);
+            return;
+        }
+        ++c->pending_writes;
+    }
+
+    // A reply produced by the loop itself: counted like the worker's output.
+    void reply(Conn *c, Frame &&f) {
+        const size_t n = f.size();
+        c->shared->queued_bytes.fetch_add(n, std::memory_order_relaxed);
+        std::vector<Frame> v;
+        v.push_back(std::move(f));
+        write_frames(c, std::move(v), n);
+    }
+
+    void account_written(Conn *c, size_t bytes) {
+        const size_t before = c->shared->queued_bytes.fetch_sub(bytes, std::memory_order_acq_rel);
+        const size_t after = before - bytes;
+        if (before >= opt.queue_bytes && after < opt.queue_bytes) {
+            worker.wake();
+            if (!c->reading && !c->closing && !c->close_when_flushed) start_reading(c);
+        }
+    }
+
+    static void on_write(uv_write_t *req, int status) {
+        auto *w = static_cast<WriteReq *>(req->data);
+        Conn *c = w->conn;
+        Impl *self = c->server;
+        --c->pending_writes;
+        self->account_written(c, w->bytes);
+        delete w;
+        if (status != 0 && status != UV_ECANCELED) {
+            self->begin_close(c);
+            return;
+        }
+        if (c->close_when_flushed && c->pending_writes == 0) self->begin_close(c);
+    }
+
+    // ---- connection lifecycle ----
+
+    void start_reading(Conn *c) {
+        if (uv_read_start(reinterpret_cast<uv_stream_t *>(&c->pipe), on_alloc, on_read) == 0) c->reading = true;
+    }
+
+    void stop_reading(Conn *c) {
+        if (c->reading) uv_read_stop(reinterpret_cast<uv_stream_t *>(&c->pipe));
+        c->reading = false;
+    }
+
+    // Stop reading, let queued replies go out, then close.
+    void close_after_flush(Conn *c) {
+        stop_reading(c);
+        c->close_when_flushed = true;
+        if (c->pending_writes == 0) begin_close(c);
+    }
+
+    void begin_close(Conn *c) {
+        if (c->closing) return;
+        c->closing = true;
+        stop_reading(c);
+        c->shared->closed.store(true, std::memory_order_release);
+        worker.disconnect(c->shared);
+        uv_close(reinterpret_cast<uv_handle_t *>(&c->pipe), on_conn_closed);
+    }
+
+    static void on_conn_closed(uv_handle_t *h) {
+        Conn *c = static_cast<Conn *>(h->data);
+        Impl *self = c->server;
+        self->conns.erase(c->id);
+        self->maybe_finish();
+    }
+
+    static void on_connection(uv_stream_t *server, int status) {
+        Impl *self = static_cast<Impl *>(server->data);
+        if (status < 0) {
+            log_line("accept failed: %s", uv_strerror(status));
+            return;
+        }
+        auto conn = std::make_unique<Conn>(self->limits);
+        Conn *c = conn.get();
+        c->server = self;
+        c->id = self->next_conn++;
+        c->shared = std::make_shared<ConnShared>(c->id);
+        uv_pipe_init(&self->loop, &c->pipe, 0);
+        c->pipe.data = c;
+        if (uv_accept(server, reinterpret_cast<uv_stream_t *>(&c->pipe)) != 0) {
+            uv_close(reinterpret_cast<uv_handle_t *>(&c->pipe), [](uv_handle_t *h) { delete static_cast<Conn *>(h->data); });
+            conn.release();
+            return;
+        }
+        self->conns.emplace(c->id, std::move(conn));
+        uv_os_fd_t fd = -1;
+        uv_fileno(reinterpret_cast<uv_handle_t *>(&c->pipe), &fd);
+        struct ucred cred {};
+        socklen_t len = sizeof cred;
+        if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || cred.uid != self->uid) {
+            log_line("refused a client with uid %d (ds4d runs as uid %d)", int(cred.uid), int(self->uid));
+            self->reply(c, error_frame(0, fb::ErrorCode::PermissionDenied,
+                                       "ds4d serves only its own user (uid " + std::to_string(self->uid) + ")"));
+            self->close_after_flush(c);
+            return;
+        }
+        self->start_reading(c);
+    }
+
+    static void on_alloc(uv_handle_t *h, size_t, uv_buf_t *buf) {
+        Conn *c = static_cast<Conn *>(h->data);
+        *buf = uv_buf_init(c->rbuf, sizeof c->rbuf);
+    }
+
+    static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
+        Conn *c = static_cast<Conn *>(s->data);
+        Impl *self = c->server;
+        if (nread < 0) {
+            self->begin_close(c);
+            return;
+        }
+        if (nread == 0) return;
+        c->decoder.feed(reinterpret_cast<const uint8_t *>(buf->base), size_t(nread));
+        for (;;) {
+            auto st = c->decoder.next();
+            if (st == ipc::FrameDecoder::Status::NeedMore) break;
+            if (st == ipc::FrameDecoder::Status::Error) {
+                const auto code = c->decoder.error() == ipc::FrameError::TooLarge ? fb::ErrorCode::FrameTooLarge
+                                                                                  : fb::ErrorCode::BadFrame;
+                log_line("connection %llu: %s; closing it", static_cast<unsigned long long>(c->id),
+                         c->decoder.error_message().c_str());
+                self->reply(c, error_frame(0, code, c->decoder.error_message()));
+                self->close_after_flush(c);
+                return;
+            }
+            self->handle_frame(c, c->decoder.envelope());
+            if (c->closing || c->close_when_flushed) return;
+        }
+        if (c->shared->queued_bytes.load(std::memory_order_acquire) >= self->opt.queue_bytes) self->stop_reading(c);
+    }
+
+    // ---- requests ----
+
+    void handle_frame(Conn *c, const fb::Envelope *env) {
+        const uint64_t rid = env->request_id();
+        ParseResult pr = parse_request(env);
+        switch (pr.kind) {
+        case ParseResult::Kind::Reject: reply(c, error_frame(rid, pr.code, pr.message)); return;
+        case ParseResult::Kind::Hello:
+            if (pr.hello_version != ipc::kProtocolVersion) {
+                reply(c, error_frame(rid, fb::ErrorCode::VersionMismatch,
+                                     "client speaks protocol " + std::to_string(pr.hello_version) + ", ds4d speaks " +
+                                         std::to_string(ipc::kProtocolVersion)));
+                close_after_flush(c);
+                return;
+            }
+            c->hello = true;
+            reply(c, hello_ok_frame(rid, worker.model(), worker.default_ctx(), uint32_t(opt.max_frame)));
+            return;
+        case ParseResult::Kind::Cancel:
+            if (!c->hello) return reply(c, error_frame(rid, fb::ErrorCode::Protocol, "send Hello first"));
+            worker.cancel(c->shared, pr.cancel_target);
+            return;
+        case ParseResult::Kind::Request: break;
+        }
+        if (!c->hello) return reply(c, error_frame(rid, fb::ErrorCode::Protocol, "send Hello first"));
+        if (rid == 0) return reply(c, error_frame(0, fb::ErrorCode::Protocol, "request id 0 is reserved"));
+        if (shutting_down) return reply(c, error_frame(rid, fb::ErrorCode::ShuttingDown, "ds4d is shutting down"));
+        if (c->inflight.count(rid))
+            return reply(c, error_frame(rid, fb::ErrorCode::BadRequest,
+                                        "request id " + std::to_string(rid) + " is still running on this connection"));
+        if (c->inflight.size() >= opt.max_inflight)
+            return reply(c, error_frame(rid, fb::ErrorCode::Busy,
+                                        std::to_string(c->inflight.size()) + " requests are running on this connection"));
+        if (auto *st = std::get_if<StatsParams>(&pr.body)) st->connections = uint32_t(conns.size());
+        c->inflight.insert(rid);
+        worker.submit(Request{c->shared, rid, std::move(pr.body)});
+    }
+
+    // ---- worker output ----
+
+    static void on_async(uv_async_t *a) {
+        Impl *self = static_cast<Impl *>(a->data);
+        std::vector<Outgoing> batch = self->out.take();
+        // Group per connection, keeping order, so each connection gets one writev.
+        std::unordered_map<uint64_t, std::pair<std::vector<Frame>, size_t>> per_conn;
+        std::vector<uint64_t> order;
+        bool done = false;
+        for (Outgoing &o : batch) {
+            if (o.conn == 0) {
+                done = true;
+                continue;
+            }
+            auto it = self->conns.find(o.conn);
+            if (it == self->conns.end()) continue;
+            if (o.final) it->second->inflight.erase(o.request_id);
+            auto &slot = per_conn[o.conn];
+            if (slot.first.empty()) order.push_back(o.conn);
+            slot.second += o.bytes.size();
+            slot.first.push_back(std::move(o.bytes));
+        }
+        for (uint64_t id : order) {
+            auto it = self->conns.find(id);
+            if (it == self->conns.end()) continue;
+            auto &slot = per_conn[id];
+            Conn *c = it->second.get();
+            if (c->closing) {
+                c->shared->queued_bytes.fetch_sub(slot.second, std::memory_order_acq_rel);
+                continue;
+            }
+            self->write_frames(c, std::move(slot.first), slot.second);
+        }
+        if (done) self->on_worker_done();
+    }
+
+    // ---- shutdown ----
+
+    static void on_signal(uv_signal_t *s, int signum) {
+        Impl *self = static_cast<Impl *>(s->data);
+        if (self->shutting_down) {
+            log_line("second %s: cancelling running requests now", signum == SIGINT ? "SIGINT" : "SIGTERM");
+            self->worker.shutdown(std::chrono::milliseconds(0));
+            return;
+        }
+        log_line("%s: shutting down", signum == SIGINT ? "SIGINT" : "SIGTERM");
+        self->shutdown_requested = true;
+        self->begin_shutdown();
+    }
+
+    void begin_shutdown() {
+        if (shutting_down) return;
+        shutting_down = true;
+        if (listener_open) {
+            listener_open = false;
+            uv_close(reinterpret_cast<uv_handle_t *>(&listener), nullptr);
+        }
+        listen.remove_file();
+        worker.shutdown(std::chrono::milliseconds(opt.shutdown_grace_ms));
+    }
+
+    void on_worker_done() {
+        if (worker_done) return;
+        worker_done = true;
+        if (!shutting_down) {
+            log_line("the worker stopped; shutting down");
+            begin_shutdown();
+        }
+        for (auto &[id, c] : conns) close_after_flush(c.get());
+        uv_timer_start(&flush_timer, on_flush_timeout, kFlushTimeoutMs, 0);
+        maybe_finish();
+    }
+
+    static void on_flush_timeout(uv_timer_t *t) {
+        Impl *self = static_cast<Impl *>(t->data);
+        for (auto &[id, c] : self->conns) self->begin_close(c.get());
+        self->maybe_finish();
+    }
+
+    void maybe_finish() {
+        if (!worker_done || !conns.empty() || handles_closed) return;
+        handles_closed = true;
+        uv_close(reinterpret_cast<uv_handle_t *>(&async), nullptr);
+        uv_close(reinterpret_cast<uv_handle_t *>(&sigterm), nullptr);
+        uv_close(reinterpret_cast<uv_handle_t *>(&sigint), nullptr);
+        uv_close(reinterpret_cast<uv_handle_t *>(&flush_timer), nullptr);
+    }
+};
+
+Server::Server(const DaemonOptions &opt, Worker &worker, OutQueue &out, ListenSocket &listen)
+    : impl_(std::make_unique<Impl>(opt, worker, out, listen)) {
+    Impl &s = *impl_;
+    uv_loop_init(&s.loop);
+    uv_async_init(&s.loop, &s.async, Impl::on_async);
+    s.async.data = &s;
+    out.attach(&s.async);
+    uv_signal_init(&s.loop, &s.sigterm);
+    uv_signal_init(&s.loop, &s.sigint);
+    s.sigterm.data = s.sigint.data = &s;
+    uv_timer_init(&s.loop, &s.flush_timer);
+    s.flush_timer.data = &s;
+    uv_pipe_init(&s.loop, &s.listener, 0);
+    s.listener.data = &s;
+}
+
+Server::~Server() {
+    uv_loop_close(&impl_->loop);
+}
+
+int Server::run() {
+    Impl &s = *impl_;
+    int fd = s.listen.fd();
+    int rc = uv_pipe_open(&s.listener, fd);
+    if (rc == 0) {
+        s.listen.release_fd();
+        rc = uv_listen(reinterpret_cast<uv_stream_t *>(&s.listener), 128, Impl::on_connection);
+    }
+    if (rc != 0) {
+        log_line("cannot listen on %s: %s", s.opt.socket_path.c_str(), uv_strerror(rc));
+        s.shutdown_requested = false;
+        uv_close(reinterpret_cast<uv_handle_t *>(&s.listener), nullptr);
+        s.shutting_down = true;
+        s.listen.remove_file();
+        s.worker.shutdown(std::chrono::milliseconds(0));
+    } else {
+        s.listener_open = true;
+    }
+    uv_signal_start(&s.sigterm, Impl::on_signal, SIGTERM);
+    uv_signal_start(&s.sigint, Impl::on_signal, SIGINT);
+    uv_run(&s.loop, UV_RUN_DEFAULT);
+    return (rc == 0 && s.shutdown_requested) ? 0 : 1;
+}
+
+}  // namespace ds4::daemon

@@ -1,0 +1,692 @@
+#include "daemon/worker.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <ctime>
+#include <future>
+#include <list>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+#include "daemon/log.h"
+#include "daemon/replies.h"
+#include "daemon/text_stream.h"
+
+namespace ds4::daemon {
+
+namespace fb = ipc::fb;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr size_t kPoolMax = 4;  // idle bridge sessions kept for one-shot requests
+
+uint64_t splitmix64(uint64_t x) {
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+size_t common_prefix(const std::vector<int32_t> &a, const std::vector<int32_t> &b) {
+    const size_t n = std::min(a.size(), b.size());
+    size_t i = 0;
+    while (i < n && a[i] == b[i]) ++i;
+    return i;
+}
+
+uint64_t ns_since(Clock::time_point t0) {
+    return uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
+}
+
+struct Job;
+
+struct Session {
+    uint64_t id = 0;
+    std::string name;         // empty: anonymous
+    uint64_t owner = 0;       // connection owning an anonymous session; 0 for named
+    uint32_t ctx = 0;
+    bool ephemeral = false;   // one-shot: freed when its request ends
+    std::vector<int32_t> history;    // the whole conversation
+    std::unique_ptr<BridgeSession> bridge;
+    std::vector<int32_t> evaluated;  // the tokens the bridge session holds
+    Job *busy = nullptr;
+    uint64_t created_unix = 0, used_unix = 0;
+};
+
+struct Job {
+    std::shared_ptr<ConnShared> conn;
+    uint64_t rid = 0;
+    Session *session = nullptr;
+    std::unique_ptr<Session> ephemeral;
+    GenerateParams p;
+    std::vector<int32_t> full;   // history + prompt: what prefill must reach
+    size_t base_len = 0;         // history length before this request
+    uint32_t prompt_tokens = 0;
+    size_t cached = 0;
+    size_t synced = 0;
+    bool started = false;
+    bool decoding = false;
+    int32_t pending = -1;        // sampled, streamed, not yet evaluated
+    uint32_t generated = 0;
+    uint64_t rng = 0;
+    TextStream text;
+    uint64_t prefill_ns = 0, decode_ns = 0;
+};
+
+struct Pooled {
+    std::unique_ptr<BridgeSession> bridge;
+    std::vector<int32_t> evaluated;
+};
+
+struct Command {
+    enum class Kind { Request, Cancel, Disconnect, Shutdown } kind;
+    Request request;
+    std::shared_ptr<ConnShared> conn;
+    uint64_t target = 0;
+    std::chrono::milliseconds grace{0};
+};
+
+}  // namespace
+
+struct Worker::Impl {
+    WorkerConfig cfg;
+    OutQueue &out;
+    std::thread thread;
+
+    // Shared with other threads.
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<Command> commands;
+    bool woken = false;
+
+    // Worker thread only (model_summary/default_ctx are read-only after start()).
+    std::unique_ptr<BridgeModel> model;
+    ModelSummary model_summary;
+    uint32_t default_ctx = 0;
+    std::vector<int32_t> template_prefix;
+    std::unordered_map<uint64_t, std::unique_ptr<Session>> sessions;
+    std::unordered_map<std::string, uint64_t> names;
+    uint64_t next_session = 1;
+    std::list<std::unique_ptr<Job>> jobs;  // run queue, round-robin
+    std::vector<Pooled> pool;
+    bool stopping = false;
+    Clock::time_point deadline;
+    Clock::time_point started_at = Clock::now();
+
+    // Counters for Stats.
+    uint64_t requests_total = 0, tokens_in = 0, tokens_cached = 0, tokens_out = 0;
+    uint64_t prefill_tokens = 0, prefill_ns_total = 0, decode_ns_total = 0;
+
+    Impl(WorkerConfig c, OutQueue &o) : cfg(std::move(c)), out(o) {}
+
+    // ---- output ----
+
+    void emit(const std::shared_ptr<ConnShared> &conn, uint64_t rid, Frame &&bytes, bool final) {
+        if (!conn || conn->closed.load(std::memory_order_acquire)) return;
+        conn->queued_bytes.fetch_add(bytes.size(), std::memory_order_relaxed);
+        out.push(Outgoing{conn->id, std::move(bytes), rid, final});
+    }
+
+    void reply_error(const Request &r, fb::ErrorCode code, const std::string &msg) {
+        emit(r.conn, r.id, error_frame(r.id, code, msg), true);
+    }
+
+    // ---- start-up ----
+
+    void open_model() {
+        ModelOpenConfig mc = cfg.model;
+        if (cfg.backend_auto) {
+            mc.backend = ModelOpenConfig::Backend::Cuda;
+            try {
+                model = std::make_unique<BridgeModel>(mc);
+            } catch (const BridgeFailure &e) {
+                log_line("CUDA backend unavailable (%s); using the CPU backend", e.what());
+                mc.backend = ModelOpenConfig::Backend::Cpu;
+            }
+        }
+        if (!model) model = std::make_unique<BridgeModel>(mc);
+        model_summary = model->summary();
+        const uint32_t limit = model_summary.n_ctx_max;
+        if (cfg.ctx) {
+            if (limit && cfg.ctx > limit)
+                throw BridgeFailure("--ctx " + std::to_string(cfg.ctx) + " exceeds the model's context limit of " +
+                                    std::to_string(limit));
+            default_ctx = cfg.ctx;
+        } else {
+            default_ctx = limit ? std::min<uint32_t>(4096, limit) : 4096;
+        }
+        try {
+            template_prefix = model->render_chat({}, false, false);
+        } catch (const BridgeFailure &) {
+            template_prefix.clear();
+        }
+        // One real forward before the socket exists: failures show up now, and the first
+        // client does not pay for lazy allocation. The session is kept for reuse.
+        std::vector<int32_t> warm = model->tokenize("Hello", false);
+        if (warm.empty()) warm.push_back(0);
+        auto bs = std::make_unique<BridgeSession>(*model, int(default_ctx));
+        bs->sync(warm);
+        (void)bs->argmax();
+        pool.push_back(Pooled{std::move(bs), warm});
+    }
+
+    // ---- sessions ----
+
+    Session *lookup(const std::shared_ptr<ConnShared> &conn, uint64_t id) {
+        auto it = sessions.find(id);
+        if (it == sessions.end()) return nullptr;
+        Session *s = it->second.get();
+        if (s->owner != 0 && s->owner != conn->id) return nullptr;
+        return s;
+    }
+
+    void erase_session(Session *s) {
+        if (!s->name.empty()) names.erase(s->name);
+        sessions.erase(s->id);
+    }
+
+    void ensure_bridge(Job &j) {
+        Session *s = j.session;
+        if (s->bridge) return;
+        // Only one-shot requests draw on the pool (best shared prefix); a session opened by
+        // a client starts from an empty state, so what it computes never depends on which
+        // requests ran before.
+        if (s->ephemeral && s->ctx == default_ctx && !pool.empty()) {
+            size_t best = 0, best_len = 0;
+            for (size_t i = 0; i < pool.size(); ++i) {
+                size_t l = common_prefix(pool[i].evaluated, j.full);
+                if (l > best_len) best = i, best_len = l;
+            }
+            s->bridge = std::move(pool[best].bridge);
+            s->evaluated = std::move(pool[best].evaluated);
+            pool.erase(pool.begin() + ptrdiff_t(best));
+            return;
+        }
+        s->bridge = std::make_unique<BridgeSession>(*model, int(s->ctx));
+        s->evaluated.clear();
+    }
+
+    void release_to_pool(Session *s) {
+        if (!s->bridge || s->ctx != default_ctx) return;
+        if (pool.size() >= kPoolMax) pool.erase(pool.begin());
+        pool.push_back(Pooled{std::move(s->bridge), std::move(s->evaluated)});
+    }
+
+    // ---- requests ----
+
+    void handle(Request &r) {
+        std::visit([&](auto &p) { on(r, p); }, r.body);
+    }
+
+    void on(Request &r, OpenSessionParams &p) {
+        if (stopping) return reply_error(r, fb::ErrorCode::ShuttingDown, "ds4d is shutting down");
+        const uint32_t ctx = p.ctx ? p.ctx : default_ctx;
+        if (ctx < 16 || (model_summary.n_ctx_max && ctx > model_summary.n_ctx_max))
+            return reply_error(r, fb::ErrorCode::BadRequest,
+                               "context " + std::to_string(ctx) + " is outside [16, " +
+                                   std::to_string(model_summary.n_ctx_max) + "]");
+        if (!p.name.empty()) {
+            auto it = names.find(p.name);
+            if (it != names.end()) {
+                Session *s = sessions.at(it->second).get();
+                return emit(r.conn, r.id,
+                            session_opened_frame(r.id, s->id, s->name, s->ctx, uint32_t(s->history.size()), false), true);
+            }
+        }
+        if (sessions.size() >= cfg.max_sessions)
+            return reply_error(r, fb::ErrorCode::SessionLimit,
+                               std::to_string(sessions.size()) + " sessions are open (--max-sessions " +
+                                   std::to_string(cfg.max_sessions) + ")");
+        auto s = std::make_unique<Session>();
+        s->id = next_session++;
+        s->name = p.name;
+        s->owner = p.name.empty() ? r.conn->id : 0;
+        s->ctx = ctx;
+        s->created_unix = s->used_unix = uint64_t(std::time(nullptr));
+        Session *raw = s.get();
+        sessions.emplace(raw->id, std::move(s));
+        if (!raw->name.empty()) names.emplace(raw->name, raw->id);
+        emit(r.conn, r.id, session_opened_frame(r.id, raw->id, raw->name, raw->ctx, 0, true), true);
+    }
+
+    void on(Request &r, CloseParams &p) {
+        Session *s = lookup(r.conn, p.session);
+        if (!s) return reply_error(r, fb::ErrorCode::UnknownSession, "no session " + std::to_string(p.session));
+        if (s->name.empty()) {
+            if (s->busy) finish_job(*s->busy, fb::FinishReason::Cancelled);
+            erase_session(s);
+        }
+        // Named sessions outlive connections; DeleteSession removes them.
+        emit(r.conn, r.id, ok_frame(r.id), true);
+    }
+
+    void on(Request &r, DeleteSessionParams &p) {
+        auto it = names.find(p.name);
+        if (it == names.end()) return reply_error(r, fb::ErrorCode::UnknownSession, "no session named " + p.name);
+        Session *s = sessions.at(it->second).get();
+        if (s->busy) finish_job(*s->busy, fb::FinishReason::Cancelled);
+        erase_session(s);
+        emit(r.conn, r.id, ok_frame(r.id), true);
+    }
+
+    void on(Request &r, ListSessionsParams &) {
+        std::vector<SessionListEntry> v;
+        for (auto &[id, s] : sessions)
+            if (!s->name.empty()) v.push_back({s->name, uint32_t(s->history.size()), s->created_unix, s->used_unix});
+        std::sort(v.begin(), v.end(), [](auto &a, auto &b) { return a.name < b.name; });
+        emit(r.conn, r.id, session_list_frame(r.id, v), true);
+    }
+
+    void on(Request &r, TokenizeParams &p) {
+        try {
+            auto toks = model->tokenize(p.text, p.special);
+            emit(r.conn, r.id, tokenize_result_frame(r.id, toks), true);
+        } catch (const BridgeFailure &e) {
+            reply_error(r, fb::ErrorCode::Engine, e.what());
+        }
+    }
+
+    void on(Request &r, DetokenizeParams &p) {
+        for (size_t i = 0; i < p.tokens.size(); ++i)
+            if (p.tokens[i] < 0 || p.tokens[i] >= model->vocab())
+                return reply_error(r, fb::ErrorCode::BadRequest,
+                                   "token " + std::to_string(i) + " (" + std::to_string(p.tokens[i]) +
+                                       ") is outside the vocabulary of " + std::to_string(model->vocab()));
+        try {
+            emit(r.conn, r.id, detokenize_result_frame(r.id, model->detokenize(p.tokens)), true);
+        } catch (const BridgeFailure &e) {
+            reply_error(r, fb::ErrorCode::Engine, e.what());
+        }
+    }
+
+    void on(Request &r, StatsParams &p) {
+        StatsFields s;
+        s.uptime_s = std::chrono::duration<double>(Clock::now() - started_at).count();
+        s.sessions = uint32_t(sessions.size());
+        s.connections = p.connections;
+        s.active_requests = uint32_t(jobs.size());
+        for (auto &j : jobs) s.queued_requests += j->decoding ? 0 : 1;
+        s.requests_total = requests_total;
+        s.tokens_in = tokens_in;
+        s.tokens_cached = tokens_cached;
+        s.tokens_out = tokens_out;
+        s.prefill_tok_s = prefill_ns_total ? double(prefill_tokens) * 1e9 / double(prefill_ns_total) : 0.0;
+        s.decode_tok_s = decode_ns_total ? double(tokens_out) * 1e9 / double(decode_ns_total) : 0.0;
+        s.memory = model->memory();
+        emit(r.conn, r.id, stats_result_frame(r.id, model_summary, s), true);
+    }
+
+    void on(Request &r, GenerateParams &p) {
+        if (stopping) return reply_error(r, fb::ErrorCode::ShuttingDown, "ds4d is shutting down");
+        for (auto &j : jobs)
+            if (j->conn->id == r.conn->id && j->rid == r.id)
+                return reply_error(r, fb::ErrorCode::BadRequest,
+                                   "request id " + std::to_string(r.id) + " is already running on this connection");
+        auto job = std::make_unique<Job>();
+        if (p.session == 0) {
+            job->ephemeral = std::make_unique<Session>();
+            job->ephemeral->ctx = default_ctx;
+            job->ephemeral->ephemeral = true;
+            job->session = job->ephemeral.get();
+        } else {
+            job->session = lookup(r.conn, p.session);
+            if (!job->session) return reply_error(r, fb::ErrorCode::UnknownSession, "no session " + std::to_string(p.session));
+            if (job->session->busy)
+                return reply_error(r, fb::ErrorCode::SessionBusy,
+                                   "session " + std::to_string(p.session) + " is already generating");
+        }
+        Session *s = job->session;
+        std::vector<int32_t> prompt;
+        try {
+            switch (p.kind) {
+            case GenerateParams::Prompt::None: break;
+            case GenerateParams::Prompt::Text: prompt = model->tokenize(p.text, false); break;
+            case GenerateParams::Prompt::Tokens:
+                for (size_t i = 0; i < p.tokens.size(); ++i)
+                    if (p.tokens[i] >= model->vocab())
+                        return reply_error(r, fb::ErrorCode::BadRequest,
+                                           "token " + std::to_string(i) + " (" + std::to_string(p.tokens[i]) +
+                                               ") is outside the vocabulary of " + std::to_string(model->vocab()));
+                prompt = p.tokens;
+                break;
+            case GenerateParams::Prompt::Chat:
+                prompt = model->render_chat(p.messages, p.add_generation_prompt, p.thinking);
+                // A later turn continues the conversation: drop the template's opening
+                // (the beginning-of-sequence part) that the history already has.
+                if (!s->history.empty() && prompt.size() >= template_prefix.size() &&
+                    std::equal(template_prefix.begin(), template_prefix.end(), prompt.begin()))
+                    prompt.erase(prompt.begin(), prompt.begin() + ptrdiff_t(template_prefix.size()));
+                break;
+            }
+        } catch (const BridgeFailure &e) {
+            return reply_error(r, fb::ErrorCode::Engine, e.what());
+        }
+        std::vector<int32_t> full = s->history;
+        full.insert(full.end(), prompt.begin(), prompt.end());
+        if (full.empty()) return reply_error(r, fb::ErrorCode::BadRequest, "empty prompt on an empty session");
+        if (full.size() >= s->ctx)
+            return reply_error(r, fb::ErrorCode::ContextOverflow,
+                               "history " + std::to_string(s->history.size()) + " + prompt " +
+                                   std::to_string(prompt.size()) + " tokens do not fit the session's context of " +
+                                   std::to_string(s->ctx));
+        job->conn = r.conn;
+        job->rid = r.id;
+        job->p = std::move(p);
+        job->text = TextStream(job->p.stop_strings);
+        std::sort(job->p.stop_tokens.begin(), job->p.stop_tokens.end());
+        job->rng = splitmix64(job->p.seed);
+        job->base_len = s->history.size();
+        job->prompt_tokens = uint32_t(prompt.size());
+        job->full = std::move(full);
+        s->history = job->full;
+        s->busy = job.get();
+        s->used_unix = uint64_t(std::time(nullptr));
+        ++requests_total;
+        tokens_in += prompt.size();
+        jobs.push_back(std::move(job));
+    }
+
+    // ---- scheduling ----
+
+    bool runnable(const Job &j) const {
+        return j.conn->closed.load(std::memory_order_acquire) ||
+               j.conn->queued_bytes.load(std::memory_order_acquire) < cfg.queue_bytes;
+    }
+
+    void finish_job(Job &j, fb::FinishReason reason, int32_t stop_token = -1) {
+        std::string rest = j.text.flush();
+        if (!rest.empty()) emit(j.conn, j.rid, token_chunk_frame(j.rid, {}, rest), false);
+        DoneFields d;
+        d.reason = reason;
+        d.prompt_tokens = j.prompt_tokens;
+        d.cached_tokens = uint32_t(j.cached);
+        d.generated_tokens = j.generated;
+        d.prefill_us = j.prefill_ns / 1000;
+        d.decode_us = j.decode_ns / 1000;
+        d.stop_token = stop_token;
+        emit(j.conn, j.rid, done_frame(j.rid, d), true);
+        end_job(j);
+    }
+
+    void fail_job(Job &j, fb::ErrorCode code, const std::string &msg) {
+        log_line("request %llu failed: %s", static_cast<unsigned long long>(j.rid), msg.c_str());
+        emit(j.conn, j.rid, error_frame(j.rid, code, msg), true);
+        // The engine may have mutated the session: drop its state and the request's tokens.
+        Session *s = j.session;
+        s->history.resize(j.base_len);
+        s->bridge.reset();
+        s->evaluated.clear();
+        end_job(j);
+    }
+
+    void end_job(Job &j) {
+        prefill_ns_total += j.prefill_ns;
+        decode_ns_total += j.decode_ns;
+        Session *s = j.session;
+        s->busy = nullptr;
+        if (s->ephemeral) release_to_pool(s);
+        jobs.remove_if([&](const std::unique_ptr<Job> &p) { return p.get() == &j; });
+    }
+
+    bool in_stop_tokens(const Job &j, int32_t t) const {
+        return std::binary_search(j.p.stop_tokens.begin(), j.p.stop_tokens.end(), t);
+    }
+
+    // One scheduling step of j: a prefill chunk, or one decoded token. Returns false when
+    // the job ended (and was removed).
+    bool step(Job &j) {
+        Session *s = j.session;
+        try {
+            ensure_bridge(j);
+            bool first_sync = false;
+            if (!j.started) {
+                j.started = true;
+                first_sync = true;
+                // The engine keeps the common prefix but re-evaluates at least the last
+                // prompt token (its logits are needed), unless it already holds exactly this.
+                const size_t common = common_prefix(s->evaluated, j.full);
+                j.cached = (common == j.full.size() && s->evaluated.size() == j.full.size())
+                               ? common
+                               : std::min(common, j.full.size() - 1);
+                j.synced = j.cached;
+            }
+            if (!j.decoding) {
+                const auto t0 = Clock::now();
+                const uint64_t gen = s->bridge->generation();
+                const size_t target = std::min(j.full.size(), j.synced + cfg.prefill_chunk);
+                s->bridge->sync(std::span<const int32_t>(j.full.data(), target));
+                if (first_sync && s->bridge->generation() != gen) {
+                    j.cached = 0;  // the state was rebuilt: nothing was reused
+                    j.synced = 0;
+                }
+                if (first_sync) tokens_cached += j.cached;
+                s->evaluated.assign(j.full.begin(), j.full.begin() + ptrdiff_t(target));
+                prefill_tokens += target - j.synced;
+                j.synced = target;
+                j.prefill_ns += ns_since(t0);
+                if (j.p.progress) emit(j.conn, j.rid, progress_frame(j.rid, uint32_t(target), uint32_t(j.full.size())), false);
+                if (target < j.full.size()) return true;
+                j.decoding = true;
+                // Sample the first token in this step: time to first token is one step.
+            }
+            if (j.generated >= j.p.max_tokens) {
+                finish_job(j, fb::FinishReason::Length);
+                return false;
+            }
+            const auto t0 = Clock::now();
+            if (j.pending >= 0) {
+                if (s->evaluated.size() >= s->ctx) {
+                    finish_job(j, fb::FinishReason::Context);
+                    return false;
+                }
+                s->bridge->eval(j.pending);
+                s->evaluated.push_back(j.pending);
+                j.pending = -1;
+            }
+            const int32_t t = j.p.temperature == 0.0f
+                                  ? s->bridge->argmax()
+                                  : s->bridge->sample(j.p.temperature, j.p.top_k, j.p.top_p, j.p.min_p, &j.rng);
+            s->history.push_back(t);
+            if ((!j.p.ignore_eos && model->is_stop(t)) || in_stop_tokens(j, t)) {
+                j.decode_ns += ns_since(t0);
+                finish_job(j, fb::FinishReason::Stop, t);
+                return false;
+            }
+            ++j.generated;
+            ++tokens_out;
+            const std::string delta = j.text.push(model->token_text(t));
+            j.decode_ns += ns_since(t0);
+            emit(j.conn, j.rid, token_chunk_frame(j.rid, std::span<const int32_t>(&t, 1), delta), false);
+            if (j.text.stopped()) {
+                finish_job(j, fb::FinishReason::StopString);
+                return false;
+            }
+            if (j.generated >= j.p.max_tokens) {
+                finish_job(j, fb::FinishReason::Length);
+                return false;
+            }
+            j.pending = t;
+            return true;
+        } catch (const BridgeFailure &e) {
+            fail_job(j, fb::ErrorCode::Engine, e.what());
+            return false;
+        } catch (const std::exception &e) {
+            fail_job(j, fb::ErrorCode::Internal, e.what());
+            return false;
+        }
+    }
+
+    // Steps the first runnable job and moves it to the back. False when none could run.
+    bool run_one() {
+        for (auto it = jobs.begin(); it != jobs.end(); ++it) {
+            Job &j = **it;
+            if (!runnable(j)) continue;
+            if (j.conn->closed.load(std::memory_order_acquire)) {
+                end_job(j);  // output would go nowhere
+                return true;
+            }
+            auto node = std::move(*it);
+            jobs.erase(it);
+            jobs.push_back(std::move(node));
+            step(*jobs.back());
+            return true;
+        }
+        return false;
+    }
+
+    // ---- commands ----
+
+    void on_cancel(const std::shared_ptr<ConnShared> &conn, uint64_t target) {
+        for (auto &j : jobs)
+            if (j->conn->id == conn->id && j->rid == target) {
+                finish_job(*j, fb::FinishReason::Cancelled);
+                return;
+            }
+    }
+
+    void on_disconnect(const std::shared_ptr<ConnShared> &conn) {
+        for (auto it = jobs.begin(); it != jobs.end();) {
+            Job &j = **it++;
+            if (j.conn->id == conn->id) end_job(j);
+        }
+        for (auto it = sessions.begin(); it != sessions.end();) {
+            Session *s = it->second.get();
+            ++it;
+            if (s->owner == conn->id) erase_session(s);
+        }
+    }
+
+    void cancel_all() {
+        while (!jobs.empty()) finish_job(*jobs.front(), fb::FinishReason::Cancelled);
+    }
+
+    void process(std::vector<Command> &cmds) {
+        for (Command &c : cmds) {
+            switch (c.kind) {
+            case Command::Kind::Request: handle(c.request); break;
+            case Command::Kind::Cancel: on_cancel(c.conn, c.target); break;
+            case Command::Kind::Disconnect: on_disconnect(c.conn); break;
+            case Command::Kind::Shutdown:
+                if (!stopping) {
+                    stopping = true;
+                    deadline = Clock::now() + c.grace;
+                } else {
+                    deadline = std::min(deadline, Clock::now() + c.grace);
+                }
+                break;
+            }
+        }
+    }
+
+    void loop() {
+        for (;;) {
+            std::vector<Command> cmds;
+            {
+                std::lock_guard<std::mutex> lk(mu);
+                cmds.swap(commands);
+                woken = false;
+            }
+            process(cmds);
+            if (stopping && !jobs.empty() && Clock::now() >= deadline) cancel_all();
+            if (stopping && jobs.empty()) return;
+            if (run_one()) continue;
+            std::unique_lock<std::mutex> lk(mu);
+            auto ready = [&] { return !commands.empty() || woken; };
+            if (stopping)
+                cv.wait_until(lk, deadline, ready);
+            else
+                cv.wait(lk, ready);
+        }
+    }
+
+    void teardown() {
+        jobs.clear();
+        sessions.clear();
+        names.clear();
+        pool.clear();
+        model.reset();
+    }
+
+    void main(std::promise<void> &ready) {
+        try {
+            open_model();
+        } catch (...) {
+            teardown();
+            ready.set_exception(std::current_exception());
+            return;
+        }
+        ready.set_value();
+        try {
+            loop();
+        } catch (const std::exception &e) {
+            log_line("worker stopped on an unexpected error: %s", e.what());
+        }
+        teardown();
+        out.push(Outgoing{});  // conn 0: the worker is done
+    }
+
+    void push(Command &&c) {
+        {
+            std::lock_guard<std::mutex> lk(mu);
+            commands.push_back(std::move(c));
+        }
+        cv.notify_one();
+    }
+};
+
+Worker::Worker(WorkerConfig cfg, OutQueue &out) : impl_(std::make_unique<Impl>(std::move(cfg), out)) {}
+
+Worker::~Worker() {
+    if (impl_->thread.joinable()) {
+        shutdown(std::chrono::milliseconds(0));
+        impl_->thread.join();
+    }
+}
+
+void Worker::start() {
+    std::promise<void> ready;
+    auto fut = ready.get_future();
+    impl_->thread = std::thread([this, &ready] { impl_->main(ready); });
+    try {
+        fut.get();
+    } catch (...) {
+        impl_->thread.join();
+        throw;
+    }
+}
+
+const ModelSummary &Worker::model() const { return impl_->model_summary; }
+uint32_t Worker::default_ctx() const { return impl_->default_ctx; }
+
+void Worker::submit(Request r) {
+    Command c{Command::Kind::Request, std::move(r), nullptr, 0, {}};
+    impl_->push(std::move(c));
+}
+
+void Worker::cancel(const std::shared_ptr<ConnShared> &conn, uint64_t target) {
+    impl_->push(Command{Command::Kind::Cancel, {}, conn, target, {}});
+}
+
+void Worker::disconnect(const std::shared_ptr<ConnShared> &conn) {
+    impl_->push(Command{Command::Kind::Disconnect, {}, conn, 0, {}});
+}
+
+void Worker::shutdown(std::chrono::milliseconds grace) {
+    impl_->push(Command{Command::Kind::Shutdown, {}, nullptr, 0, grace});
+}
+
+void Worker::wake() {
+    {
+        std::lock_guard<std::mutex> lk(impl_->mu);
+        impl_->woken = true;
+    }
+    impl_->cv.notify_one();
+}
+
+void Worker::join() {
+    if (impl_->thread.joinable()) impl_->thread.join();
+}
+
+}  // namespace ds4::daemon

@@ -1,0 +1,57 @@
+// The worker thread: owns the model and every bridge session, keeps the session table,
+// and schedules generation fairly: each step is one prefill chunk or one decode token of
+// one request, taken round-robin, so many sessions stream at once and a long prompt does
+// not stall the others. Commands (new requests, cancels, disconnects) are taken between
+// steps, so cancelling frees work within one step.
+#pragma once
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "daemon/bridge_host.h"
+#include "daemon/out_queue.h"
+#include "daemon/requests.h"
+
+namespace ds4::daemon {
+
+struct WorkerConfig {
+    ModelOpenConfig model;
+    bool backend_auto = false;   // try CUDA, fall back to CPU
+    uint32_t ctx = 0;            // default session context; 0: min(4096, model limit)
+    uint32_t max_sessions = 64;
+    uint32_t prefill_chunk = 256;
+    size_t queue_bytes = 1u << 20;
+};
+
+class Worker {
+public:
+    Worker(WorkerConfig cfg, OutQueue &out);
+    ~Worker();  // stops and joins if still running
+    Worker(const Worker &) = delete;
+    Worker &operator=(const Worker &) = delete;
+
+    // Starts the thread; returns once the model is open, prewarmed and has run one forward.
+    // Throws the failure otherwise.
+    void start();
+
+    // Valid after start().
+    const ModelSummary &model() const;
+    uint32_t default_ctx() const;
+
+    void submit(Request r);
+    void cancel(const std::shared_ptr<ConnShared> &conn, uint64_t target);
+    void disconnect(const std::shared_ptr<ConnShared> &conn);
+    // Running requests get `grace` to finish, then are cancelled; new ones are refused.
+    // When nothing is left the worker frees everything and pushes Outgoing{conn = 0}.
+    void shutdown(std::chrono::milliseconds grace);
+    // A connection drained below its output bound: paused requests may run again.
+    void wake();
+    void join();
+
+    struct Impl;
+
+private:
+    std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ds4::daemon

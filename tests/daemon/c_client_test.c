@@ -1,0 +1,156 @@
+/* libds4client's C ABI, compiled as C, against a running ds4d: every call and its error
+ * paths. Usage: ds4-c-client-test SOCKET. Exit 0 when every check passed. */
+#include <stdio.h>
+#include <string.h>
+
+#include "client/ds4client.h"
+
+static int failures = 0;
+
+#define CHECK(cond, ...)                                          \
+    do {                                                          \
+        if (!(cond)) {                                            \
+            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
+            fprintf(stderr, __VA_ARGS__);                         \
+            fprintf(stderr, "\n");                                \
+            ++failures;                                           \
+        }                                                         \
+    } while (0)
+
+struct collect {
+    int32_t tokens[64];
+    size_t n;
+    size_t chunks;
+    size_t stop_after;
+};
+
+static int on_chunk(void *ud, const int32_t *tokens, size_t n_tokens, const char *text, size_t text_len) {
+    struct collect *c = (struct collect *)ud;
+    (void)text;
+    (void)text_len;
+    for (size_t i = 0; i < n_tokens && c->n < 64; ++i) c->tokens[c->n++] = tokens[i];
+    ++c->chunks;
+    return c->stop_after && c->n >= c->stop_after;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 2) {
+        fprintf(stderr, "usage: %s SOCKET\n", argv[0]);
+        return 2;
+    }
+    char err[512];
+    ds4c_client *c = NULL;
+
+    /* Connection errors. */
+    CHECK(ds4c_connect(NULL, argv[1], err, sizeof err) == DS4C_ERR_ARG, "NULL out");
+    CHECK(ds4c_connect(&c, "/nonexistent/ds4.sock", err, sizeof err) == DS4C_ERR_CONNECT, "%s", err);
+    CHECK(c == NULL, "handle set on failure");
+    CHECK(strstr(err, "cannot connect") != NULL, "message: %s", err);
+
+    int rc = ds4c_connect(&c, argv[1], err, sizeof err);
+    CHECK(rc == DS4C_OK, "connect: %s", err);
+    if (rc != DS4C_OK) return 1;
+
+    ds4c_model_info mi;
+    CHECK(ds4c_get_model_info(c, &mi, err, sizeof err) == DS4C_OK, "%s", err);
+    CHECK(mi.n_vocab > 0 && strcmp(mi.family, "deepseek4") == 0, "family %s vocab %u", mi.family, mi.n_vocab);
+    CHECK(ds4c_get_model_info(NULL, &mi, err, sizeof err) == DS4C_ERR_ARG, "NULL client");
+    CHECK(ds4c_get_model_info(c, NULL, err, sizeof err) == DS4C_ERR_ARG, "NULL out");
+
+    /* Tokenize / detokenize round trip, and too-small buffers. */
+    int32_t toks[64];
+    size_t n = 0;
+    CHECK(ds4c_tokenize(c, "hello world", toks, 64, &n, err, sizeof err) == DS4C_OK, "%s", err);
+    CHECK(n > 0, "no tokens");
+    size_t need = 0;
+    CHECK(ds4c_tokenize(c, "hello world", toks, 1, &need, err, sizeof err) == (n > 1 ? DS4C_ERR_ARG : DS4C_OK), "small cap");
+    CHECK(need == n, "needed %zu, have %zu", need, n);
+    char text[256];
+    size_t len = 0;
+    CHECK(ds4c_detokenize(c, toks, n, text, sizeof text, &len, err, sizeof err) == DS4C_OK, "%s", err);
+    CHECK(strcmp(text, "hello world") == 0, "round trip gave '%s'", text);
+    CHECK(ds4c_detokenize(c, toks, n, text, 3, &len, err, sizeof err) == DS4C_ERR_ARG, "small buffer accepted");
+    CHECK(len == strlen("hello world"), "len %zu", len);
+    CHECK(ds4c_tokenize(c, NULL, toks, 64, &n, err, sizeof err) == DS4C_ERR_ARG, "NULL text");
+
+    /* Generation: greedy twice on fresh one-shot sessions gives the same tokens. */
+    ds4c_generate_options opt;
+    ds4c_generate_options_init(&opt);
+    CHECK(opt.top_p == 1.0f && opt.max_tokens == 256, "defaults");
+    int32_t prompt[3] = {400, 17, 99};
+    opt.tokens = prompt;
+    opt.n_tokens = 3;
+    opt.max_tokens = 6;
+    opt.ignore_eos = 1;
+    uint64_t rid = 0;
+    opt.request_id_out = &rid;
+    struct collect a = {{0}, 0, 0, 0}, b = {{0}, 0, 0, 0};
+    ds4c_done done;
+    CHECK(ds4c_generate(c, &opt, on_chunk, &a, &done, err, sizeof err) == DS4C_OK, "%s", err);
+    CHECK(done.reason == DS4C_FINISH_LENGTH && done.generated_tokens == 6 && a.n == 6, "reason %d generated %u got %zu",
+          done.reason, done.generated_tokens, a.n);
+    CHECK(done.prompt_tokens == 3, "prompt %u", done.prompt_tokens);
+    CHECK(rid != 0 && rid == done.request_id, "request id %llu vs %llu", (unsigned long long)rid,
+          (unsigned long long)done.request_id);
+    CHECK(ds4c_generate(c, &opt, on_chunk, &b, &done, err, sizeof err) == DS4C_OK, "%s", err);
+    CHECK(a.n == b.n && memcmp(a.tokens, b.tokens, a.n * sizeof(int32_t)) == 0, "greedy runs differ");
+
+    /* Cancel from the callback. */
+    struct collect s = {{0}, 0, 0, 2};
+    opt.max_tokens = 500;
+    prompt[0] = 402;
+    CHECK(ds4c_generate(c, &opt, on_chunk, &s, &done, err, sizeof err) == DS4C_OK, "%s", err);
+    CHECK(done.reason == DS4C_FINISH_CANCELLED && done.generated_tokens < 500, "reason %d generated %u", done.reason,
+          done.generated_tokens);
+
+    /* Option errors are caught before anything is sent. */
+    ds4c_generate_options bad;
+    ds4c_generate_options_init(&bad);
+    CHECK(ds4c_generate(c, &bad, NULL, NULL, NULL, err, sizeof err) == DS4C_ERR_ARG, "no prompt accepted");
+    bad.text = "x";
+    bad.tokens = prompt;
+    bad.n_tokens = 1;
+    CHECK(ds4c_generate(c, &bad, NULL, NULL, NULL, err, sizeof err) == DS4C_ERR_ARG, "two prompts accepted");
+    CHECK(ds4c_generate(c, NULL, NULL, NULL, NULL, err, sizeof err) == DS4C_ERR_ARG, "NULL options");
+
+    /* Server errors carry the daemon's code. */
+    ds4c_generate_options_init(&bad);
+    bad.tokens = prompt;
+    bad.n_tokens = 1;
+    bad.session = 123456789;
+    CHECK(ds4c_generate(c, &bad, NULL, NULL, NULL, err, sizeof err) == DS4C_ERR_SERVER, "unknown session accepted");
+    CHECK(ds4c_server_error_code(c) == DS4C_SERVER_UNKNOWN_SESSION, "code %d (%s)", ds4c_server_error_code(c), err);
+    CHECK(strstr(err, "UnknownSession") != NULL, "message: %s", err);
+
+    /* Sessions, chat messages, close. */
+    uint64_t sid = 0;
+    uint32_t ntok = 99;
+    CHECK(ds4c_open_session(c, NULL, 0, &sid, &ntok, err, sizeof err) == DS4C_OK, "%s", err);
+    CHECK(sid != 0 && ntok == 0, "session %llu tokens %u", (unsigned long long)sid, ntok);
+    const char *roles[1] = {"user"};
+    const char *contents[1] = {"hi"};
+    ds4c_generate_options chat;
+    ds4c_generate_options_init(&chat);
+    chat.session = sid;
+    chat.chat_roles = roles;
+    chat.chat_contents = contents;
+    chat.n_chat = 1;
+    chat.max_tokens = 3;
+    CHECK(ds4c_generate(c, &chat, NULL, NULL, &done, err, sizeof err) == DS4C_OK, "%s", err);
+    CHECK(done.prompt_tokens > 2, "chat prompt of %u tokens", done.prompt_tokens);
+    CHECK(ds4c_close_session(c, sid, err, sizeof err) == DS4C_OK, "%s", err);
+    CHECK(ds4c_close_session(c, sid, err, sizeof err) == DS4C_ERR_SERVER, "closed twice");
+
+    ds4c_stats st;
+    CHECK(ds4c_get_stats(c, &st, err, sizeof err) == DS4C_OK, "%s", err);
+    CHECK(st.requests_total >= 4 && st.tokens_out >= 12 && st.weights_bytes > 0, "requests %llu out %llu",
+          (unsigned long long)st.requests_total, (unsigned long long)st.tokens_out);
+
+    CHECK(ds4c_reconnect(c, err, sizeof err) == DS4C_OK, "%s", err);
+    CHECK(ds4c_get_stats(c, &st, err, sizeof err) == DS4C_OK, "after reconnect: %s", err);
+    CHECK(ds4c_cancel(c, 424242, err, sizeof err) == DS4C_OK, "cancel of nothing: %s", err);
+    ds4c_free(c);
+    ds4c_free(NULL);
+    if (failures) fprintf(stderr, "%d check(s) failed\n", failures);
+    return failures ? 1 : 0;
+}
