@@ -139,6 +139,7 @@ void pretokenize_deepseek_v3(std::string_view text, std::vector<Piece> &out) {
     if (text.size() >= 0xFFFFFFFFu) fail("tokenizer: text of " + std::to_string(text.size()) + " bytes is too large");
     thread_local std::vector<Char> ch;
     ch.clear();
+    ch.reserve(text.size());
     const auto *s = reinterpret_cast<const unsigned char *>(text.data());
     for (size_t i = 0; i < text.size();) {
         uint32_t cp;

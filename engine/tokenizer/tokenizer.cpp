@@ -1,7 +1,7 @@
 #include "engine/tokenizer/tokenizer.h"
 
 #include <algorithm>
-#include <mutex>
+#include <cstring>
 #include <unordered_map>
 
 #include "engine/common/error.h"
@@ -76,6 +76,56 @@ bool is_added_type(int32_t t) {
     return t == static_cast<int32_t>(TokenType::Control) || t == static_cast<int32_t>(TokenType::UserDefined);
 }
 
+// Direct-mapped word -> ids cache, one per thread, valid for one encode call (a
+// generation number retires old entries for free, so it never needs clearing and never
+// mixes tokenizers). Short words only; no allocation on any path.
+class WordCache {
+public:
+    void begin_text() {
+        if (slots_.empty()) slots_.resize(kSlots);
+        ++gen_;
+    }
+
+    bool lookup(std::string_view w, std::vector<int32_t> &out) const {
+        if (w.size() > kMaxKey) return false;
+        const Slot &s = slots_[hash(w) & (kSlots - 1)];
+        if (s.gen != gen_ || s.key_len != w.size() || std::memcmp(s.key, w.data(), w.size()) != 0) return false;
+        out.insert(out.end(), s.ids, s.ids + s.n_ids);
+        return true;
+    }
+
+    void store(std::string_view w, const int32_t *ids, size_t n) {
+        if (w.size() > kMaxKey || n > kMaxIds) return;
+        Slot &s = slots_[hash(w) & (kSlots - 1)];
+        s.gen = gen_;
+        s.key_len = static_cast<uint8_t>(w.size());
+        s.n_ids = static_cast<uint8_t>(n);
+        std::memcpy(s.key, w.data(), w.size());
+        std::memcpy(s.ids, ids, n * sizeof(int32_t));
+    }
+
+private:
+    static constexpr size_t kSlots = 1 << 14, kMaxKey = 26, kMaxIds = 8;
+    struct Slot {
+        uint32_t gen = 0;
+        uint8_t key_len = 0, n_ids = 0;
+        char key[kMaxKey];
+        int32_t ids[kMaxIds];
+    };
+    static uint64_t hash(std::string_view w) {   // FNV-1a
+        uint64_t h = 1469598103934665603ull;
+        for (char c : w) h = (h ^ static_cast<uint8_t>(c)) * 1099511628211ull;
+        return h ^ (h >> 29);
+    }
+    std::vector<Slot> slots_;
+    uint32_t gen_ = 0;
+};
+
+WordCache &word_cache() {
+    thread_local WordCache c;
+    return c;
+}
+
 }  // namespace
 
 struct Tokenizer::Impl {
@@ -87,11 +137,6 @@ struct Tokenizer::Impl {
     SpecialTrie specials;
     std::vector<int32_t> stops;
 
-    // Word -> ids cache; bounded, cleared when full.
-    mutable std::mutex cache_mu;
-    mutable std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> cache;
-    static constexpr size_t kCacheMax = 1 << 18;
-    static constexpr size_t kCacheWordMax = 256;
 
     const Merge *find_merge(int32_t a, int32_t b) const {
         auto it = merges.find((static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b));
@@ -100,6 +145,7 @@ struct Tokenizer::Impl {
 
     void bpe(std::string_view word, std::vector<int32_t> &out) const;
     void encode_plain(std::string_view text, std::vector<int32_t> &out) const;
+    void encode_block(std::string_view text, WordCache &cache, std::vector<int32_t> &out) const;
 };
 
 // Merges the byte symbols of one piece: lowest rank first, leftmost among equal ranks
@@ -160,7 +206,30 @@ void Tokenizer::Impl::bpe(std::string_view word, std::vector<int32_t> &out) cons
     for (int32_t i = 0; i >= 0; i = syms[i].next) out.push_back(syms[i].id);
 }
 
+// Where a long text may be cut into independently pre-tokenized blocks: right after a
+// '\n' followed by a printable ASCII character. No match of the pre-tokenizer spans such
+// a point ('\n' always ends the whitespace match it belongs to when non-space follows,
+// and never starts an unmatched gap), so every Split restarts there exactly as it would
+// on the whole text. Blocks keep the per-character scratch arrays small.
+static size_t next_block_end(std::string_view text, size_t from) {
+    constexpr size_t kBlock = 64 * 1024;
+    if (text.size() - from <= kBlock) return text.size();
+    for (size_t i = from + kBlock; i + 1 < text.size(); ++i)
+        if (text[i] == '\n' && text[i + 1] > 0x20 && text[i + 1] < 0x7F) return i + 1;
+    return text.size();
+}
+
 void Tokenizer::Impl::encode_plain(std::string_view text, std::vector<int32_t> &out) const {
+    WordCache &cache = word_cache();
+    cache.begin_text();
+    for (size_t at = 0; at < text.size();) {
+        size_t end = next_block_end(text, at);
+        encode_block(text.substr(at, end - at), cache, out);
+        at = end;
+    }
+}
+
+void Tokenizer::Impl::encode_block(std::string_view text, WordCache &cache, std::vector<int32_t> &out) const {
     thread_local std::vector<Piece> pieces;
     pieces.clear();
     pretokenize_deepseek_v3(text, pieces);
@@ -171,23 +240,10 @@ void Tokenizer::Impl::encode_plain(std::string_view text, std::vector<int32_t> &
             if (id >= 0) out.push_back(id);
             continue;
         }
-        if (word.size() > kCacheWordMax) {
-            bpe(word, out);
-            continue;
-        }
-        {
-            std::lock_guard<std::mutex> lock(cache_mu);
-            auto it = cache.find(word);
-            if (it != cache.end()) {
-                out.insert(out.end(), it->second.begin(), it->second.end());
-                continue;
-            }
-        }
+        if (cache.lookup(word, out)) continue;
         size_t start = out.size();
         bpe(word, out);
-        std::lock_guard<std::mutex> lock(cache_mu);
-        if (cache.size() >= kCacheMax) cache.clear();
-        cache.emplace(std::string(word), std::vector<int32_t>(out.begin() + start, out.end()));
+        cache.store(word, out.data() + start, out.size() - start);
     }
 }
 

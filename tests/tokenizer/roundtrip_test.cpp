@@ -3,8 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <thread>
 
 #include "engine/common/error.h"
+#include "engine/tokenizer/pretokenize.h"
 #include "engine/tokenizer/stream_decoder.h"
 #include "engine/tokenizer/unicode.h"
 #include "tests/tokenizer/tok_test_util.h"
@@ -66,6 +68,46 @@ TEST(RoundTrip, ArbitraryBytesThroughTheTrainedTokenizer) {
         std::string s = random_bytes(rng, rng() % 200);
         ASSERT_EQ(tok.decode(tok.encode(s)), s);
     }
+}
+
+// Long texts are pre-tokenized in blocks cut after "\n" + printable ASCII; the result
+// must be that of one pass over the whole text: the BPE of each of its pieces.
+TEST(RoundTrip, LongTextsEncodeLikeOnePassOverTheWholeText) {
+    Tokenizer tok = Tokenizer::from_hf_json(fixture("a/tokenizer.json"));
+    auto exp = load_json(fixture("a/expected.json"));
+    std::mt19937 rng(3);
+    const char *joins[] = {"\n", "\n\n", " ", "\r\n", "\nX", "\n ", "\t\n", "\n1", "\n.", ""};
+    std::string text;
+    while (text.size() < 400000) {
+        const auto &t = exp["texts"][rng() % exp["texts"].size()];
+        text += t["text"].get<std::string>();
+        text += joins[rng() % 10];
+    }
+    std::vector<Piece> pieces;
+    pretokenize_deepseek_v3(text, pieces);
+    std::vector<int32_t> want;
+    for (const Piece &p : pieces) tok.encode(std::string_view(text).substr(p.begin, p.end - p.begin), want);
+    EXPECT_EQ(tok.encode(text), want);
+    EXPECT_EQ(tok.decode(want), text);
+}
+
+TEST(RoundTrip, OneTokenizerServesSeveralThreads) {
+    Tokenizer tok = Tokenizer::from_hf_json(fixture("b/tokenizer.json"));
+    std::mt19937 rng(11);
+    std::vector<std::string> texts;
+    for (int i = 0; i < 64; ++i) texts.push_back(random_utf8(rng, 200 + rng() % 2000));
+    std::vector<std::vector<int32_t>> serial;
+    for (const auto &t : texts) serial.push_back(tok.encode(t));
+    std::vector<std::vector<std::vector<int32_t>>> got(4);
+    std::vector<std::thread> threads;
+    for (int k = 0; k < 4; ++k)
+        threads.emplace_back([&, k] {
+            for (int rep = 0; rep < 3; ++rep)
+                for (size_t i = k; i < texts.size() + k; ++i) got[k].push_back(tok.encode(texts[i % texts.size()]));
+        });
+    for (auto &th : threads) th.join();
+    for (int k = 0; k < 4; ++k)
+        for (size_t j = 0; j < got[k].size(); ++j) ASSERT_EQ(got[k][j], serial[(k + j) % texts.size()]);
 }
 
 TEST(RoundTrip, FallbackVocabularyEncodesEveryByteAsItsByteToken) {

@@ -69,7 +69,8 @@ def main():
         path = f.name
     ref = json.loads(subprocess.run(["node", os.path.join(HERE, "hf_oracle.js"), "encode", tok_json, path],
                                     check=True, capture_output=True).stdout)
-    got = json.loads(subprocess.run([os.path.join(build, "tests/tokenizer/tokenizer_batch"), tok_json, path],
+    batch = os.path.join(build, "bin", "tokenizer_batch")
+    got = json.loads(subprocess.run([batch, tok_json, path],
                                     check=True, capture_output=True).stdout)
     os.unlink(path)
     bad = 0

@@ -13,6 +13,13 @@ engine's Unicode tables, the code points HF's regex engine puts in \\p{L} \\p{M}
 
 Usage: python3 make_fixture.py TEXTS_JSON OUT_DIR
 Writes OUT_DIR/{a,b}/tokenizer.json, OUT_DIR/{a,b}/expected.json, OUT_DIR/hf_categories.json.
+
+Reproducing tests/fixtures/tokenizer/:
+  python3 tools/reference/tokenizer/make_texts.py > tools/reference/tokenizer/texts.json  (Python <= 3.11)
+  on the GPU machine: python3 tools/reference/tokenizer/make_fixture.py tools/reference/tokenizer/texts.json $OUT/tok
+  copy $OUT/tok/{a,b,hf_categories.json} to tests/fixtures/tokenizer/.
+Training is deterministic for a given Python stdlib; the committed fixture came from
+Python 3.12.3 and tokenizers 0.23.2.
 """
 import glob
 import json
