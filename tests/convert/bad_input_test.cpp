@@ -8,6 +8,7 @@
 
 #include "engine/common/error.h"
 #include "engine/gguf/gguf.h"
+#include "engine/tokenizer/vocab.h"
 #include "tests/convert/convert_test_util.h"
 #include "tools/convert/convert.h"
 
@@ -308,6 +309,57 @@ TEST(InputVariants, TiedEmbeddingsWithoutHead) {
     write_json(tmp.file("tied") + "/config.json", j);
     auto m = gguf_tensors(convert_ok(tmp.file("tied"), tmp.file("t.gguf")));
     EXPECT_EQ(m.at("output.weight"), m.at("token_embd.weight"));
+}
+
+}  // namespace
+}  // namespace ds4::convert::test
+
+namespace ds4::convert::test {
+namespace {
+
+TEST(Vocabulary, FallbackWhenNoTokenizerJson) {
+    TempDir tmp;
+    auto r = gguf::Reader::open(convert_ok(fixture_dir("mix"), tmp.file("m.gguf")));
+    const tok::Vocab v = tok::read_vocab(*r);
+    EXPECT_EQ(static_cast<int>(v.tokens.size()), 320);
+    EXPECT_EQ(v.bos, 0);
+    EXPECT_EQ(v.eos, 1);
+    EXPECT_TRUE(v.merges.empty());
+}
+
+// A fixture grown to a vocabulary that holds a real tokenizer.json: the BPE vocabulary and
+// merges end up in the GGUF, padded to the model's vocab size.
+TEST(Vocabulary, TokenizerJsonIsImported) {
+    TempDir tmp;
+    const std::string tj = std::string(DS4_SOURCE_DIR) + "/tests/fixtures/tokenizer/a/tokenizer.json";
+    const nlohmann::json tok_json = read_json(tj);
+    const int V = 4224;   // > 4096 + 15 added tokens
+    RawFile f = read_safetensors(fixture_dir("mix") + "/model.safetensors");
+    for (const char *name : {"model.embed_tokens.weight", "head.weight", "model.layers.0.ffn.gate.tid2eid",
+                             "model.layers.1.ffn.gate.tid2eid"}) {
+        RawTensor &t = f.at(name);
+        const size_t row = t.bytes.size() / static_cast<size_t>(t.shape[0]);
+        std::vector<uint8_t> b;
+        for (int i = 0; i < V; i++)
+            b.insert(b.end(), t.bytes.begin() + static_cast<std::ptrdiff_t>((i % t.shape[0]) * row),
+                     t.bytes.begin() + static_cast<std::ptrdiff_t>((i % t.shape[0] + 1) * row));
+        t.shape[0] = V;
+        t.bytes = std::move(b);
+    }
+    const std::string dir = tmp.file("hf");
+    write_model_dir(dir, "mix", f);
+    nlohmann::json cfg = read_json(dir + "/config.json");
+    cfg["vocab_size"] = V;
+    write_json(dir + "/config.json", cfg);
+    std::filesystem::copy_file(tj, dir + "/tokenizer.json");
+    auto r = gguf::Reader::open(convert_ok(dir, tmp.file("t.gguf")));
+    const tok::Vocab v = tok::read_vocab(*r);
+    ASSERT_EQ(static_cast<int>(v.tokens.size()), V);
+    EXPECT_EQ(v.merges.size(), tok_json["model"]["merges"].size());
+    for (auto it = tok_json["model"]["vocab"].begin(); it != tok_json["model"]["vocab"].end(); ++it)
+        ASSERT_EQ(v.tokens.at(it.value().get<size_t>()), it.key()) << "token " << it.value();
+    EXPECT_EQ(v.bos, 0);   // config.json's
+    EXPECT_EQ(v.eos, 1);
 }
 
 }  // namespace

@@ -138,7 +138,9 @@ TEST(MakeModel, EveryParameterIsRandomWithItsScale) {
             EXPECT_GE(s.min, 0.5);
             EXPECT_LT(s.max, 1.5);
         } else if (has("_ape.weight") || has("_base.weight") || has("exp_probs_b")) {
-            if (t.nelements() >= 16) EXPECT_NEAR(s.std, 0.5, t.nelements() >= 1024 ? 0.05 : 0.2);   // N(0, 0.5)
+            if (t.nelements() >= 16) {
+                EXPECT_NEAR(s.std, 0.5, t.nelements() >= 1024 ? 0.05 : 0.2);   // N(0, 0.5)
+            }
         } else if (t.nelements() >= 1024) {
             // Linear maps: N(0, 1/fan_in); embedding N(0, 1).
             const double want = has("token_embd") ? 1.0 : 1.0 / std::sqrt(static_cast<double>(t.ne[0]));
@@ -211,6 +213,47 @@ TEST(MakeModel, FastQ8_0HasTheRightScale) {
     const double want = 1.0 / std::sqrt(static_cast<double>(t->ne[0]));
     EXPECT_NEAR(s.std, want, want * 0.02);
     EXPECT_NEAR(s.mean, 0.0, want * 0.02);
+}
+
+// The ds4 layouts at a shape whose rows are whole 256-blocks: experts in the 2/4-bit
+// formats, synthesised directly (fast) or quantised (exact), with the wanted scale.
+TEST(MakeModel, Ds4ExpertLayouts) {
+    for (const char *layout : {"ds4-q2", "ds4-q4"}) {
+        for (bool fast : {true, false}) {
+            SCOPED_TRACE(std::string(layout) + (fast ? " fast" : " exact"));
+            TempDir tmp;
+            MakeModelOptions o = tiny();
+            o.cfg.n_embd = 256;
+            o.cfg.n_ff_exp = 256;
+            o.cfg.n_expert = 2;
+            o.cfg.n_layer = 2;
+            apply_layer_pattern("tiny", o.cfg);   // sliding + CSA
+            o.type = "q8_0";
+            o.expert_type = layout;
+            o.fast = fast;
+            auto r = gguf::Reader::open(make(tmp, "m.gguf", o));
+            const bool q2 = std::string(layout) == "ds4-q2";
+            const gguf::TensorInfo *up = r->tensor("blk.1.ffn_up_exps.weight");
+            const gguf::TensorInfo *down = r->tensor("blk.1.ffn_down_exps.weight");
+            EXPECT_EQ(up->type, q2 ? gguf::Type::IQ2_XXS : gguf::Type::Q4_K);
+            EXPECT_EQ(down->type, q2 ? gguf::Type::Q2_K : gguf::Type::Q4_K);
+            EXPECT_EQ(r->tensor("blk.1.ffn_gate_inp.weight")->type, gguf::Type::F16);
+            EXPECT_EQ(r->tensor("blk.1.hc_ffn_fn.weight")->type, gguf::Type::F16);
+            EXPECT_EQ(r->tensor("blk.1.attn_compressor_kv.weight")->type, gguf::Type::F16);
+            EXPECT_EQ(r->tensor("blk.1.attn_q_b.weight")->type, gguf::Type::Q8_0);
+            EXPECT_EQ(r->tensor("blk.1.ffn_up_shexp.weight")->type, gguf::Type::Q8_0);
+            EXPECT_EQ(r->tensor("blk.1.attn_norm.weight")->type, gguf::Type::F32);
+            for (const gguf::TensorInfo *t : {up, down}) {
+                const Stats s = stats_of(*t);
+                const double want = 1.0 / 16.0;   // 1/sqrt(fan_in = 256)
+                // 2-bit quantisation of a Gaussian loses some of its spread; synthesis hits it.
+                EXPECT_NEAR(s.std, want, want * (fast ? 0.03 : 0.25)) << t->name;
+                EXPECT_NEAR(s.mean, 0.0, want * 0.05) << t->name;
+                EXPECT_GT(s.distinct, 3u);
+            }
+            ModelConfig::from_gguf(*r);
+        }
+    }
 }
 
 TEST(MakeModel, PresetsAndLayerPatterns) {

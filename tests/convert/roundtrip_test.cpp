@@ -9,6 +9,7 @@
 #include <regex>
 #include <set>
 
+#include "engine/common/error.h"
 #include "engine/gguf/gguf.h"
 #include "engine/model/config.h"
 #include "engine/quant/quants.h"
@@ -257,6 +258,43 @@ TEST_P(Roundtrip, MetadataMatchesConfigJson) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, Roundtrip, ::testing::Values("mix", "flashlike", "wide"));
+
+}  // namespace
+}  // namespace ds4::convert::test
+
+namespace ds4::convert::test {
+namespace {
+
+// --expert-type on fixtures whose rows are too short for 256-blocks: the K/IQ types fall
+// back per tensor (to q8_0 when rows are a multiple of 32, else f16) and the ds4 layouts
+// set the other roles as documented.
+TEST(ExpertType, FallbacksAndDs4Layout) {
+    TempDir tmp;
+    ConvertOptions o;
+    o.in_dir = fixture_dir("wide");
+    o.out_path = tmp.file("w.gguf");
+    o.type = "f32";
+    o.expert_type = "ds4-q2";
+    o.progress = false;
+    ConvertResult res = convert_hf(o);
+    EXPECT_FALSE(res.warnings.empty());
+    auto r = gguf::Reader::open(o.out_path);
+    // wide: 96 wide (a multiple of 32, not of 256), expert width 24.
+    EXPECT_EQ(r->tensor("blk.1.ffn_gate_exps.weight")->type, Type::Q8_0);
+    EXPECT_EQ(r->tensor("blk.1.ffn_down_exps.weight")->type, Type::F16);
+    EXPECT_EQ(r->tensor("blk.1.ffn_gate_inp.weight")->type, Type::F16);
+    EXPECT_EQ(r->tensor("blk.1.hc_attn_fn.weight")->type, Type::F16);
+    EXPECT_EQ(r->tensor("blk.1.indexer.proj.weight")->type, Type::F16);
+    EXPECT_EQ(r->tensor("blk.1.attn_kv.weight")->type, Type::Q8_0);
+    EXPECT_EQ(r->tensor("output.weight")->type, Type::Q8_0);
+    EXPECT_EQ(r->tensor("blk.1.attn_sinks.weight")->type, Type::F32);
+
+    o.expert_type = "q9_9";
+    EXPECT_THROW(convert_hf(o), Error);
+    o.expert_type = "";
+    o.type = "q4_k";   // 2/4-bit types are for experts only
+    EXPECT_THROW(convert_hf(o), Error);
+}
 
 }  // namespace
 }  // namespace ds4::convert::test

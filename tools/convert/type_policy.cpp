@@ -75,12 +75,12 @@ Type TypePolicy::type_for(const TensorSpec &spec, std::string *warning) const {
     return fb;
 }
 
-TypePolicy make_type_policy(const std::string &type, const std::string &expert_type) {
+TypePolicy make_type_policy(const std::string &type, const std::string &expert_type, bool probe) {
     TypePolicy p;
     p.matrix = parse_type("--type", type.empty() ? "f32" : type);
     if (p.matrix != Type::F32 && p.matrix != Type::F16 && p.matrix != Type::BF16 && p.matrix != Type::Q8_0)
         fail("--type: '" + type + "' is not one of f32, f16, bf16, q8_0 (2- and 4-bit types are for --expert-type)");
-    probe_quantizer("--type", p.matrix);
+    if (probe) probe_quantizer("--type", p.matrix);
     p.description = gguf::type_name(p.matrix);
     if (expert_type.empty()) return p;
 
@@ -103,7 +103,7 @@ TypePolicy make_type_policy(const std::string &type, const std::string &expert_t
     for (const auto &[r, t] : p.by_role) {
         bool dup = false;
         for (Type s : seen) dup |= s == t;
-        if (!dup) {
+        if (!dup && probe) {
             probe_quantizer(is_expert(r) ? "--expert-type" : "--expert-type " + expert_type, t);
             seen.push_back(t);
         }

@@ -25,8 +25,8 @@ struct TypePolicy {
 // --type NAME (f32|f16|bf16|q8_0) and --expert-type NAME ("" = same as --type;
 // any quantizable type name; "ds4-q2": gate/up IQ2_XXS, down Q2_K; "ds4-q4": all Q4_K;
 // both ds4 layouts also set the non-expert tensors the way ds4's own files have them).
-// Throws ds4::Error for unknown names and for types whose quantizer is not available.
-TypePolicy make_type_policy(const std::string &type, const std::string &expert_type);
+// Throws ds4::Error for unknown names and (probe) for types whose quantizer is not available.
+TypePolicy make_type_policy(const std::string &type, const std::string &expert_type, bool probe = true);
 
 // Help text lines for the two options.
 extern const char *const kTypeHelp;

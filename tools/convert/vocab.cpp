@@ -2,10 +2,8 @@
 
 #include <sys/stat.h>
 
-#include <fstream>
-#include <sstream>
-
 #include "engine/common/error.h"
+#include "engine/tokenizer/vocab.h"
 
 namespace ds4::convert {
 
@@ -17,17 +15,29 @@ void write_vocabulary(gguf::Writer &w, const std::string &hf_dir, int n_vocab, i
         struct stat st;
         if (::stat(tok_path.c_str(), &st) != 0) tok_path.clear();
     }
-    // TOKENIZER CALL SITE: engine/tokenizer is to provide
-    //   write_tokenizer_from_hf_json(gguf::Writer&, const std::string &tokenizer_json, int n_vocab)
-    //   write_fallback_vocab(gguf::Writer&, int n_vocab)
-    // Until it does, no tokenizer.ggml.* keys are written.
-    if (warnings)
-        warnings->push_back(tok_path.empty() ? "no tokenizer written: the fallback vocabulary writer is not available yet"
-                                             : "tokenizer.json not imported: the tokenizer writer is not available yet");
-    (void)n_vocab;
-    // config.json's ids are the model's; they take precedence over whatever the tokenizer guessed.
-    if (bos >= 0) w.set("tokenizer.ggml.bos_token_id", gguf::Value::u32(static_cast<uint32_t>(bos)));
-    if (eos >= 0) w.set("tokenizer.ggml.eos_token_id", gguf::Value::u32(static_cast<uint32_t>(eos)));
+    tok::Vocab v;
+    if (!tok_path.empty()) {
+        v = tok::read_vocab_hf_json(tok_path, n_vocab);
+    } else if (n_vocab >= 259) {
+        v = tok::fallback_vocab(n_vocab);
+    } else {
+        // Too small for the 256 byte tokens: the model still runs on token ids.
+        if (warnings)
+            warnings->push_back("vocab_size " + std::to_string(n_vocab) +
+                                " is too small for the byte-level fallback vocabulary (259+); no tokenizer written");
+        return;
+    }
+    // config.json's ids are the model's; say so when the tokenizer files disagree.
+    auto reconcile = [&](int cfg_id, int32_t &tok_id, const char *what) {
+        if (cfg_id < 0) return;
+        if (tok_id >= 0 && tok_id != cfg_id && warnings)
+            warnings->push_back(std::string(what) + " token: config.json says " + std::to_string(cfg_id) +
+                                ", the tokenizer " + std::to_string(tok_id) + "; using config.json's");
+        tok_id = cfg_id;
+    };
+    reconcile(bos, v.bos, "BOS");
+    reconcile(eos, v.eos, "EOS");
+    tok::write_vocab(w, v);
 }
 
 }  // namespace ds4::convert

@@ -126,7 +126,8 @@ MakeModelResult make_model(const MakeModelOptions &opt, const std::string &out_p
     MakeModelResult res;
     const ModelConfig &cfg = opt.cfg;
     cfg.validate();
-    const convert::TypePolicy policy = convert::make_type_policy(opt.type, opt.expert_type);
+    // Sparse and fast files never run the block quantisers on the matrices.
+    const convert::TypePolicy policy = convert::make_type_policy(opt.type, opt.expert_type, !opt.sparse && !opt.fast);
     const int threads = opt.threads > 0 ? opt.threads : convert::default_threads();
     const std::vector<TensorSpec> layout = convert::model_layout(cfg);
 
@@ -179,8 +180,8 @@ MakeModelResult make_model(const MakeModelOptions &opt, const std::string &out_p
             thread_local std::vector<float> f;
             f.resize(static_cast<size_t>(ne0));
             for (int64_t r = first; r < first + n; r++, dst += rb) {
-                if (fast && t == Type::Q8_0) {
-                    fast_q8_0_row(key, d, r, ne0, dst);
+                if (fast && fast_block_supported(t)) {
+                    fast_block_row(t, key, d, r, ne0, dst);
                     continue;
                 }
                 if (fast) fast_values(key, d, r * ne0, ne0, f.data());
@@ -233,10 +234,13 @@ const char *kUsage =
     "data options:\n";
 const char *kUsageTail =
     "  --seed S           PRNG seed (default 1)\n"
-    "  --fast             benchmark-grade data for the big matrices: one counter-based hash\n"
-    "                     (splitmix64) per value, q8_0 blocks synthesised directly (codes\n"
-    "                     uniform in -127..127 at the right scale), other types an Irwin-Hall\n"
-    "                     approximation of the normal. Several GB/s. Default for flash-shape.\n"
+    "  --fast             benchmark-grade data for the big matrices: counter-based hashing\n"
+    "                     (splitmix64), block formats synthesised directly from hashed bytes\n"
+    "                     with one scale per tensor giving the right std (q8_0: codes uniform\n"
+    "                     in -127..127; q4_k/q2_k: codes uniform at maximal sub-block scales;\n"
+    "                     iq2_xxs: random grid points and signs), f32/f16/bf16 an Irwin-Hall\n"
+    "                     approximation of the normal. Several GB/s per core; the disk is the\n"
+    "                     limit. Default for flash-shape.\n"
     "  --exact            true Gaussian values quantised with the engine's quantiser (default\n"
     "                     for tiny and small)\n"
     "  --sparse           leave every large matrix as a file hole: no disk used, reads as zeros\n"

@@ -1,10 +1,12 @@
 #include "tools/make_model/random_fill.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
 #include "engine/common/error.h"
 #include "engine/quant/blocks.h"
+#include "engine/quant/iq2xxs_tables.h"
 #include "engine/quant/quants.h"
 
 namespace ds4::make_model {
@@ -68,23 +70,95 @@ void fast_values(uint64_t key, const Dist &d, int64_t first, int64_t n, float *o
     }
 }
 
-void fast_q8_0_row(uint64_t key, const Dist &d, int64_t row, int64_t ne0, uint8_t *dst) {
-    if (d.kind != Dist::Normal || d.a != 0.f) fail("fast_q8_0_row: only zero-mean matrices");
-    if (ne0 % quant::kQK8_0 != 0) fail("fast_q8_0_row: row not a multiple of 32");
-    // Codes uniform over -127..127 have std sqrt(127 * 128 / 3).
-    const uint16_t dh = quant::f32_to_f16(static_cast<float>(d.b / std::sqrt(127.0 * 128.0 / 3.0)));
-    const int64_t nb = ne0 / quant::kQK8_0;
-    auto *blocks = reinterpret_cast<quant::BlockQ8_0 *>(dst);
-    for (int64_t b = 0; b < nb; b++) {
-        const uint64_t base = static_cast<uint64_t>(row * nb + b) * 4;
-        quant::BlockQ8_0 &blk = blocks[b];
-        blk.d = dh;
-        for (int k = 0; k < 4; k++) {
-            uint64_t h = at(key, base + static_cast<uint64_t>(k));
-            int8_t q[8];
-            std::memcpy(q, &h, 8);
-            for (int j = 0; j < 8; j++) blk.qs[k * 8 + j] = q[j] == -128 ? static_cast<int8_t>(-127) : q[j];
+bool fast_block_supported(gguf::Type t) {
+    return t == gguf::Type::Q8_0 || t == gguf::Type::Q4_K || t == gguf::Type::Q2_K || t == gguf::Type::IQ2_XXS;
+}
+
+namespace {
+
+// Hashed bytes of block b: the block's own stream positions, so any block can be made alone.
+void block_bytes(uint64_t key, uint64_t block, uint8_t *dst, size_t n) {
+    const uint64_t words = (n + 7) / 8;
+    for (uint64_t k = 0; k < words; k++) {
+        const uint64_t h = at(key, block * 64 + k);
+        std::memcpy(dst + k * 8, &h, std::min<size_t>(8, n - k * 8));
+    }
+}
+
+// Root mean square of the IQ2_XXS grid magnitudes (a uniformly random grid point).
+double iq2_grid_rms() {
+    static const double rms = [] {
+        double s = 0;
+        for (uint64_t g : quant::kIq2xxsGrid)
+            for (int j = 0; j < 8; j++) {
+                const double m = static_cast<double>((g >> (8 * j)) & 0xff);
+                s += m * m;
+            }
+        return std::sqrt(s / (256.0 * 8.0));
+    }();
+    return rms;
+}
+
+}  // namespace
+
+void fast_block_row(gguf::Type t, uint64_t key, const Dist &d, int64_t row, int64_t ne0, uint8_t *dst) {
+    if (d.kind != Dist::Normal || d.a != 0.f) fail("fast_block_row: only zero-mean matrices");
+    const int64_t be = gguf::type_block_elems(t);
+    if (ne0 % be != 0) fail("fast_block_row: row not a whole number of blocks");
+    const int64_t nb = ne0 / be;
+    const double sd = d.b;
+    switch (t) {
+    case gguf::Type::Q8_0: {
+        // Codes uniform over -127..127 have std sqrt(127 * 128 / 3).
+        const uint16_t dh = quant::f32_to_f16(static_cast<float>(sd / std::sqrt(127.0 * 128.0 / 3.0)));
+        auto *blk = reinterpret_cast<quant::BlockQ8_0 *>(dst);
+        for (int64_t b = 0; b < nb; b++) {
+            block_bytes(key, static_cast<uint64_t>(row * nb + b), reinterpret_cast<uint8_t *>(blk[b].qs), 32);
+            for (int8_t &q : blk[b].qs)
+                if (q == -128) q = -127;
+            blk[b].d = dh;
         }
+        return;
+    }
+    case gguf::Type::Q4_K: {
+        // x = d*63*q - dmin*63, q uniform in 0..15 (mean 7.5, std sqrt(255/12)).
+        const double dd = sd / (63.0 * std::sqrt(255.0 / 12.0));
+        const uint16_t dh = quant::f32_to_f16(static_cast<float>(dd)), mh = quant::f32_to_f16(static_cast<float>(7.5 * dd));
+        auto *blk = reinterpret_cast<quant::BlockQ4_K *>(dst);
+        for (int64_t b = 0; b < nb; b++) {
+            block_bytes(key, static_cast<uint64_t>(row * nb + b), blk[b].qs, sizeof blk[b].qs);
+            std::memset(blk[b].scales, 0xff, sizeof blk[b].scales);   // every 6-bit scale and min = 63
+            blk[b].d = dh;
+            blk[b].dmin = mh;
+        }
+        return;
+    }
+    case gguf::Type::Q2_K: {
+        // x = d*15*q - dmin*15, q uniform in 0..3 (mean 1.5, std sqrt(15/12)).
+        const double dd = sd / (15.0 * std::sqrt(15.0 / 12.0));
+        const uint16_t dh = quant::f32_to_f16(static_cast<float>(dd)), mh = quant::f32_to_f16(static_cast<float>(1.5 * dd));
+        auto *blk = reinterpret_cast<quant::BlockQ2_K *>(dst);
+        for (int64_t b = 0; b < nb; b++) {
+            block_bytes(key, static_cast<uint64_t>(row * nb + b), blk[b].qs, sizeof blk[b].qs);
+            std::memset(blk[b].scales, 0xff, sizeof blk[b].scales);   // scale 15, min 15
+            blk[b].d = dh;
+            blk[b].dmin = mh;
+        }
+        return;
+    }
+    case gguf::Type::IQ2_XXS: {
+        // x = d * (0.5 + 15) / 4 * grid * sign with random grid points and signs.
+        const uint16_t dh = quant::f32_to_f16(static_cast<float>(sd / (15.5 / 4.0 * iq2_grid_rms())));
+        auto *blk = reinterpret_cast<quant::BlockIQ2_XXS *>(dst);
+        for (int64_t b = 0; b < nb; b++) {
+            block_bytes(key, static_cast<uint64_t>(row * nb + b), reinterpret_cast<uint8_t *>(blk[b].qs), sizeof blk[b].qs);
+            for (int g = 0; g < 8; g++) blk[b].qs[4 * g + 3] |= 0xf000;   // sub-block scale 15 (bits 28..31)
+            blk[b].d = dh;
+        }
+        return;
+    }
+    default:
+        fail(std::string("fast_block_row: no direct synthesis for ") + gguf::type_name(t));
     }
 }
 

@@ -36,9 +36,13 @@ void exact_values(uint64_t key, const Dist &d, int64_t first, int64_t n, float *
 // Fast mode: an Irwin-Hall (sum of four uniforms) approximation of the same normal, one
 // hash per element. Uniform roles are the same as exact.
 void fast_values(uint64_t key, const Dist &d, int64_t first, int64_t n, float *out);
-// Fast mode for Q8_0: blocks synthesised directly (codes uniform in [-127, 127], one
-// scale per tensor matching the wanted std), no float detour. Row r of ne0 elements.
-void fast_q8_0_row(uint64_t key, const Dist &d, int64_t row, int64_t ne0, uint8_t *dst);
+// Fast mode for block formats: blocks synthesised directly from hashed bytes (random
+// codes, one scale per tensor chosen so the dequantised values have mean 0 and the wanted
+// std), no float detour and no quantiser search. Q8_0: codes uniform in -127..127; Q4_K /
+// Q2_K: all sub-block scales and mins at their maximum, codes uniform; IQ2_XXS: random
+// grid points and signs at the largest sub-block scale. Row r of ne0 elements.
+bool fast_block_supported(gguf::Type t);
+void fast_block_row(gguf::Type t, uint64_t key, const Dist &d, int64_t row, int64_t ne0, uint8_t *dst);
 
 // tid2eid: for every token, n_used distinct experts out of n_expert. ne = [n_used, vocab].
 std::vector<int32_t> hash_table(uint64_t key, int n_used, int n_expert, int64_t vocab);
