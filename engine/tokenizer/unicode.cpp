@@ -1,5 +1,6 @@
 #include "engine/tokenizer/unicode.h"
 
+#include <algorithm>
 #include <array>
 #include <unordered_map>
 #include <vector>
@@ -22,15 +23,20 @@ struct ClassTable {
     std::vector<uint8_t> blocks;      // n_unique * 256
 
     ClassTable() {
-        std::vector<uint8_t> flat(0x110000, 0);
-        for (const Range &r : kRanges)
-            for (uint32_t c = r.first; c <= r.last; ++c) flat[c] = r.bits;
         block_of.resize(0x110000 / 256);
         std::unordered_map<std::string, uint16_t> seen;
-        for (size_t b = 0; b < block_of.size(); ++b) {
-            std::string key(reinterpret_cast<const char *>(&flat[b * 256]), 256);
-            auto [it, fresh] = seen.emplace(key, static_cast<uint16_t>(seen.size()));
-            if (fresh) blocks.insert(blocks.end(), key.begin(), key.end());
+        std::string block(256, '\0');
+        size_t r = 0;   // first range that may touch the current block
+        constexpr size_t n_ranges = sizeof(kRanges) / sizeof(kRanges[0]);
+        for (uint32_t b = 0; b < block_of.size(); ++b) {
+            const uint32_t lo = b * 256, hi = lo + 255;
+            std::fill(block.begin(), block.end(), '\0');
+            while (r < n_ranges && kRanges[r].last < lo) ++r;
+            for (size_t k = r; k < n_ranges && kRanges[k].first <= hi; ++k)
+                for (uint32_t c = std::max(lo, kRanges[k].first); c <= std::min(hi, kRanges[k].last); ++c)
+                    block[c - lo] = static_cast<char>(kRanges[k].bits);
+            auto [it, fresh] = seen.emplace(block, static_cast<uint16_t>(seen.size()));
+            if (fresh) blocks.insert(blocks.end(), block.begin(), block.end());
             block_of[b] = it->second;
         }
     }
