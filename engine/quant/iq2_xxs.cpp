@@ -363,21 +363,10 @@ DS4_AVX512 void dot_cols_avx512(const uint8_t *wv, const void *const *xv, int64_
 
 #pragma GCC diagnostic pop
 
-bool detect_avx512() {
-    if (const char *e = std::getenv("DS4_NO_AVX512"); e && *e && *e != '0') return false;
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-}
-
 }  // namespace
 
-bool &iq2_xxs_avx512_enabled() {
-    static bool on = detect_avx512();
-    return on;
-}
-
 void dot_iq2_xxs(const uint8_t *w, const void *const *x, int ncols, int64_t n, float *out) {
-    if (iq2_xxs_avx512_enabled()) {
+    if (avx512_enabled()) {
         DS4_QUANT_COLS_DISPATCH(dot_cols_avx512, w, x, n, out)
     } else {
         DS4_QUANT_COLS_DISPATCH(dot_cols, w, x, n, out)

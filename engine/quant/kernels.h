@@ -20,9 +20,9 @@ void dot_q2_k(const uint8_t *w, const void *const *x, int ncols, int64_t n, floa
 void dot_q4_k(const uint8_t *w, const void *const *x, int ncols, int64_t n, float *out);
 void dot_iq2_xxs(const uint8_t *w, const void *const *x, int ncols, int64_t n, float *out);
 
-// IQ2_XXS dots use an AVX-512 variant when the CPU has it (same results; env
-// DS4_NO_AVX512=1 disables it). Tests flip this to compare the two paths.
-bool &iq2_xxs_avx512_enabled();
+// IQ2_XXS and Q2_K dots use AVX-512 variants when the CPU has AVX-512 F/BW/VL/DQ (same
+// results bit for bit; env DS4_NO_AVX512=1 disables them). Tests flip this to compare.
+bool &avx512_enabled();
 
 // Instantiates F<1..kMaxCols> behind a runtime column count.
 #define DS4_QUANT_COLS_DISPATCH(F, ...)          \

@@ -95,12 +95,10 @@ template <int C>
 void dot_cols(const uint8_t *wv, const void *const *xv, int64_t n, float *out) {
     const BlockQ2_K *w = reinterpret_cast<const BlockQ2_K *>(wv);
     const BlockQ8_K *x[C];
-    __m256 acc[C];
-    float accm[C];
+    __m256 acc[C], accm[C];
     for (int c = 0; c < C; ++c) {
         x[c] = static_cast<const BlockQ8_K *>(xv[c]);
-        acc[c] = _mm256_setzero_ps();
-        accm[c] = 0;
+        acc[c] = accm[c] = _mm256_setzero_ps();
     }
     const __m256i m3 = _mm256_set1_epi8(3);
     const __m128i m4 = _mm_set1_epi8(0xF);
@@ -125,7 +123,8 @@ void dot_cols(const uint8_t *wv, const void *const *xv, int64_t n, float *out) {
         }
         for (int c = 0; c < C; ++c) {
             const BlockQ8_K &xb = x[c][b];
-            accm[c] += xb.d * dminw * float(simd::hsum_i32(_mm256_madd_epi16(mins, simd::loadu(xb.bsums))));
+            const __m256i pm = _mm256_madd_epi16(mins, simd::loadu(xb.bsums));
+            accm[c] = _mm256_fmadd_ps(_mm256_set1_ps(xb.d * dminw), _mm256_cvtepi32_ps(pm), accm[c]);
             __m256i sum0 = _mm256_setzero_si256(), sum1 = sum0;
             for (int j = 0; j < 8; j += 2) {
                 const __m256i p0 = _mm256_maddubs_epi16(q2[j], simd::loadu(xb.qs + 32 * j));
@@ -136,13 +135,75 @@ void dot_cols(const uint8_t *wv, const void *const *xv, int64_t n, float *out) {
             acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(xb.d * dw), _mm256_cvtepi32_ps(_mm256_add_epi32(sum0, sum1)), acc[c]);
         }
     }
-    for (int c = 0; c < C; ++c) out[c] = simd::hsum(acc[c]) - accm[c];
+    for (int c = 0; c < C; ++c) out[c] = simd::hsum(acc[c]) - simd::hsum(accm[c]);
 }
+
+// AVX-512 (F/BW): 64 elements per register (two shifts of the same quant bytes), scales
+// spread by a 16-bit permute. Integer sums fold back to the AVX2 lane layout before the
+// float steps, so results are bit-identical to dot_cols.
+#define DS4_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+template <int C>
+DS4_AVX512 void dot_cols_avx512(const uint8_t *wv, const void *const *xv, int64_t n, float *out) {
+    const BlockQ2_K *w = reinterpret_cast<const BlockQ2_K *>(wv);
+    const BlockQ8_K *x[C];
+    __m256 acc[C], accm[C];
+    for (int c = 0; c < C; ++c) {
+        x[c] = static_cast<const BlockQ8_K *>(xv[c]);
+        acc[c] = accm[c] = _mm256_setzero_ps();
+    }
+    const __m512i m3 = _mm512_set1_epi8(3);
+    const __m128i m4 = _mm_set1_epi8(0xF);
+    // 64-element chunk j: low half shifted by 4*(j%2), high half by 4*(j%2)+2; 128-bit lane
+    // L holds sub-block 4j+L
+    const __m512i shift[2] = {_mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1),
+                              _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(6), 1)};
+    __m512i pick[4];
+    for (int j = 0; j < 4; ++j) {
+        alignas(64) int16_t ix[32];
+        for (int i = 0; i < 32; ++i) ix[i] = int16_t(4 * j + i / 8);
+        pick[j] = _mm512_load_si512(ix);
+    }
+    for (int64_t b = 0; b < n / kQK_K; ++b) {
+        const BlockQ2_K &wb = w[b];
+        const float dw = f16_to_f32_fast(wb.d), dminw = f16_to_f32_fast(wb.dmin);
+        const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i *>(wb.scales));
+        const __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc8, 4), m4));
+        const __m512i sc512 = _mm512_zextsi256_si512(_mm256_cvtepu8_epi16(_mm_and_si128(sc8, m4)));
+        __m512i q2[4], sc[4];
+        for (int j = 0; j < 4; ++j) {
+            const __m512i q = _mm512_broadcast_i64x4(simd::loadu(wb.qs + 32 * (j / 2)));
+            q2[j] = _mm512_and_si512(_mm512_srlv_epi16(q, shift[j % 2]), m3);
+            sc[j] = _mm512_permutexvar_epi16(pick[j], sc512);
+        }
+        for (int c = 0; c < C; ++c) {
+            const BlockQ8_K &xb = x[c][b];
+            const __m256i pm = _mm256_madd_epi16(mins, simd::loadu(xb.bsums));
+            accm[c] = _mm256_fmadd_ps(_mm256_set1_ps(xb.d * dminw), _mm256_cvtepi32_ps(pm), accm[c]);
+            __m512i sum = _mm512_setzero_si512();
+            for (int j = 0; j < 4; ++j) {
+                const __m512i p = _mm512_maddubs_epi16(q2[j], _mm512_loadu_si512(xb.qs + 64 * j));
+                sum = _mm512_add_epi32(sum, _mm512_madd_epi16(p, sc[j]));
+            }
+            const __m256i s256 = _mm256_add_epi32(_mm512_castsi512_si256(sum), _mm512_extracti64x4_epi64(sum, 1));
+            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(xb.d * dw), _mm256_cvtepi32_ps(s256), acc[c]);
+        }
+    }
+    for (int c = 0; c < C; ++c) out[c] = simd::hsum(acc[c]) - simd::hsum(accm[c]);
+}
+
+#pragma GCC diagnostic pop
 
 }  // namespace
 
 void dot_q2_k(const uint8_t *w, const void *const *x, int ncols, int64_t n, float *out) {
-    DS4_QUANT_COLS_DISPATCH(dot_cols, w, x, n, out)
+    if (avx512_enabled()) {
+        DS4_QUANT_COLS_DISPATCH(dot_cols_avx512, w, x, n, out)
+    } else {
+        DS4_QUANT_COLS_DISPATCH(dot_cols, w, x, n, out)
+    }
 }
 
 }  // namespace ds4::quant::detail

@@ -3,6 +3,7 @@
 #include "engine/quant/quants.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -67,6 +68,17 @@ const Format &need(Type t, int64_t n, const char *what) {
 }
 
 }  // namespace
+
+namespace detail {
+bool &avx512_enabled() {
+    static bool on = [] {
+        if (const char *e = std::getenv("DS4_NO_AVX512"); e && *e && *e != '0') return false;
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+    }();
+    return on;
+}
+}  // namespace detail
 
 void dequantize_row(Type t, const void *src, float *dst, int64_t n) {
     const Format &f = need(t, n, "dequantize_row");

@@ -4,7 +4,9 @@
 //   F32, F16, BF16: plain.      Q8_0: 32 elems = f16 d + 32 x int8              (34 B)
 //   Q2_K: 256 elems, 84 B.      Q4_K: 256 elems, 144 B.      IQ2_XXS: 256 elems, 66 B.
 // Everything here works on rows; callers pass n = elements in the row (a multiple of the
-// block size). Kernels are AVX2 (x86-64-v3) with scalar reference versions used by tests.
+// block size). Kernels are AVX2 (x86-64-v3) with scalar reference versions used by tests;
+// the IQ2_XXS and Q2_K dots switch to AVX-512 variants at run time where the CPU has
+// AVX-512 F/BW/VL/DQ (bit-identical results; DS4_NO_AVX512=1 turns them off).
 #pragma once
 #include <cstddef>
 #include <cstdint>

@@ -225,26 +225,30 @@ TEST(Quant, Q8_0QuantizerMatchesDefinition) {
     for (int i = 0; i < 32; ++i) EXPECT_EQ(y[0].qs[i], 0);
 }
 
-TEST(Quant, Iq2xxsAvx512MatchesAvx2) {
-    bool &on = ds4::quant::detail::iq2_xxs_avx512_enabled();
+TEST(Quant, Avx512PathsMatchAvx2) {
+    bool &on = ds4::quant::detail::avx512_enabled();
     if (!(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
           __builtin_cpu_supports("avx512dq")))
         GTEST_SKIP() << "no AVX-512 on this CPU";
     const bool saved = on;
-    std::mt19937 rng(21);
-    const int64_t n = 256 * 6, nrows = 7, ncols = 6;
-    const auto w = random_weights(Type::IQ2_XXS, nrows, n, Scale::Mixed, rng);
-    const size_t rb = row_size(Type::IQ2_XXS, n), xb = q::vec_dot_row_bytes(Type::IQ2_XXS, n);
-    std::vector<uint8_t> x(xb * ncols);
-    for (int64_t c = 0; c < ncols; ++c) {
-        const auto xf = gaussian(n, 1.f, rng);
-        q::quantize_activation(Type::IQ2_XXS, xf.data(), &x[c * xb], n);
+    for (Type t : {Type::IQ2_XXS, Type::Q2_K}) {
+        std::mt19937 rng(21);
+        const int64_t n = 256 * 6, nrows = 7, ncols = 6;
+        for (Scale s : {Scale::Normal, Scale::Mixed, Scale::Huge}) {
+            const auto w = random_weights(t, nrows, n, s, rng);
+            const size_t rb = row_size(t, n), xb = q::vec_dot_row_bytes(t, n);
+            std::vector<uint8_t> x(xb * ncols);
+            for (int64_t c = 0; c < ncols; ++c) {
+                const auto xf = gaussian(n, 1.f, rng);
+                q::quantize_activation(t, xf.data(), &x[c * xb], n);
+            }
+            std::vector<float> a(nrows * ncols), b(nrows * ncols);
+            on = false;
+            q::vec_dot_tile(t, w.data(), rb, nrows, x.data(), xb, ncols, n, a.data(), nrows);
+            on = true;
+            q::vec_dot_tile(t, w.data(), rb, nrows, x.data(), xb, ncols, n, b.data(), nrows);
+            for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << name(t) << " " << i;
+        }
     }
-    std::vector<float> a(nrows * ncols), b(nrows * ncols);
-    on = false;
-    q::vec_dot_tile(Type::IQ2_XXS, w.data(), rb, nrows, x.data(), xb, ncols, n, a.data(), nrows);
-    on = true;
-    q::vec_dot_tile(Type::IQ2_XXS, w.data(), rb, nrows, x.data(), xb, ncols, n, b.data(), nrows);
     on = saved;
-    for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << i;
 }
