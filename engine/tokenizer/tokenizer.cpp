@@ -83,7 +83,10 @@ class WordCache {
 public:
     void begin_text() {
         if (slots_.empty()) slots_.resize(kSlots);
-        ++gen_;
+        if (++gen_ == 0) {   // wrapped: retire everything explicitly
+            for (Slot &s : slots_) s.gen = 0;
+            gen_ = 1;
+        }
     }
 
     bool lookup(std::string_view w, std::vector<int32_t> &out) const {
@@ -144,7 +147,8 @@ struct Tokenizer::Impl {
     }
 
     void bpe(std::string_view word, std::vector<int32_t> &out) const;
-    void encode_plain(std::string_view text, std::vector<int32_t> &out) const;
+    // The cache must have been started (begin_text) by the public entry point.
+    void encode_plain(std::string_view text, WordCache &cache, std::vector<int32_t> &out) const;
     void encode_block(std::string_view text, WordCache &cache, std::vector<int32_t> &out) const;
 };
 
@@ -219,9 +223,7 @@ static size_t next_block_end(std::string_view text, size_t from) {
     return text.size();
 }
 
-void Tokenizer::Impl::encode_plain(std::string_view text, std::vector<int32_t> &out) const {
-    WordCache &cache = word_cache();
-    cache.begin_text();
+void Tokenizer::Impl::encode_plain(std::string_view text, WordCache &cache, std::vector<int32_t> &out) const {
     for (size_t at = 0; at < text.size();) {
         size_t end = next_block_end(text, at);
         encode_block(text.substr(at, end - at), cache, out);
@@ -322,16 +324,22 @@ Tokenizer Tokenizer::from_hf_json(const std::string &path) { return from_vocab(r
 
 Tokenizer Tokenizer::byte_fallback(int n_vocab) { return from_vocab(fallback_vocab(n_vocab)); }
 
-void Tokenizer::encode(std::string_view text, std::vector<int32_t> &out) const { impl_->encode_plain(text, out); }
+void Tokenizer::encode(std::string_view text, std::vector<int32_t> &out) const {
+    WordCache &cache = word_cache();
+    cache.begin_text();
+    impl_->encode_plain(text, cache, out);
+}
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
     std::vector<int32_t> out;
     out.reserve(text.size() / 3 + 1);
-    impl_->encode_plain(text, out);
+    encode(text, out);
     return out;
 }
 
 void Tokenizer::encode_special(std::string_view text, std::vector<int32_t> &out) const {
+    WordCache &cache = word_cache();
+    cache.begin_text();
     size_t seg = 0, pos = 0;
     while (pos < text.size()) {
         auto [id, len] = impl_->specials.match(text, pos);
@@ -339,12 +347,12 @@ void Tokenizer::encode_special(std::string_view text, std::vector<int32_t> &out)
             ++pos;
             continue;
         }
-        impl_->encode_plain(text.substr(seg, pos - seg), out);
+        impl_->encode_plain(text.substr(seg, pos - seg), cache, out);
         out.push_back(id);
         pos += len;
         seg = pos;
     }
-    impl_->encode_plain(text.substr(seg), out);
+    impl_->encode_plain(text.substr(seg), cache, out);
 }
 
 std::vector<int32_t> Tokenizer::encode_special(std::string_view text) const {
