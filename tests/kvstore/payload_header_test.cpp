@@ -217,6 +217,20 @@ TEST(PayloadHeader, EveryBitFlipInHeaderAndTokensIsRejected) {
     }
 }
 
+// tests/kvstore/corpus/three_tokens was written by a separate Python encoder.
+TEST(PayloadHeader, DecodesAPayloadWrittenByAnIndependentEncoder) {
+    const auto p = kvstore::testing::read_file(DS4_KVSTORE_CORPUS_DIR "/three_tokens");
+    ASSERT_EQ(p.size(), 52u + 12u + 40u);
+    Header h;
+    std::vector<int32_t> t;
+    std::string err;
+    ASSERT_TRUE(decode_payload(p.data(), p.size(), &h, &t, &err)) << err;
+    EXPECT_EQ(t, (std::vector<int32_t>{1, 2, 999}));
+    EXPECT_EQ(h.fingerprint, 0x0123456789ABCDEFull);
+    EXPECT_EQ(h.tail_bytes, 40u);
+    EXPECT_EQ(h.n_vocab, 1000u);
+}
+
 TEST(PayloadHeader, ReadsTokensFromAFileRange) {
     TempDir dir;
     const Header h = sample_header(3, 100);
