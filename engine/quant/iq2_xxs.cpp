@@ -297,6 +297,7 @@ void dot_cols(const uint8_t *wv, const void *const *xv, int64_t n, float *out) {
 // GCC 12 flags the intrinsics' own undefined-upper-half temporaries.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 
 DS4_AVX512 inline __m512i grid8(const long long *grid, const uint8_t *i) {
     const __m128i a = _mm_insert_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(grid + i[0])), grid[i[1]], 1);

@@ -144,6 +144,7 @@ void dot_cols(const uint8_t *wv, const void *const *xv, int64_t n, float *out) {
 #define DS4_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 
 template <int C>
 DS4_AVX512 void dot_cols_avx512(const uint8_t *wv, const void *const *xv, int64_t n, float *out) {
