@@ -154,7 +154,10 @@ Status Store::Impl::recover() {
             condemned.push_back(e);
             ++report.entries_quarantined;
         } else if (!s) {
-            return {s.code(), "recovery: " + s.message()};
+            // Not proof of damage (e.g. a transient EIO): keep the entry; a load checks it
+            // again and reports the error to whoever asks for it.
+            log("recovery could not check " + payload_file_name(e.rec.file_id) + ": " + s.message());
+            live.insert(e.rec.file_id);
         } else {
             live.insert(e.rec.file_id);
         }

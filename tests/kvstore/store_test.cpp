@@ -242,6 +242,23 @@ TEST_F(StoreTest, QuickRecoveryLeavesTailDamageToTheLoadCheck) {
     EXPECT_EQ(s->load("a", &lp).code(), Code::kCorrupt);
 }
 
+TEST_F(StoreTest, ReadErrorDuringRecoveryIsNotTakenForCorruption) {
+    const auto a = make_payload(1, 10, 50000);
+    {
+        auto s = open_store();
+        ASSERT_TRUE(s->save("a", a.data(), a.size()));
+    }
+    faulty->fail(Op::kRead, EIO);
+    auto s = open_store();
+    EXPECT_EQ(faulty->calls(Op::kRead), 1);
+    EXPECT_EQ(s->recovery_report().entries_quarantined, 0);
+    EXPECT_TRUE(logged("could not check"));
+    faulty->fail(Op::kRead, EIO);
+    LoadedPayload lp;
+    EXPECT_EQ(s->load("a", &lp).code(), Code::kIoError);
+    expect_loads(*s, "a", a);  // the entry was kept and serves once the disk reads again
+}
+
 TEST_F(StoreTest, RecoveryRemovesTempAndOrphanFiles) {
     const auto a = make_payload(1, 10, 5000);
     {
