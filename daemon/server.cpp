@@ -8,6 +8,7 @@
 #include <cstring>
 #include <unordered_map>
 #include <unordered_set>
+#include <vector>
 
 #include "daemon/log.h"
 #include "daemon/replies.h"
@@ -269,33 +270,39 @@ struct Server::Impl {
     static void on_async(uv_async_t *a) {
         Impl *self = static_cast<Impl *>(a->data);
         std::vector<Outgoing> batch = self->out.take();
-        // Group per connection, keeping order, so each connection gets one writev.
-        std::unordered_map<uint64_t, std::pair<std::vector<Frame>, size_t>> per_conn;
-        std::vector<uint64_t> order;
+        // Group per connection, keeping order, so each connection gets one writev. A batch
+        // rarely spans more than a few connections: a linear scan beats a map here.
+        struct Slot {
+            Conn *conn;
+            std::vector<Frame> frames;
+            size_t bytes = 0;
+        };
+        std::vector<Slot> slots;
         bool done = false;
         for (Outgoing &o : batch) {
             if (o.conn == 0) {
                 done = true;
                 continue;
             }
-            auto it = self->conns.find(o.conn);
-            if (it == self->conns.end()) continue;
-            if (o.final) it->second->inflight.erase(o.request_id);
-            auto &slot = per_conn[o.conn];
-            if (slot.first.empty()) order.push_back(o.conn);
-            slot.second += o.bytes.size();
-            slot.first.push_back(std::move(o.bytes));
+            Slot *slot = nullptr;
+            for (auto &s : slots)
+                if (s.conn->id == o.conn) slot = &s;
+            if (!slot) {
+                auto it = self->conns.find(o.conn);
+                if (it == self->conns.end()) continue;  // closed: its accounting died with it
+                slots.push_back(Slot{it->second.get(), {}, 0});
+                slot = &slots.back();
+            }
+            if (o.final) slot->conn->inflight.erase(o.request_id);
+            slot->bytes += o.bytes.size();
+            slot->frames.push_back(std::move(o.bytes));
         }
-        for (uint64_t id : order) {
-            auto it = self->conns.find(id);
-            if (it == self->conns.end()) continue;
-            auto &slot = per_conn[id];
-            Conn *c = it->second.get();
-            if (c->closing) {
-                c->shared->queued_bytes.fetch_sub(slot.second, std::memory_order_acq_rel);
+        for (Slot &s : slots) {
+            if (s.conn->closing) {
+                s.conn->shared->queued_bytes.fetch_sub(s.bytes, std::memory_order_acq_rel);
                 continue;
             }
-            self->write_frames(c, std::move(slot.first), slot.second);
+            self->write_frames(s.conn, std::move(s.frames), s.bytes);
         }
         if (done) self->on_worker_done();
     }

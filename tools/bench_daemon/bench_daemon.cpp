@@ -1,0 +1,340 @@
+// ds4-bench-daemon: what the daemon adds on top of the engine. Starts a ds4d on a private
+// socket (or uses a running one), then measures the same work twice, once through the
+// socket with libds4client and once in this process through the bridge:
+//   - request round trip: a short Tokenize request vs the tokenizer call;
+//   - per-token streaming cost: a greedy generation of N tokens vs the same argmax/eval
+//     loop in process; the difference per token is what the daemon costs a stream;
+//   - time to first token for a short prompt.
+// Each figure is the median of --reps runs. Both sides use the same thread count. Wall
+// times depend on how busy the machine is (every hop is a thread wake-up); the CPU figures
+// (all threads of ds4d from /proc, plus this process) show the work itself.
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bridge/ds4.hpp"
+#include "client/ds4client.hpp"
+
+#ifndef DS4D_DEFAULT_PATH
+#define DS4D_DEFAULT_PATH "ds4d"
+#endif
+
+extern "C" char **environ;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double us_since(Clock::time_point t0) {
+    return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+}
+
+// CPU time of every thread of pid, in microseconds (/proc/PID/task/*/schedstat: ns on CPU).
+double proc_cpu_us(pid_t pid) {
+    double total = 0;
+    std::error_code ec;
+    for (const auto &t : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
+        FILE *f = std::fopen((t.path() / "schedstat").c_str(), "r");
+        if (!f) continue;
+        unsigned long long ns = 0;
+        if (std::fscanf(f, "%llu", &ns) == 1) total += double(ns) / 1000.0;
+        std::fclose(f);
+    }
+    return total;
+}
+
+double self_cpu_us() {
+    timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return double(ts.tv_sec) * 1e6 + double(ts.tv_nsec) / 1e3;
+}
+
+double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+struct Args {
+    std::string model, ds4d = DS4D_DEFAULT_PATH, socket;
+    int tokens = 256, reps = 5, rtt_iters = 2000, threads = 1, prompt_tokens = 32;
+    bool json = false;
+};
+
+[[noreturn]] void usage(int rc) {
+    std::fprintf(rc ? stderr : stdout,
+                 "usage: ds4-bench-daemon --model M.gguf [--ds4d PATH | --socket PATH] [--tokens N] [--reps N]\n"
+                 "                        [--rtt-iters N] [--threads N] [--prompt-tokens N] [--json]\n"
+                 "\n"
+                 "Measures ds4d's overhead against the bridge called in process: request round trip\n"
+                 "(Tokenize), per-token streaming cost (greedy generation of --tokens tokens) and time\n"
+                 "to first token. Without --socket it starts its own ds4d (default %s) with\n"
+                 "--threads N --backend cpu on a private socket; with --socket the running daemon's\n"
+                 "model must be --model and use the same thread count for the comparison to mean much.\n",
+                 DS4D_DEFAULT_PATH);
+    std::exit(rc);
+}
+
+Args parse(int argc, char **argv) {
+    Args a;
+    for (int i = 1; i < argc; ++i) {
+        std::string s = argv[i];
+        auto val = [&]() -> std::string {
+            if (i + 1 >= argc) usage(2);
+            return argv[++i];
+        };
+        auto num = [&]() {
+            std::string v = val();
+            char *end = nullptr;
+            long n = std::strtol(v.c_str(), &end, 10);
+            if (v.empty() || *end || n < 1 || n > 10000000) {
+                std::fprintf(stderr, "ds4-bench-daemon: %s needs a positive integer, got \"%s\"\n", s.c_str(), v.c_str());
+                std::exit(2);
+            }
+            return int(n);
+        };
+        if (s == "--model") a.model = val();
+        else if (s == "--ds4d") a.ds4d = val();
+        else if (s == "--socket") a.socket = val();
+        else if (s == "--tokens") a.tokens = num();
+        else if (s == "--reps") a.reps = num();
+        else if (s == "--rtt-iters") a.rtt_iters = num();
+        else if (s == "--threads") a.threads = num();
+        else if (s == "--prompt-tokens") a.prompt_tokens = num();
+        else if (s == "--json") a.json = true;
+        else if (s == "-h" || s == "--help") usage(0);
+        else {
+            std::fprintf(stderr, "ds4-bench-daemon: unknown argument \"%s\"\n", s.c_str());
+            usage(2);
+        }
+    }
+    if (a.model.empty()) {
+        std::fprintf(stderr, "ds4-bench-daemon: --model is required\n");
+        usage(2);
+    }
+    return a;
+}
+
+// A private ds4d for the run.
+struct OwnDaemon {
+    pid_t pid = -1;
+    std::string dir, socket;
+    ~OwnDaemon() {
+        if (pid > 0) {
+            kill(pid, SIGTERM);
+            waitpid(pid, nullptr, 0);
+        }
+        if (!dir.empty()) std::filesystem::remove_all(dir);
+    }
+    void start(const Args &a) {
+        char tmpl[] = "/tmp/ds4-bench-daemon-XXXXXX";
+        if (!mkdtemp(tmpl)) throw std::runtime_error("mkdtemp failed");
+        dir = tmpl;
+        socket = dir + "/ds4.sock";
+        const std::string log = dir + "/ds4d.log";
+        std::vector<std::string> argv = {a.ds4d, "--model", a.model, "--socket", socket, "--backend", "cpu",
+                                         "--threads", std::to_string(a.threads)};
+        std::vector<char *> av;
+        for (auto &s : argv) av.push_back(s.data());
+        av.push_back(nullptr);
+        posix_spawn_file_actions_t fa;
+        posix_spawn_file_actions_init(&fa);
+        posix_spawn_file_actions_addopen(&fa, 2, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        int rc = posix_spawn(&pid, av[0], &fa, nullptr, av.data(), environ);
+        posix_spawn_file_actions_destroy(&fa);
+        if (rc != 0) throw std::runtime_error("cannot start " + a.ds4d + " (use --ds4d PATH)");
+        const auto deadline = Clock::now() + std::chrono::seconds(120);
+        while (Clock::now() < deadline) {
+            int st = 0;
+            if (waitpid(pid, &st, WNOHANG) == pid) {
+                pid = -1;
+                throw std::runtime_error("ds4d exited during start-up; see " + log);
+            }
+            try {
+                ds4::client::Client probe(socket, "bench-probe");
+                return;
+            } catch (const ds4::client::ConnectError &) {
+                std::this_thread::sleep_for(std::chrono::milliseconds(20));
+            }
+        }
+        throw std::runtime_error("ds4d did not listen within 120 s");
+    }
+};
+
+// The machine's floor: a one-byte ping-pong between two threads over a socketpair (two
+// wake-ups per round trip, as a daemon request has four).
+double thread_ping_pong_us(int iters) {
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) return 0;
+    std::thread echo([&] {
+        char b;
+        for (int i = 0; i < iters; ++i)
+            if (read(sv[1], &b, 1) != 1 || write(sv[1], &b, 1) != 1) return;
+    });
+    char b = 0;
+    auto t0 = Clock::now();
+    for (int i = 0; i < iters; ++i)
+        if (write(sv[0], &b, 1) != 1 || read(sv[0], &b, 1) != 1) break;
+    const double us = us_since(t0) / iters;
+    echo.join();
+    close(sv[0]);
+    close(sv[1]);
+    return us;
+}
+
+std::vector<int32_t> make_prompt(int n, int vocab, int salt) {
+    std::vector<int32_t> p;
+    uint64_t x = 0x9E3779B97F4A7C15ull * uint64_t(salt + 1);
+    for (int i = 0; i < n; ++i) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        p.push_back(int32_t(x % uint64_t(vocab)));
+    }
+    return p;
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+    Args a = parse(argc, argv);
+    try {
+        OwnDaemon own;
+        std::string socket = a.socket;
+        if (socket.empty()) {
+            own.start(a);
+            socket = own.socket;
+        }
+        ds4::client::Client client(socket, "ds4-bench-daemon");
+        ds4::ModelOptions mo;
+        mo.model_path = a.model;
+        mo.n_threads = a.threads;
+        ds4::Model model(mo);
+        const int vocab = model.vocab_size();
+        // The daemon's own context size, so both sides run the same session shape.
+        const int ctx = int(client.server_info().default_ctx);
+        if (a.prompt_tokens + a.tokens + 8 > ctx)
+            throw std::runtime_error("--prompt-tokens + --tokens exceed the daemon's context of " +
+                                     std::to_string(client.server_info().default_ctx));
+
+        // Request round trip: Tokenize of a short text.
+        const std::string text = "round trip";
+        for (int i = 0; i < 50; ++i) client.tokenize(text);
+        std::vector<double> rtt_socket, rtt_local, rtt_cpu;
+        for (int r = 0; r < a.reps; ++r) {
+            const double d0 = own.pid > 0 ? proc_cpu_us(own.pid) : 0, c0 = self_cpu_us();
+            auto t0 = Clock::now();
+            for (int i = 0; i < a.rtt_iters; ++i) client.tokenize(text);
+            rtt_socket.push_back(us_since(t0) / a.rtt_iters);
+            rtt_cpu.push_back(((own.pid > 0 ? proc_cpu_us(own.pid) - d0 : 0) + self_cpu_us() - c0) / a.rtt_iters);
+            t0 = Clock::now();
+            size_t sink = 0;
+            for (int i = 0; i < a.rtt_iters; ++i) sink += model.tokenize(text).size();
+            rtt_local.push_back(us_since(t0) / a.rtt_iters);
+            if (sink == 0) std::fprintf(stderr, "tokenizer returned nothing\n");
+        }
+
+        // Streaming: the same greedy generation through the daemon and in process. Each run
+        // uses a fresh prompt, so neither side reuses a cached prefix.
+        std::vector<double> tok_socket, tok_local, ttft_socket, ttft_local, cpu_daemon, cpu_client, cpu_local, prefill_daemon;
+        for (int r = 0; r < a.reps + 1; ++r) {  // run 0 warms both sides, not recorded
+            const auto prompt = make_prompt(a.prompt_tokens, vocab, 1000 + r);
+            ds4::client::GenerateRequest req;
+            req.kind = ds4::client::GenerateRequest::Prompt::Tokens;
+            req.tokens = prompt;
+            req.max_tokens = uint32_t(a.tokens);
+            req.ignore_eos = true;
+            Clock::time_point first{};
+            size_t got = 0;
+            ds4::client::GenerateCallbacks cb;
+            cb.on_chunk = [&](const ds4::client::Chunk &c) {
+                if (got == 0) first = Clock::now();
+                got += c.tokens.size();
+                return true;
+            };
+            const double d_cpu0 = own.pid > 0 ? proc_cpu_us(own.pid) : 0, c_cpu0 = self_cpu_us();
+            auto t0 = Clock::now();
+            const ds4::client::DoneInfo done = client.generate(req, cb);
+            const auto t_end = Clock::now();
+            const double d_cpu = own.pid > 0 ? proc_cpu_us(own.pid) - d_cpu0 : 0, c_cpu = self_cpu_us() - c_cpu0;
+            if (got != size_t(a.tokens)) throw std::runtime_error("daemon streamed " + std::to_string(got) + " tokens");
+
+            ds4::Session s(model, ctx);
+            const double l_cpu0 = self_cpu_us();
+            auto l0 = Clock::now();
+            s.sync(prompt);
+            int32_t t = s.argmax();
+            (void)model.token_text(t);
+            const auto l_first = Clock::now();
+            for (int i = 1; i < a.tokens; ++i) {
+                s.eval(t);
+                t = s.argmax();
+                (void)model.token_text(t);
+            }
+            const auto l_end = Clock::now();
+            const double l_cpu = self_cpu_us() - l_cpu0;
+            if (r == 0) continue;
+            prefill_daemon.push_back(double(done.prefill_us));
+            cpu_daemon.push_back(d_cpu / a.tokens);
+            cpu_client.push_back(c_cpu / a.tokens);
+            cpu_local.push_back(l_cpu / a.tokens);
+            const auto d = [](Clock::time_point x, Clock::time_point y) {
+                return std::chrono::duration<double, std::micro>(y - x).count();
+            };
+            ttft_socket.push_back(d(t0, first));
+            ttft_local.push_back(d(l0, l_first));
+            tok_socket.push_back(d(first, t_end) / (a.tokens - 1));
+            tok_local.push_back(d(l_first, l_end) / (a.tokens - 1));
+        }
+
+        std::vector<double> floor_v;
+        for (int r = 0; r < a.reps; ++r) floor_v.push_back(thread_ping_pong_us(a.rtt_iters));
+        const double pp = median(floor_v);
+        const double rs = median(rtt_socket), rl = median(rtt_local);
+        const double ts = median(tok_socket), tl = median(tok_local);
+        const double fs = median(ttft_socket), fl = median(ttft_local);
+        const double cd = median(cpu_daemon), cc = median(cpu_client), cl = median(cpu_local);
+        const bool have_cpu = own.pid > 0;
+        const double rc = median(rtt_cpu);
+        if (a.json) {
+            std::printf("{\"model\":\"%s\",\"threads\":%d,\"tokens\":%d,\"reps\":%d,"
+                        "\"rtt_socket_us\":%.2f,\"rtt_inprocess_us\":%.2f,\"rtt_overhead_us\":%.2f,"
+                        "\"token_socket_us\":%.2f,\"token_inprocess_us\":%.2f,\"token_overhead_us\":%.2f,"
+                        "\"ttft_socket_us\":%.1f,\"ttft_inprocess_us\":%.1f,"
+                        "\"cpu_per_token_daemon_us\":%.2f,\"cpu_per_token_client_us\":%.2f,"
+                        "\"cpu_per_token_inprocess_us\":%.2f,\"cpu_per_token_overhead_us\":%.2f,\"cpu_per_rtt_us\":%.2f,"
+                        "\"thread_ping_pong_us\":%.2f}\n",
+                        client.server_info().model.name.c_str(), a.threads, a.tokens, a.reps, rs, rl, rs - rl, ts, tl,
+                        ts - tl, fs, fl, cd, cc, cl, have_cpu ? cd + cc - cl : 0.0, have_cpu ? rc : 0.0, pp);
+        } else {
+            std::printf("model %s, %d thread(s), %d tokens per stream, %d-token prompts, median of %d runs\n",
+                        client.server_info().model.name.c_str(), a.threads, a.tokens, a.prompt_tokens, a.reps);
+            std::printf("%-28s %12s %12s %12s\n", "", "socket", "in-process", "overhead");
+            std::printf("%-28s %9.2f us %9.2f us %9.2f us\n", "request round trip", rs, rl, rs - rl);
+            std::printf("%-28s %9.2f us %9.2f us %9.2f us\n", "per streamed token", ts, tl, ts - tl);
+            std::printf("%-28s %9.1f us %9.1f us %9.1f us   (ds4d's prefill step: %.1f us)\n", "time to first token",
+                        fs, fl, fs - fl, median(prefill_daemon));
+            if (have_cpu)
+                std::printf("%-28s %9.2f us %9.2f us %9.2f us\n", "CPU per round trip", rc, rl, rc - rl);
+            if (have_cpu)
+                std::printf("%-28s %9.2f us %9.2f us %9.2f us   (ds4d %.2f + client %.2f)\n", "CPU per streamed token",
+                            cd + cc, cl, cd + cc - cl, cd, cc);
+            std::printf("machine floor: thread ping-pong over a socketpair %.2f us per round trip\n", pp);
+        }
+        return 0;
+    } catch (const std::exception &e) {
+        std::fprintf(stderr, "ds4-bench-daemon: %s\n", e.what());
+        return 1;
+    }
+}
