@@ -24,12 +24,14 @@ namespace {
 
 const char *kUsage =
     "usage: ds4-eval-loss -m MODEL.gguf --tokens-file F.i32 [--seq 512] [--n N] [--threads N]\n"
-    "                     [--ref-argmax F.i32] [--ref-nll F.f32] [--nll-out F.f32]\n"
+    "                     [--ref-argmax F.i32] [--ref-nll F.f32] [--nll-out F.f32] [--argmax-out F.i32]\n"
     "  --tokens-file  little-endian int32 token ids, row-major, rows of --seq tokens\n"
     "  --n            evaluate only the first N rows\n"
     "  --ref-argmax   reference argmax per position (int32, same layout as the tokens)\n"
     "  --ref-nll      reference loss per predicted position (float32, seq-1 per row)\n"
     "  --nll-out      write the engine's loss per predicted position (float32, seq-1 per row)\n"
+    "  --argmax-out   write the engine's argmax per position (int32; another model's run can\n"
+    "                 take it as --ref-argmax: a drafter's greedy agreement with the main model)\n"
     "Prints one JSON object: rows, positions, mean_loss, perplexity (+ agreement / gaps).\n";
 
 template <typename T>
@@ -45,6 +47,15 @@ std::vector<T> read_array(const std::string &path) {
     return v;
 }
 
+template <typename T>
+void write_array(const std::string &path, const std::vector<T> &v) {
+    FILE *f = std::fopen(path.c_str(), "wb");
+    if (!f) throw ds4::Error("cannot open " + path + ": " + std::strerror(errno));
+    bool ok = std::fwrite(v.data(), sizeof(T), v.size(), f) == v.size();
+    ok = (std::fclose(f) == 0) && ok;
+    if (!ok) throw ds4::Error("writing " + path + " failed");
+}
+
 int parse_int(const std::string &flag, const std::string &s, int lo) {
     char *end = nullptr;
     errno = 0;
@@ -56,7 +67,7 @@ int parse_int(const std::string &flag, const std::string &s, int lo) {
 }  // namespace
 
 int main(int argc, char **argv) {
-    std::string model, tokens_file, ref_argmax, ref_nll, nll_out;
+    std::string model, tokens_file, ref_argmax, ref_nll, nll_out, argmax_out;
     int seq = 512, n_rows = 0, threads = 0;
     try {
         for (int i = 1; i < argc; ++i) {
@@ -73,6 +84,7 @@ int main(int argc, char **argv) {
             else if (a == "--ref-argmax") ref_argmax = val();
             else if (a == "--ref-nll") ref_nll = val();
             else if (a == "--nll-out") nll_out = val();
+            else if (a == "--argmax-out") argmax_out = val();
             else if (a == "-h" || a == "--help") {
                 std::fputs(kUsage, stdout);
                 return 0;
@@ -105,6 +117,8 @@ int main(int argc, char **argv) {
         long agree = 0, compared = 0;
         std::vector<float> nll_all;
         nll_all.reserve((size_t)rows * (seq - 1));
+        std::vector<int32_t> argmax_all;
+        argmax_all.reserve((size_t)rows * seq);
         std::vector<float> logits;
         for (int r = 0; r < rows; ++r) {
             std::span<const int32_t> row(toks.data() + (size_t)r * seq, (size_t)seq);
@@ -115,6 +129,7 @@ int main(int argc, char **argv) {
             for (int i = 0; i < seq; ++i) {
                 const float *l = logits.data() + (size_t)i * V;
                 const int am = (int)(std::max_element(l, l + V) - l);
+                argmax_all.push_back(am);
                 if (!ref_arg.empty()) {
                     agree += am == ref_arg[(size_t)r * seq + i];
                     ++compared;
@@ -144,13 +159,8 @@ int main(int argc, char **argv) {
                         (mean - ref_mean) / ref_mean, max_gap);
         }
         std::printf("}\n");
-        if (!nll_out.empty()) {
-            FILE *f = std::fopen(nll_out.c_str(), "wb");
-            if (!f) throw ds4::Error("cannot open " + nll_out + ": " + std::strerror(errno));
-            bool ok = std::fwrite(nll_all.data(), sizeof(float), nll_all.size(), f) == nll_all.size();
-            ok = (std::fclose(f) == 0) && ok;
-            if (!ok) throw ds4::Error("writing " + nll_out + " failed");
-        }
+        if (!nll_out.empty()) write_array(nll_out, nll_all);
+        if (!argmax_out.empty()) write_array(argmax_out, argmax_all);
     } catch (const std::exception &e) {
         std::fprintf(stderr, "ds4-eval-loss: %s\n%s", e.what(), kUsage);
         return 1;
