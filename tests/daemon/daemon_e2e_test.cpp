@@ -354,6 +354,26 @@ TEST_F(DaemonE2E, AnonymousSessionsArePrivateToTheirConnection) {
     EXPECT_THROW(a.generate(token_request(prompt, 2, true, s.id)), ds4::client::ServerError);
 }
 
+TEST_F(DaemonE2E, GenerationStopsWhenTheSessionContextIsFull) {
+    Client c(sock());
+    auto s = c.open_session("", 64);
+    EXPECT_EQ(s.ctx, 64u);
+    auto prompt = unique_prompt(10, 30);
+    Got g = collect(c, token_request(prompt, 1000, true, s.id));
+    EXPECT_EQ(g.done.reason, FinishReason::Context);
+    // The first token needs no evaluation; each later one evaluates its predecessor.
+    EXPECT_EQ(g.tokens.size(), 64u - 10u + 1u);
+    Ref r = fresh();
+    EXPECT_EQ(g.tokens, ref_generate(r, prompt, uint32_t(g.tokens.size()), true).tokens);
+    try {
+        c.generate(token_request({1, 2, 3}, 5, true, s.id));
+        FAIL() << "a full session accepted more tokens";
+    } catch (const ds4::client::ServerError &e) {
+        EXPECT_EQ(e.code, int(fb::ErrorCode::ContextOverflow));
+    }
+    EXPECT_THROW(c.open_session("", 8), ds4::client::ServerError) << "context below 16";
+}
+
 TEST_F(DaemonE2E, CancelEndsTheRequestAndTheConnectionKeepsWorking) {
     Client c(sock());
     auto prompt = unique_prompt(8, 2);
@@ -588,6 +608,54 @@ TEST_F(DaemonE2E, DecodeStepsOfConcurrentRequestsInterleave) {
     EXPECT_GE(inside, longp.progress.size() / 2) << "the streams stalled while the long prompt was prefilled";
 }
 
+TEST_F(DaemonE2E, StopStringsStopTokensAndSeededSampling) {
+    auto prompt = unique_prompt(7, 20);
+    Ref r = fresh();
+    RefOut free_run = ref_generate(r, prompt, 12, true);
+    ASSERT_EQ(free_run.tokens.size(), 12u);
+    Client c(sock());
+
+    // A stop string: the text of a later token. Streaming stops at the token that completes
+    // it, and the text ends right before it.
+    size_t k = 3;
+    while (k < free_run.tokens.size() && model->token_text(free_run.tokens[k]).empty()) ++k;
+    ASSERT_LT(k, free_run.tokens.size());
+    const std::string stop = model->token_text(free_run.tokens[k]);
+    size_t j = 0;
+    std::string upto;
+    for (; j < free_run.tokens.size(); ++j) {
+        upto = model->detokenize(std::span<const int32_t>(free_run.tokens.data(), j + 1));
+        if (upto.find(stop) != std::string::npos) break;
+    }
+    GenerateRequest req = token_request(prompt, 12, true);
+    req.stop_strings = {stop};
+    Got g = collect(c, req);
+    EXPECT_EQ(g.done.reason, FinishReason::StopString);
+    EXPECT_EQ(g.tokens, std::vector<int32_t>(free_run.tokens.begin(), free_run.tokens.begin() + ptrdiff_t(j + 1)));
+    EXPECT_EQ(g.text, upto.substr(0, upto.find(stop)));
+
+    // A stop token: not streamed, reported in Done.
+    const int32_t st = free_run.tokens[4];
+    const size_t first = size_t(std::find(free_run.tokens.begin(), free_run.tokens.end(), st) - free_run.tokens.begin());
+    req = token_request(prompt, 12, true);
+    req.stop_tokens = {st};
+    g = collect(c, req);
+    EXPECT_EQ(g.done.reason, FinishReason::Stop);
+    EXPECT_EQ(g.done.stop_token, st);
+    EXPECT_EQ(g.tokens, std::vector<int32_t>(free_run.tokens.begin(), free_run.tokens.begin() + ptrdiff_t(first)));
+
+    // Sampling with a seed is reproducible, across connections too.
+    req = token_request(unique_prompt(7, 21), 16, true);
+    req.temperature = 0.9f;
+    req.top_k = 40;
+    req.seed = 1234;
+    Got s1 = collect(c, req);
+    Client other(sock());
+    Got s2 = collect(other, req);
+    EXPECT_EQ(s1.tokens, s2.tokens);
+    EXPECT_EQ(s1.tokens.size(), 16u);
+}
+
 TEST_F(DaemonE2E, StatsCountTheWork) {
     Client c(sock());
     auto before = c.stats();
@@ -742,7 +810,37 @@ TEST_F(DaemonE2E, StaleSocketIsReplacedAndSigtermMidStreamExitsCleanly) {
 TEST_F(DaemonE2E, SlowReaderIsPausedNotBuffered) {
     Daemon d;
     const std::string path = dir->path + "/bp.sock";
-    ASSERT_EQ(d.start(DS4D_PATH, model_path, path, dir->path + "/bp.log", {"--queue-bytes", "4096"}), "");
+    ASSERT_EQ(d.start(DS4D_PATH, model_path, path, dir->path + "/bp.log", {"--queue-bytes", "4096", "--max-sessions", "2"}), "");
+    {
+        // The session limit, on the same private daemon.
+        Client c(path);
+        c.open_session("one");
+        c.open_session("two");
+        EXPECT_EQ(c.open_session("one").created, false) << "reopening is not a new session";
+        try {
+            c.open_session("three");
+            FAIL() << "--max-sessions 2 let a third session in";
+        } catch (const ds4::client::ServerError &e) {
+            EXPECT_EQ(e.code, int(fb::ErrorCode::SessionLimit));
+        }
+        RawConn raw(path);
+        ASSERT_TRUE(raw.hello());
+        raw.send(frame([](auto &fbb) { ds4::ipc::finish_frame(fbb, 5, fb::CreateDeleteSessionDirect(fbb, "two")); }));
+        const fb::Envelope *e = raw.next();
+        ASSERT_TRUE(e);
+        EXPECT_EQ(e->body_type(), fb::Message::Ok);
+        EXPECT_TRUE(c.open_session("three").created);
+        c.close_session(c.open_session("three").id);  // named: Close keeps it
+        EXPECT_FALSE(c.open_session("three").created);
+        raw.send(frame([](auto &fbb) { ds4::ipc::finish_frame(fbb, 6, fb::CreateDeleteSessionDirect(fbb, "one")); }));
+        raw.send(frame([](auto &fbb) { ds4::ipc::finish_frame(fbb, 7, fb::CreateDeleteSessionDirect(fbb, "three")); }));
+        for (int i = 0; i < 2; ++i) {
+            e = raw.next();
+            ASSERT_TRUE(e);
+            EXPECT_EQ(e->body_type(), fb::Message::Ok);
+        }
+        EXPECT_EQ(c.stats().sessions, 0u);
+    }
     RawConn slow(path);
     ASSERT_TRUE(slow.hello());
     int small = 4096;
