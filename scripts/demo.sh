@@ -17,7 +17,7 @@ if [ -z "$MODEL" ]; then
     [ -f "$MODEL" ] || { mkdir -p "$B/models"; "$B/bin/ds4-make-model" --preset tiny --quiet "$MODEL"; }
   fi
 fi
-PROMPT=${1:-$'def fibonacci(n):\n'}
+PROMPT=${1:-$'def fibonacci(n):\n    if n'}
 
 SOCK=$(mktemp -u /tmp/ds4-demo-XXXXXX.sock)
 "$B/bin/ds4d" --model "$MODEL" --socket "$SOCK" --ctx 1024 2>"$B/ds4d-demo.log" &

@@ -20,4 +20,4 @@ fi
 BUILD_DIR=${DS4_BUILD_DIR:-build}
 JOBS=${DS4_JOBS:-$(nproc)}
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null
-cmake --build "$BUILD_DIR" -j "$JOBS"
+cmake --build "$BUILD_DIR" -j "$JOBS" >&2
