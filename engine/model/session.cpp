@@ -266,13 +266,35 @@ std::vector<std::pair<int, float>> Session::top_logprobs(int n) const {
 // Layout (little-endian): "DS4T", u32 version, u32 n_layer, u32 head_dim, u32 n_vocab,
 // u64 n_tokens, u32 has_logits; then per layer: the K=V rows of positions
 // [max(0, n-W+1), n); per compressor (main, then indexer): kv and gate projections of
-// positions [needed_from(n), n) and the n/ratio entries; finally n_vocab logits. All
-// counts follow from n and the model, so the size must match exactly.
+// positions [needed_from(n), n) and the n/ratio entries; then n_vocab logits; finally a
+// u64 checksum of everything before it (the host's header CRC covers only header and
+// tokens, and a flipped bit in the caches must not load silently). All counts follow
+// from n and the model, so the size must match exactly.
 
 namespace {
 
 constexpr uint32_t kTailMagic = 0x54345344;   // "DS4T"
-constexpr uint32_t kTailVersion = 1;
+constexpr uint32_t kTailVersion = 2;
+
+// 64-bit checksum over 8-byte words (multiply + rotate per word, several GB/s); the tail
+// is always a multiple of 4 bytes, a last half word is padded with zeros.
+uint64_t tail_checksum(const uint8_t *p, size_t n) {
+    uint64_t h = 0x9e3779b97f4a7c15ull ^ n;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        std::memcpy(&w, p + i, 8);
+        h = (h ^ (w * 0xff51afd7ed558ccdull)) * 0xc4ceb9fe1a85ec53ull;
+        h = (h << 27) | (h >> 37);
+    }
+    if (i < n) {
+        uint64_t w = 0;
+        std::memcpy(&w, p + i, n - i);
+        h = (h ^ (w * 0xff51afd7ed558ccdull)) * 0xc4ceb9fe1a85ec53ull;
+    }
+    h ^= h >> 33;
+    return h * 0xff51afd7ed558ccdull ^ (h >> 29);
+}
 
 struct Out {
     std::vector<uint8_t> &b;
@@ -302,7 +324,7 @@ struct In {
 uint64_t Session::tail_bytes() const {
     const ModelConfig &c = m_.config();
     const int64_t n = pos();
-    uint64_t b = 4 * 5 + 8 + 4;
+    uint64_t b = 4 * 5 + 8 + 4 + 8;
     for (int l = 0; l < c.n_layer; ++l) {
         const LayerState &L = impl_->layers[l];
         b += (uint64_t)(n - std::max<int64_t>(0, n - c.sliding_window + 1)) * c.head_dim * 4;
@@ -341,6 +363,7 @@ std::vector<uint8_t> Session::save_tail() const {
         }
     }
     o.raw(logits_.data(), logits_.size() * 4);
+    o.pod(tail_checksum(buf.data(), buf.size()));
     return buf;
 }
 
@@ -362,7 +385,7 @@ void Session::load_tail(const uint8_t *data, size_t size, std::span<const int32_
     check_tokens(toks);
     // Size check against a shadow with pos() = n before touching anything.
     {
-        uint64_t want = 4 * 5 + 8 + 4;
+        uint64_t want = 4 * 5 + 8 + 4 + 8;
         for (int l = 0; l < c.n_layer; ++l) {
             const LayerState &L = impl_->layers[l];
             want += (uint64_t)(n - std::max<int64_t>(0, (int64_t)n - c.sliding_window + 1)) * c.head_dim * 4;
@@ -374,6 +397,11 @@ void Session::load_tail(const uint8_t *data, size_t size, std::span<const int32_
         want += (uint64_t)c.n_vocab * 4;
         if (want != size)
             failf("session tail has %zu bytes, expected %llu for %llu tokens", size, (unsigned long long)want, (unsigned long long)n);
+    }
+    {
+        uint64_t stored;
+        std::memcpy(&stored, data + size - 8, 8);
+        if (stored != tail_checksum(data, size - 8)) fail("session tail: checksum mismatch (the payload is corrupt)");
     }
     // Validated: now mutate.
     ++generation_;

@@ -331,8 +331,10 @@ int main(int argc, char **argv) {
         write_file(path2, good, n);
         CHECK_ERR(ds4_bridge_session_load_payload(b, path2, err, errlen), "version");
         good[4] = 3;
-        good[n - 3] ^= 0x40; /* corrupt logits in the tail are not detectable by the header crc... */
-        good[n - 3] ^= 0x40;
+        good[n - 20] ^= 0x40; /* a flipped bit in the engine tail: caught by the tail checksum */
+        write_file(path2, good, n);
+        CHECK_ERR(ds4_bridge_session_load_payload(b, path2, err, errlen), "checksum");
+        good[n - 20] ^= 0x40;
         CHECK_ERR(ds4_bridge_session_load_payload(b, "/nonexistent/x", err, errlen), "nonexistent");
         CHECK_ERR(ds4_bridge_session_load_payload(NULL, path, err, errlen), "NULL");
         CHECK_ERR(ds4_bridge_session_load_payload(b, NULL, err, errlen), "empty");

@@ -152,6 +152,9 @@ TEST_F(SessionTest, CorruptTailIsRejectedWithoutStateChange) {
     bad = tail;
     bad[4] = 99;
     EXPECT_THROW(b.load_tail(bad.data(), bad.size(), toks(20)), ds4::Error);          // version
+    bad = tail;
+    bad[bad.size() / 2] ^= 0x04;   // a flipped bit inside the cached rows
+    EXPECT_THROW(b.load_tail(bad.data(), bad.size(), toks(20)), ds4::Error);
     Session small(*model, 16);
     EXPECT_THROW(small.load_tail(tail.data(), tail.size(), toks(20)), ds4::Error);    // does not fit
     EXPECT_EQ(b.generation(), gen);
