@@ -13,7 +13,8 @@ namespace fbx = ds4::ipc::fb;
 static_assert(DS4C_SERVER_BAD_FRAME == int(fbx::ErrorCode::BadFrame));
 static_assert(DS4C_SERVER_UNKNOWN_SESSION == int(fbx::ErrorCode::UnknownSession));
 static_assert(DS4C_SERVER_CONTEXT_OVERFLOW == int(fbx::ErrorCode::ContextOverflow));
-static_assert(DS4C_SERVER_BUSY == int(fbx::ErrorCode::Busy) && fbx::ErrorCode::Busy == fbx::ErrorCode::MAX);
+static_assert(DS4C_SERVER_BUSY == int(fbx::ErrorCode::Busy));
+static_assert(DS4C_SERVER_NO_STORE == int(fbx::ErrorCode::NoStore) && fbx::ErrorCode::NoStore == fbx::ErrorCode::MAX);
 static_assert(DS4C_FINISH_CANCELLED == int(fbx::FinishReason::Cancelled) && fbx::FinishReason::Cancelled == fbx::FinishReason::MAX);
 static_assert(DS4C_FINISH_STOP_STRING == int(fbx::FinishReason::StopString));
 

@@ -44,10 +44,17 @@ std::string usage_text() {
            "                         /exit or end of input leaves\n"
            "  stats                  the daemon's statistics\n"
            "  tokenize TEXT          the token ids of TEXT, space-separated\n"
+           "  sessions list          stored and live named sessions: name, tokens, bytes on disk,\n"
+           "                         last use, pinned, live (held in daemon memory)\n"
+           "  sessions save NAME     make NAME's current state durable now (it is also saved after\n"
+           "                         every turn and when ds4d stops)\n"
+           "  sessions delete NAME   forget NAME, in memory and on disk\n"
+           "  sessions pin NAME [--unpin]   exempt NAME from the store's eviction (or end that)\n"
            "\n"
            "Options of run and chat:\n"
            "  --session NAME         append to the named session's conversation (created if new) and\n"
-           "                         reuse its state; without it, run uses a one-shot session\n"
+           "                         reuse its state; without it, run uses a one-shot session. Named\n"
+           "                         sessions persist across ds4d restarts when it has a state dir\n"
            "  --max-tokens N         stop after N generated tokens (default 256)\n"
            "  --temperature T        sampling temperature; 0 (default) is greedy\n"
            "  --top-k K, --top-p P, --min-p P   sampling filters (default off)\n"
@@ -86,6 +93,7 @@ CliArgs parse_cli(int argc, const char *const *argv) {
                 else if (arg == "chat") a.command = CliArgs::Command::Chat;
                 else if (arg == "stats") a.command = CliArgs::Command::Stats;
                 else if (arg == "tokenize") a.command = CliArgs::Command::Tokenize;
+                else if (arg == "sessions") a.command = CliArgs::Command::Sessions;
                 else if (arg == "help") a.command = CliArgs::Command::Help;
                 else throw UsageError("unknown command \"" + arg + "\"");
                 have_command = true;
@@ -105,6 +113,10 @@ CliArgs parse_cli(int argc, const char *const *argv) {
         if (arg == "--socket") {
             a.socket = value(i, arg);
             if (a.socket.empty()) throw UsageError("--socket needs a path");
+            continue;
+        }
+        if (have_command && a.command == CliArgs::Command::Sessions && arg == "--unpin") {
+            a.unpin = true;
             continue;
         }
         const bool gen = have_command && (a.command == CliArgs::Command::Run || a.command == CliArgs::Command::Chat);
@@ -145,6 +157,20 @@ CliArgs parse_cli(int argc, const char *const *argv) {
             throw UsageError(std::string(a.command == CliArgs::Command::Run ? "run needs a PROMPT" : "tokenize needs TEXT"));
         for (size_t i = 0; i < positional.size(); ++i) a.prompt += (i ? " " : "") + positional[i];
         break;
+    case CliArgs::Command::Sessions: {
+        const std::string op = positional.empty() ? "list" : positional[0];
+        if (op == "list") a.sessions_op = CliArgs::SessionsOp::List;
+        else if (op == "save") a.sessions_op = CliArgs::SessionsOp::Save;
+        else if (op == "delete") a.sessions_op = CliArgs::SessionsOp::Delete;
+        else if (op == "pin") a.sessions_op = CliArgs::SessionsOp::Pin;
+        else throw UsageError("sessions needs list, save NAME, delete NAME or pin NAME, got \"" + op + "\"");
+        const size_t want = a.sessions_op == CliArgs::SessionsOp::List ? 1 : 2;
+        if (positional.size() < want) throw UsageError("sessions " + op + " needs a NAME");
+        if (positional.size() > want) throw UsageError("unexpected argument \"" + positional[want] + "\"");
+        if (want == 2) a.session_arg = positional[1];
+        if (a.unpin && a.sessions_op != CliArgs::SessionsOp::Pin) throw UsageError("--unpin is for sessions pin");
+        break;
+    }
     case CliArgs::Command::Chat:
         if (a.ids || a.raw) throw UsageError(std::string(a.ids ? "--ids" : "--raw") + " is for run, not chat");
         [[fallthrough]];

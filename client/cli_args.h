@@ -12,7 +12,7 @@ struct UsageError : std::runtime_error {
 };
 
 struct CliArgs {
-    enum class Command { Help, Run, Chat, Stats, Tokenize };
+    enum class Command { Help, Run, Chat, Stats, Tokenize, Sessions };
     Command command = Command::Help;
     std::string socket;             // empty: default path
     // run / chat
@@ -28,6 +28,10 @@ struct CliArgs {
     bool think = false;
     std::vector<std::string> stops;
     std::string prompt;             // run: the prompt; tokenize: the text
+    // sessions
+    enum class SessionsOp { List, Save, Delete, Pin } sessions_op = SessionsOp::List;
+    std::string session_arg;        // sessions save|delete|pin NAME
+    bool unpin = false;
 };
 
 // argv[0] is the program name. Throws UsageError with a one-line reason.

@@ -229,6 +229,62 @@ void Client::close_session(uint64_t session) {
     if (!env->body_as_Ok()) unexpected(env, "Ok");
 }
 
+std::vector<StoredSession> Client::list_sessions() {
+    flatbuffers::FlatBufferBuilder fbb(64);
+    const uint64_t id = impl_->rid();
+    ipc::finish_frame(fbb, id, fb::CreateListSessions(fbb));
+    impl_->send(fbb);
+    const fb::Envelope *env = impl_->await(id);
+    const fb::SessionList *l = env->body_as_SessionList();
+    if (!l) unexpected(env, "SessionList");
+    std::vector<StoredSession> out;
+    if (l->sessions())
+        for (const fb::SessionInfo *i : *l->sessions())
+            out.push_back({str(i->name()), i->n_tokens(), i->bytes(), i->created_unix(), i->last_used_unix(),
+                           i->pinned(), i->live()});
+    return out;
+}
+
+SavedSession Client::save_session(const std::string &name, uint64_t session) {
+    flatbuffers::FlatBufferBuilder fbb(128);
+    const uint64_t id = impl_->rid();
+    ipc::finish_frame(fbb, id, fb::CreateSaveSessionDirect(fbb, session, name.c_str()));
+    impl_->send(fbb);
+    const fb::Envelope *env = impl_->await(id);
+    const fb::SessionSaved *r = env->body_as_SessionSaved();
+    if (!r) unexpected(env, "SessionSaved");
+    return SavedSession{str(r->name()), r->n_tokens(), r->bytes()};
+}
+
+SessionInfo Client::load_session(const std::string &name, uint32_t ctx) {
+    flatbuffers::FlatBufferBuilder fbb(128);
+    const uint64_t id = impl_->rid();
+    ipc::finish_frame(fbb, id, fb::CreateLoadSessionDirect(fbb, name.c_str(), ctx));
+    impl_->send(fbb);
+    const fb::Envelope *env = impl_->await(id);
+    const fb::SessionOpened *o = env->body_as_SessionOpened();
+    if (!o) unexpected(env, "SessionOpened");
+    return SessionInfo{o->session(), str(o->name()), o->ctx(), o->n_tokens(), o->created()};
+}
+
+void Client::delete_session(const std::string &name) {
+    flatbuffers::FlatBufferBuilder fbb(128);
+    const uint64_t id = impl_->rid();
+    ipc::finish_frame(fbb, id, fb::CreateDeleteSessionDirect(fbb, name.c_str()));
+    impl_->send(fbb);
+    const fb::Envelope *env = impl_->await(id);
+    if (!env->body_as_Ok()) unexpected(env, "Ok");
+}
+
+void Client::pin_session(const std::string &name, bool pinned) {
+    flatbuffers::FlatBufferBuilder fbb(128);
+    const uint64_t id = impl_->rid();
+    ipc::finish_frame(fbb, id, fb::CreatePinSessionDirect(fbb, name.c_str(), pinned));
+    impl_->send(fbb);
+    const fb::Envelope *env = impl_->await(id);
+    if (!env->body_as_Ok()) unexpected(env, "Ok");
+}
+
 DoneInfo Client::generate(const GenerateRequest &req, const GenerateCallbacks &cb) {
     flatbuffers::FlatBufferBuilder fbb(1024 + req.text.size() + req.tokens.size() * 4);
     flatbuffers::Offset<flatbuffers::String> text;

@@ -1,4 +1,4 @@
-// `ds4`: the command-line client of ds4d (run, chat, stats, tokenize). See usage_text().
+// `ds4`: the command-line client of ds4d (run, chat, stats, tokenize, sessions). See usage_text().
 #include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <iostream>
 #include <string>
 
@@ -256,6 +257,44 @@ int cmd_tokenize(Client &client, const CliArgs &a) {
     return kExitOk;
 }
 
+std::string when(uint64_t unix_s) {
+    if (!unix_s) return "-";
+    const time_t t = time_t(unix_s);
+    tm lt;
+    localtime_r(&t, &lt);
+    char buf[32];
+    std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &lt);
+    return buf;
+}
+
+int cmd_sessions(Client &client, const CliArgs &a) {
+    switch (a.sessions_op) {
+    case CliArgs::SessionsOp::List: {
+        std::vector<StoredSession> v = client.list_sessions();
+        std::printf("%-24s %8s %12s  %-19s  %-6s %s\n", "NAME", "TOKENS", "BYTES", "LAST USED", "PINNED", "LIVE");
+        for (const StoredSession &s : v)
+            std::printf("%-24s %8u %12llu  %-19s  %-6s %s\n", s.name.c_str(), s.n_tokens,
+                        static_cast<unsigned long long>(s.bytes), when(s.last_used_unix).c_str(),
+                        s.pinned ? "yes" : "no", s.live ? "yes" : "no");
+        return kExitOk;
+    }
+    case CliArgs::SessionsOp::Save: {
+        SavedSession s = client.save_session(a.session_arg);
+        std::printf("saved %s: %u tokens, %s\n", s.name.c_str(), s.n_tokens, bytes(s.bytes).c_str());
+        return kExitOk;
+    }
+    case CliArgs::SessionsOp::Delete:
+        client.delete_session(a.session_arg);
+        std::printf("deleted %s\n", a.session_arg.c_str());
+        return kExitOk;
+    case CliArgs::SessionsOp::Pin:
+        client.pin_session(a.session_arg, !a.unpin);
+        std::printf("%s %s\n", a.unpin ? "unpinned" : "pinned", a.session_arg.c_str());
+        return kExitOk;
+    }
+    return kExitOk;
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -278,6 +317,7 @@ int main(int argc, char **argv) {
         case CliArgs::Command::Chat: return cmd_chat(client, a);
         case CliArgs::Command::Stats: return cmd_stats(client);
         case CliArgs::Command::Tokenize: return cmd_tokenize(client, a);
+        case CliArgs::Command::Sessions: return cmd_sessions(client, a);
         case CliArgs::Command::Help: break;
         }
         return kExitOk;

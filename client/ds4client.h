@@ -38,7 +38,10 @@ enum {
     DS4C_SERVER_SHUTTING_DOWN = 12,
     DS4C_SERVER_PERMISSION_DENIED = 13,
     DS4C_SERVER_INTERNAL = 14,
-    DS4C_SERVER_BUSY = 15
+    DS4C_SERVER_BUSY = 15,
+    DS4C_SERVER_STORE = 16,
+    DS4C_SERVER_SESSION_CORRUPT = 17,
+    DS4C_SERVER_NO_STORE = 18
 };
 
 /* Finish reasons, the same values as the wire protocol's FinishReason. */

@@ -116,6 +116,22 @@ struct Stats {
     MemoryStats memory;
 };
 
+// One entry of ListSessions: stored sessions and named sessions held in memory.
+struct StoredSession {
+    std::string name;
+    uint32_t n_tokens = 0;
+    uint64_t bytes = 0;          // payload size in the store; 0 when not stored yet
+    uint64_t created_unix = 0, last_used_unix = 0;
+    bool pinned = false;
+    bool live = false;           // held in daemon memory
+};
+
+struct SavedSession {
+    std::string name;
+    uint32_t n_tokens = 0;
+    uint64_t bytes = 0;
+};
+
 class Client {
 public:
     // Connects to socket_path (empty: the default path) and performs the Hello exchange.
@@ -137,6 +153,16 @@ public:
     // name empty: an anonymous session owned by this connection.
     SessionInfo open_session(const std::string &name = {}, uint32_t ctx = 0);
     void close_session(uint64_t session);
+
+    // Persistent sessions (a daemon with a store; ServerError NoStore otherwise).
+    std::vector<StoredSession> list_sessions();
+    // Durable when this returns. session 0: the named session `name`; a session id with a
+    // name saves that session under the name.
+    SavedSession save_session(const std::string &name, uint64_t session = 0);
+    // Opens the stored session `name` (UnknownSession when it is not stored or live).
+    SessionInfo load_session(const std::string &name, uint32_t ctx = 0);
+    void delete_session(const std::string &name);
+    void pin_session(const std::string &name, bool pinned = true);
 
     DoneInfo generate(const GenerateRequest &req, const GenerateCallbacks &cb = {});
 

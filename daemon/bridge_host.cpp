@@ -75,4 +75,8 @@ int32_t BridgeSession::sample(float temperature, int top_k, float top_p, float m
 
 int BridgeSession::pos() { return s_.pos(); }
 
+std::vector<uint8_t> BridgeSession::save_payload() { return s_.save_payload(); }
+
+void BridgeSession::load_payload(std::span<const uint8_t> bytes) { s_.load_payload(bytes); }
+
 }  // namespace ds4::daemon

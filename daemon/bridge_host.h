@@ -47,6 +47,7 @@ public:
     MemorySnapshot memory();
 
     ds4::Model &model() { return *m_; }
+    uint64_t fingerprint() const { return m_->fingerprint(); }
 
 private:
     std::unique_ptr<ds4::Model> m_;
@@ -66,6 +67,9 @@ public:
     int32_t argmax();
     int32_t sample(float temperature, int top_k, float top_p, float min_p, uint64_t *rng);
     int pos();
+    // The whole state as a payload (DESIGN.md §4), and its inverse.
+    std::vector<uint8_t> save_payload();
+    void load_payload(std::span<const uint8_t> bytes);
     // Bumped when the engine had to rebuild the state (its prefix could not be kept).
     uint64_t generation() const { return s_.generation(); }
     int ctx() const { return ctx_; }

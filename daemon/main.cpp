@@ -5,14 +5,30 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 
 #include "daemon/listen_socket.h"
 #include "daemon/log.h"
 #include "daemon/options.h"
 #include "daemon/server.h"
 #include "daemon/worker.h"
+#include "kvstore/store.h"
 
 using namespace ds4::daemon;
+
+namespace {
+
+// mkdir -p with mode 0700 for the parts it creates.
+void make_dirs(const std::string &dir) {
+    for (size_t i = 1; i <= dir.size(); ++i) {
+        if (i != dir.size() && dir[i] != '/') continue;
+        const std::string part = dir.substr(0, i);
+        if (::mkdir(part.c_str(), 0700) != 0 && errno != EEXIST)
+            throw StartupError("cannot create " + part + ": " + std::strerror(errno));
+    }
+}
+
+}  // namespace
 
 int main(int argc, char **argv) {
     DaemonOptions opt;
@@ -33,11 +49,31 @@ int main(int argc, char **argv) {
         SocketLock lock(opt.socket_path);
         clear_stale_socket(opt.socket_path);
 
-        if (!opt.state_dir.empty()) {
-            if (::mkdir(opt.state_dir.c_str(), 0700) != 0 && errno != EEXIST)
-                throw StartupError("cannot create --state-dir " + opt.state_dir + ": " + std::strerror(errno));
-            log_line("warning: the persistent session store is not built yet; --state-dir %s is not used, "
-                     "sessions live in memory only", opt.state_dir.c_str());
+        std::unique_ptr<ds4::kvstore::Store> store;
+        if (!opt.no_store) {
+            const std::string dir = resolve_state_dir(opt.state_dir);
+            if (dir.empty())
+                throw StartupError("no state dir: set --state-dir, $XDG_STATE_HOME or $HOME (or run with --no-store)");
+            make_dirs(dir);
+            ds4::kvstore::StoreOptions so;
+            so.state_dir = dir;
+            so.budget_bytes = opt.store_budget;
+            so.log = [](const std::string &l) { log_line("store: %s", l.c_str()); };
+            const ds4::kvstore::Status st = ds4::kvstore::Store::open(so, &store);
+            if (!st) throw StartupError("cannot open the session store in " + dir + ": " + st.to_string());
+            const ds4::kvstore::RecoveryReport &rr = store->recovery_report();
+            ds4::kvstore::StoreStats ss;
+            (void)store->stats(&ss);
+            log_line("session store %s: %llu sessions, %llu checkpoints, %llu bytes; recovery removed %d temp and %d "
+                     "orphan files, quarantined %d entries, dropped %d bad index records, evicted %d",
+                     dir.c_str(), static_cast<unsigned long long>(ss.sessions),
+                     static_cast<unsigned long long>(ss.checkpoints), static_cast<unsigned long long>(ss.bytes),
+                     rr.temp_files_removed, rr.orphan_files_removed, rr.entries_quarantined, rr.bad_index_records,
+                     rr.entries_evicted);
+            for (const std::string &n : rr.quarantined_sessions)
+                log_line("stored session '%s' was quarantined: it will be refused until deleted", n.c_str());
+        } else {
+            log_line("no session store (--no-store): sessions live in memory only");
         }
 
         WorkerConfig wc;
@@ -51,6 +87,10 @@ int main(int argc, char **argv) {
         wc.max_sessions = opt.max_sessions;
         wc.prefill_chunk = opt.prefill_chunk;
         wc.queue_bytes = opt.queue_bytes;
+        wc.store = store.get();
+        wc.checkpoint_every = opt.checkpoint_every;
+        wc.max_checkpoints = opt.max_checkpoints;
+        wc.prefix_min = opt.prefix_min;
 
         OutQueue out;
         Worker worker(wc, out);

@@ -35,7 +35,18 @@ std::string daemon_usage() {
            "                         /tmp/ds4-$UID.sock; here: " +
            ipc::default_socket_path() +
            ")\n"
-           "  --state-dir DIR        directory of the persistent session store\n"
+           "  --state-dir DIR        persistent session store (default $XDG_STATE_HOME/ds4, else\n"
+           "                         ~/.local/state/ds4). Named sessions are saved there after\n"
+           "                         every turn and on SIGTERM, and reloaded on first use\n"
+           "  --no-store             keep sessions in memory only (no state dir)\n"
+           "  --store-budget BYTES   payload bytes the store keeps; least recently used unpinned\n"
+           "                         sessions and checkpoints are evicted beyond it (default 0: no limit)\n"
+           "  --checkpoint-every N   during a prefill of at least N tokens, store a prefix\n"
+           "                         checkpoint every N tokens at a chunk frontier (default 1024;\n"
+           "                         0: never)\n"
+           "  --max-checkpoints N    checkpoints per prefill at most (default 8)\n"
+           "  --prefix-min N         look for a stored prefix when a request has at least N\n"
+           "                         tokens the session does not hold (default 256)\n"
            "  --ctx N                default context size of a session (default min(4096, model limit))\n"
            "  --threads N            CPU threads (default 0: all cores)\n"
            "  --backend B            auto (default: CUDA, else CPU), cpu or cuda\n"
@@ -69,6 +80,16 @@ DaemonOptions parse_daemon_args(int argc, const char *const *argv) {
             o.socket_path = value(i, a);
         } else if (a == "--state-dir") {
             o.state_dir = value(i, a);
+        } else if (a == "--no-store") {
+            o.no_store = true;
+        } else if (a == "--store-budget") {
+            o.store_budget = parse_uint(a, value(i, a), 0, ~0ull);
+        } else if (a == "--checkpoint-every") {
+            o.checkpoint_every = uint32_t(parse_uint(a, value(i, a), 0, 1u << 24));
+        } else if (a == "--max-checkpoints") {
+            o.max_checkpoints = uint32_t(parse_uint(a, value(i, a), 0, 1024));
+        } else if (a == "--prefix-min") {
+            o.prefix_min = uint32_t(parse_uint(a, value(i, a), 1, 1u << 24));
         } else if (a == "--ctx") {
             o.ctx = uint32_t(parse_uint(a, value(i, a), 16, 1u << 24));
         } else if (a == "--threads") {
@@ -96,11 +117,21 @@ DaemonOptions parse_daemon_args(int argc, const char *const *argv) {
         }
     }
     if (o.model_path.empty()) throw UsageError("--model PATH is required");
+    if (o.no_store && !o.state_dir.empty()) throw UsageError("--no-store and --state-dir exclude each other");
     if (o.socket_path.empty()) o.socket_path = ipc::default_socket_path();
     if (o.socket_path.size() > ipc::kMaxSocketPath)
         throw UsageError("socket path is longer than " + std::to_string(ipc::kMaxSocketPath) +
                          " bytes: " + o.socket_path);
     return o;
+}
+
+std::string resolve_state_dir(const std::string &given) {
+    if (!given.empty()) return given;
+    const char *x = std::getenv("XDG_STATE_HOME");
+    if (x && *x == '/') return std::string(x) + "/ds4";
+    const char *h = std::getenv("HOME");
+    if (h && *h == '/') return std::string(h) + "/.local/state/ds4";
+    return {};
 }
 
 }  // namespace ds4::daemon

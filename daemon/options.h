@@ -15,7 +15,12 @@ struct DaemonOptions {
     std::string model_path;
     std::string mtp_path;
     std::string socket_path;          // resolved: never empty after parse
-    std::string state_dir;
+    std::string state_dir;            // resolved by resolve_state_dir() unless no_store
+    bool no_store = false;            // sessions live in memory only
+    uint64_t store_budget = 0;        // payload bytes the store keeps (0: unlimited)
+    uint32_t checkpoint_every = 1024; // prefix checkpoint interval during long prefills (0: none)
+    uint32_t max_checkpoints = 8;     // checkpoints taken per prefill at most
+    uint32_t prefix_min = 256;        // look up a stored prefix when this many tokens are uncached
     uint32_t ctx = 0;                 // 0: min(4096, the model's limit)
     int32_t threads = 0;              // 0: all cores
     enum class Backend { Auto, Cpu, Cuda } backend = Backend::Auto;
@@ -32,5 +37,8 @@ struct DaemonOptions {
 DaemonOptions parse_daemon_args(int argc, const char *const *argv);
 
 std::string daemon_usage();
+
+// --state-dir, else $XDG_STATE_HOME/ds4, else $HOME/.local/state/ds4. Empty when none resolves.
+std::string resolve_state_dir(const std::string &given);
 
 }  // namespace ds4::daemon

@@ -90,9 +90,14 @@ Frame session_list_frame(uint64_t rid, const std::vector<SessionListEntry> &entr
     flatbuffers::FlatBufferBuilder fbb(128 + entries.size() * 64);
     std::vector<flatbuffers::Offset<fb::SessionInfo>> v;
     for (const auto &e : entries)
-        v.push_back(fb::CreateSessionInfo(fbb, sv(fbb, e.name), e.n_tokens, 0, e.created_unix, e.last_used_unix,
-                                          false, true));
+        v.push_back(fb::CreateSessionInfo(fbb, sv(fbb, e.name), e.n_tokens, e.bytes, e.created_unix, e.last_used_unix,
+                                          e.pinned, e.live));
     return finish(fbb, rid, fb::CreateSessionList(fbb, fbb.CreateVector(v)));
+}
+
+Frame session_saved_frame(uint64_t rid, std::string_view name, uint32_t n_tokens, uint64_t bytes) {
+    flatbuffers::FlatBufferBuilder fbb(128);
+    return finish(fbb, rid, fb::CreateSessionSaved(fbb, sv(fbb, name), n_tokens, bytes));
 }
 
 }  // namespace ds4::daemon

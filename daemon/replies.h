@@ -31,7 +31,9 @@ struct StatsFields {
 struct SessionListEntry {
     std::string name;
     uint32_t n_tokens = 0;
+    uint64_t bytes = 0;
     uint64_t created_unix = 0, last_used_unix = 0;
+    bool pinned = false, live = false;
 };
 
 Frame error_frame(uint64_t rid, ipc::fb::ErrorCode code, std::string_view message);
@@ -46,5 +48,6 @@ Frame tokenize_result_frame(uint64_t rid, std::span<const int32_t> tokens);
 Frame detokenize_result_frame(uint64_t rid, std::string_view text);
 Frame stats_result_frame(uint64_t rid, const ModelSummary &m, const StatsFields &s);
 Frame session_list_frame(uint64_t rid, const std::vector<SessionListEntry> &entries);
+Frame session_saved_frame(uint64_t rid, std::string_view name, uint32_t n_tokens, uint64_t bytes);
 
 }  // namespace ds4::daemon

@@ -145,11 +145,28 @@ ParseResult parse_request(const fb::Envelope *env, const ParseLimits &lim) {
         if (!valid_session_name(p.name, lim.max_session_name, &why)) return bad("DeleteSession: " + why);
         return request(std::move(p));
     }
-    case M::SaveSession:
-    case M::LoadSession:
-    case M::PinSession:
-        return reject(fb::ErrorCode::NotImplemented,
-                      std::string(fb::EnumNameMessage(type)) + " needs the persistent session store, which this ds4d does not have yet");
+    case M::SaveSession: {
+        const fb::SaveSession *m = env->body_as_SaveSession();
+        SaveSessionParams p{m->session(), str(m->name())};
+        std::string why;
+        if (p.session == 0 && p.name.empty()) return bad("SaveSession: neither a session id nor a name");
+        if (!p.name.empty() && !valid_session_name(p.name, lim.max_session_name, &why)) return bad("SaveSession: " + why);
+        return request(std::move(p));
+    }
+    case M::LoadSession: {
+        const fb::LoadSession *m = env->body_as_LoadSession();
+        LoadSessionParams p{str(m->name()), m->ctx()};
+        std::string why;
+        if (!valid_session_name(p.name, lim.max_session_name, &why)) return bad("LoadSession: " + why);
+        return request(std::move(p));
+    }
+    case M::PinSession: {
+        const fb::PinSession *m = env->body_as_PinSession();
+        PinSessionParams p{str(m->name()), m->pinned()};
+        std::string why;
+        if (!valid_session_name(p.name, lim.max_session_name, &why)) return bad("PinSession: " + why);
+        return request(std::move(p));
+    }
     case M::HelloOk:
     case M::SessionOpened:
     case M::Ok:

@@ -68,9 +68,22 @@ struct ListSessionsParams {};
 struct DeleteSessionParams {
     std::string name;
 };
+struct SaveSessionParams {
+    uint64_t session = 0;   // 0: the named session `name`
+    std::string name;       // empty: the session's own name
+};
+struct LoadSessionParams {
+    std::string name;
+    uint32_t ctx = 0;
+};
+struct PinSessionParams {
+    std::string name;
+    bool pinned = true;
+};
 
 using RequestBody = std::variant<GenerateParams, OpenSessionParams, CloseParams, TokenizeParams, DetokenizeParams,
-                                 StatsParams, ListSessionsParams, DeleteSessionParams>;
+                                 StatsParams, ListSessionsParams, DeleteSessionParams, SaveSessionParams,
+                                 LoadSessionParams, PinSessionParams>;
 
 struct Request {
     std::shared_ptr<ConnShared> conn;

@@ -6,11 +6,14 @@
 #include <future>
 #include <list>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <unordered_map>
 
+#include "bridge/payload_header.h"
 #include "daemon/log.h"
 #include "daemon/replies.h"
+#include "daemon/session_saver.h"
 #include "daemon/text_stream.h"
 
 namespace ds4::daemon {
@@ -73,6 +76,8 @@ struct Job {
     uint64_t rng = 0;
     TextStream text;
     uint64_t prefill_ns = 0, decode_ns = 0;
+    size_t last_checkpoint = 0;  // prefill frontier of the last checkpoint (or the cached start)
+    uint32_t checkpoints = 0;
 };
 
 struct Pooled {
@@ -114,6 +119,13 @@ struct Worker::Impl {
     bool stopping = false;
     Clock::time_point deadline;
     Clock::time_point started_at = Clock::now();
+
+    // Persistence (cfg.store non-null).
+    std::unique_ptr<SessionSaver> saver;
+    uint64_t fingerprint = 0;
+    std::set<std::string> quarantined;  // names whose stored payload failed its checks
+    kvstore::LoadedPayload loadbuf;     // reused across loads
+    bool saving_suppressed = false;     // the session is being deleted
 
     // Counters for Stats.
     uint64_t requests_total = 0, tokens_in = 0, tokens_cached = 0, tokens_out = 0;
@@ -170,6 +182,139 @@ struct Worker::Impl {
         bs->sync(warm);
         (void)bs->argmax();
         pool.push_back(Pooled{std::move(bs), warm});
+        fingerprint = model->fingerprint();
+        if (cfg.store) {
+            saver = std::make_unique<SessionSaver>(*cfg.store);
+            for (const std::string &n : cfg.store->recovery_report().quarantined_sessions) quarantined.insert(n);
+        }
+    }
+
+    // ---- persistence ----
+
+    enum class Loaded { Yes, Absent, Failed };
+
+    // Loads the stored session `name` into s (bridge, history, ctx). Failed: code/msg say why.
+    Loaded load_stored(const std::string &name, uint32_t ctx_req, Session &s, fb::ErrorCode *code, std::string *msg) {
+        if (!cfg.store) return Loaded::Absent;
+        if (quarantined.count(name)) {
+            *code = fb::ErrorCode::SessionCorrupt;
+            *msg = "stored session '" + name +
+                   "' failed its checks and was quarantined (see the ds4d log); delete it to start it afresh";
+            return Loaded::Failed;
+        }
+        saver->flush();  // a save of this name may still be on its way (after a delete + reopen)
+        const kvstore::Status st = cfg.store->load(name, &loadbuf);
+        if (st.code() == kvstore::Code::kNotFound) return Loaded::Absent;
+        if (!st) {
+            if (st.code() == kvstore::Code::kCorrupt) quarantined.insert(name);
+            *code = st.code() == kvstore::Code::kCorrupt ? fb::ErrorCode::SessionCorrupt : fb::ErrorCode::Store;
+            *msg = "cannot load stored session '" + name + "': " + st.to_string();
+            return Loaded::Failed;
+        }
+        const payload::Header &h = loadbuf.header;
+        if (h.fingerprint != fingerprint) {
+            *code = fb::ErrorCode::BadRequest;
+            char fp[64];
+            std::snprintf(fp, sizeof fp, "%016llx, this model is %016llx", static_cast<unsigned long long>(h.fingerprint),
+                          static_cast<unsigned long long>(fingerprint));
+            *msg = "stored session '" + name + "' was saved by another model (fingerprint " + fp + ")";
+            return Loaded::Failed;
+        }
+        const uint32_t ctx = ctx_req ? ctx_req : std::max(default_ctx, h.ctx_size);
+        if (h.n_tokens >= ctx) {
+            *code = fb::ErrorCode::ContextOverflow;
+            *msg = "stored session '" + name + "' holds " + std::to_string(h.n_tokens) +
+                   " tokens, more than fit a context of " + std::to_string(ctx);
+            return Loaded::Failed;
+        }
+        std::vector<int32_t> toks;
+        std::string err;
+        if (!payload::read_tokens(loadbuf.bytes.data(), loadbuf.bytes.size(), h, &toks, &err)) {
+            *code = fb::ErrorCode::SessionCorrupt;
+            *msg = "stored session '" + name + "': " + err;
+            return Loaded::Failed;
+        }
+        try {
+            auto b = std::make_unique<BridgeSession>(*model, int(ctx));
+            b->load_payload(std::span<const uint8_t>(loadbuf.bytes.data(), loadbuf.bytes.size()));
+            s.bridge = std::move(b);
+        } catch (const BridgeFailure &e) {
+            *code = fb::ErrorCode::SessionCorrupt;
+            *msg = "stored session '" + name + "' was refused by the engine: " + e.what();
+            return Loaded::Failed;
+        }
+        s.ctx = ctx;
+        s.history = toks;
+        s.evaluated = std::move(toks);
+        s.created_unix = loadbuf.info.created_ms / 1000;
+        s.used_unix = uint64_t(std::time(nullptr));
+        log_line("loaded session '%s' from the store: %u tokens, %llu bytes", name.c_str(), h.n_tokens,
+                 static_cast<unsigned long long>(loadbuf.bytes.size()));
+        return Loaded::Yes;
+    }
+
+    // Brings the bridge up to the whole history when only the turn's last sampled token is
+    // missing, so a payload of it resumes exactly where the conversation stands.
+    void settle(Session *s) {
+        if (!s->bridge || s->history.size() != s->evaluated.size() + 1 || s->evaluated.size() >= s->ctx) return;
+        if (!std::equal(s->evaluated.begin(), s->evaluated.end(), s->history.begin())) return;
+        s->bridge->eval(s->history.back());
+        s->evaluated.push_back(s->history.back());
+    }
+
+    // After a turn of a named session: queue its state for the store thread.
+    void persist(Session *s) {
+        if (!saver || s->name.empty() || s->ephemeral || saving_suppressed || !s->bridge) return;
+        try {
+            settle(s);
+            if (s->evaluated.empty()) return;
+            saver->save(s->name, s->bridge->save_payload());
+        } catch (const BridgeFailure &e) {
+            log_line("session '%s' not saved: %s", s->name.c_str(), e.what());
+        } catch (const std::bad_alloc &) {
+            log_line("session '%s' not saved: out of memory for its payload", s->name.c_str());
+        }
+    }
+
+    // Before a prefill: when much of it is uncached, start from the longest stored prefix.
+    void reuse_stored_prefix(Job &j) {
+        Session *s = j.session;
+        const size_t common = common_prefix(s->evaluated, j.full);
+        if (!cfg.store || j.full.size() - common < cfg.prefix_min) return;
+        kvstore::PrefixMatch m;
+        if (!cfg.store->find_longest_prefix(fingerprint, j.full.data(), j.full.size(), &m) || m.n_tokens <= common)
+            return;
+        const kvstore::Status st = cfg.store->load_longest_prefix(fingerprint, j.full.data(), j.full.size(), &loadbuf);
+        if (!st) {
+            if (st.code() != kvstore::Code::kNotFound) log_line("stored prefix not used: %s", st.to_string().c_str());
+            return;
+        }
+        const uint32_t n = loadbuf.header.n_tokens;
+        if (n <= common || n > j.full.size() || n >= s->ctx) return;
+        try {
+            s->bridge->load_payload(std::span<const uint8_t>(loadbuf.bytes.data(), loadbuf.bytes.size()));
+            s->evaluated.assign(j.full.begin(), j.full.begin() + ptrdiff_t(n));
+        } catch (const BridgeFailure &e) {
+            log_line("stored prefix of %u tokens refused by the engine: %s", n, e.what());
+            s->bridge = std::make_unique<BridgeSession>(*model, int(s->ctx));
+            s->evaluated.clear();
+        }
+    }
+
+    // At a prefill chunk frontier: the session holds exactly full[0, target).
+    void maybe_checkpoint(Job &j, size_t target) {
+        if (!saver || !cfg.checkpoint_every || j.full.size() < cfg.checkpoint_every) return;
+        if (j.checkpoints >= cfg.max_checkpoints || target - j.last_checkpoint < cfg.checkpoint_every) return;
+        // A named session's final frontier is covered by its turn save.
+        if (target == j.full.size() && !j.session->name.empty()) return;
+        try {
+            if (saver->checkpoint(j.session->bridge->save_payload())) {
+                j.last_checkpoint = target;
+                ++j.checkpoints;
+            }
+        } catch (const std::exception &e) {
+            log_line("prefix checkpoint at %zu tokens not taken: %s", target, e.what());
+        }
     }
 
     // ---- sessions ----
@@ -245,10 +390,95 @@ struct Worker::Impl {
         s->owner = p.name.empty() ? r.conn->id : 0;
         s->ctx = ctx;
         s->created_unix = s->used_unix = uint64_t(std::time(nullptr));
+        bool created = true;
+        if (!p.name.empty()) {
+            fb::ErrorCode code = fb::ErrorCode::None;
+            std::string msg;
+            switch (load_stored(p.name, p.ctx, *s, &code, &msg)) {
+            case Loaded::Yes: created = false; break;
+            case Loaded::Absent: break;
+            case Loaded::Failed: log_line("%s", msg.c_str()); return reply_error(r, code, msg);
+            }
+        }
         Session *raw = s.get();
         sessions.emplace(raw->id, std::move(s));
         if (!raw->name.empty()) names.emplace(raw->name, raw->id);
-        emit(r.conn, r.id, session_opened_frame(r.id, raw->id, raw->name, raw->ctx, 0, true), true);
+        emit(r.conn, r.id,
+             session_opened_frame(r.id, raw->id, raw->name, raw->ctx, uint32_t(raw->history.size()), created), true);
+    }
+
+    void on(Request &r, LoadSessionParams &p) {
+        if (!cfg.store) return reply_error(r, fb::ErrorCode::NoStore, "ds4d runs without a session store (--no-store)");
+        if (!names.count(p.name) && !quarantined.count(p.name)) {
+            saver->flush();
+            kvstore::EntryInfo info;
+            if (cfg.store->info(p.name, &info).code() == kvstore::Code::kNotFound)
+                return reply_error(r, fb::ErrorCode::UnknownSession, "no stored session named " + p.name);
+        }
+        OpenSessionParams o{p.name, p.ctx};
+        on(r, o);
+    }
+
+    void on(Request &r, SaveSessionParams &p) {
+        if (!cfg.store) return reply_error(r, fb::ErrorCode::NoStore, "ds4d runs without a session store (--no-store)");
+        Session *s = nullptr;
+        if (p.session) {
+            s = lookup(r.conn, p.session);
+            if (!s) return reply_error(r, fb::ErrorCode::UnknownSession, "no session " + std::to_string(p.session));
+        } else {
+            auto it = names.find(p.name);
+            if (it != names.end()) s = sessions.at(it->second).get();
+        }
+        const std::string target = p.name.empty() ? (s ? s->name : std::string()) : p.name;
+        if (target.empty())
+            return reply_error(r, fb::ErrorCode::BadRequest, "an anonymous session needs a name to be saved under");
+        if (!s) {
+            // Not in memory: what the store holds is already durable.
+            saver->flush();
+            kvstore::EntryInfo info;
+            const kvstore::Status st = cfg.store->info(target, &info);
+            if (!st)
+                return reply_error(r, st.code() == kvstore::Code::kNotFound ? fb::ErrorCode::UnknownSession
+                                                                          : fb::ErrorCode::Store,
+                                   "no session named " + target + " (" + st.to_string() + ")");
+            return emit(r.conn, r.id, session_saved_frame(r.id, target, info.n_tokens, info.bytes), true);
+        }
+        if (s->busy)
+            return reply_error(r, fb::ErrorCode::SessionBusy, "session " + target + " is generating; save it after its turn");
+        if (!s->bridge || s->evaluated.empty())
+            return reply_error(r, fb::ErrorCode::BadRequest, "session " + target + " holds no tokens yet");
+        std::vector<uint8_t> bytes;
+        try {
+            settle(s);
+            bytes = s->bridge->save_payload();
+        } catch (const BridgeFailure &e) {
+            return reply_error(r, fb::ErrorCode::Engine, e.what());
+        }
+        const uint32_t n = uint32_t(s->evaluated.size());
+        const uint64_t len = bytes.size();
+        std::shared_ptr<ConnShared> conn = r.conn;
+        const uint64_t rid = r.id;
+        saver->save(target, std::move(bytes), [this, conn, rid, target, n, len](const kvstore::Status &st) {
+            if (st) emit(conn, rid, session_saved_frame(rid, target, n, len), true);
+            else
+                emit(conn, rid,
+                     error_frame(rid, fb::ErrorCode::Store,
+                                 "saving session " + target + " failed; the previous stored version is kept: " +
+                                     st.to_string()),
+                     true);
+        });
+    }
+
+    void on(Request &r, PinSessionParams &p) {
+        if (!cfg.store) return reply_error(r, fb::ErrorCode::NoStore, "ds4d runs without a session store (--no-store)");
+        saver->flush();
+        const kvstore::Status st = cfg.store->pin(p.name, p.pinned);
+        if (st.code() == kvstore::Code::kNotFound)
+            return reply_error(r, fb::ErrorCode::UnknownSession,
+                               names.count(p.name) ? "session " + p.name + " is not stored yet (it is saved after its first turn)"
+                                                   : "no stored session named " + p.name);
+        if (!st) return reply_error(r, fb::ErrorCode::Store, st.to_string());
+        emit(r.conn, r.id, ok_frame(r.id), true);
     }
 
     void on(Request &r, CloseParams &p) {
@@ -263,18 +493,53 @@ struct Worker::Impl {
     }
 
     void on(Request &r, DeleteSessionParams &p) {
+        bool found = false;
         auto it = names.find(p.name);
-        if (it == names.end()) return reply_error(r, fb::ErrorCode::UnknownSession, "no session named " + p.name);
-        Session *s = sessions.at(it->second).get();
-        if (s->busy) finish_job(*s->busy, fb::FinishReason::Cancelled);
-        erase_session(s);
+        if (it != names.end()) {
+            Session *s = sessions.at(it->second).get();
+            saving_suppressed = true;
+            if (s->busy) finish_job(*s->busy, fb::FinishReason::Cancelled);
+            saving_suppressed = false;
+            erase_session(s);
+            found = true;
+        }
+        if (cfg.store) {
+            found = quarantined.erase(p.name) > 0 || found;
+            saver->flush();
+            const kvstore::Status st = cfg.store->remove(p.name);
+            if (st) found = true;
+            else if (st.code() != kvstore::Code::kNotFound)
+                return reply_error(r, fb::ErrorCode::Store, "deleting stored session " + p.name + ": " + st.to_string());
+        }
+        if (!found) return reply_error(r, fb::ErrorCode::UnknownSession, "no session named " + p.name);
         emit(r.conn, r.id, ok_frame(r.id), true);
     }
 
     void on(Request &r, ListSessionsParams &) {
         std::vector<SessionListEntry> v;
-        for (auto &[id, s] : sessions)
-            if (!s->name.empty()) v.push_back({s->name, uint32_t(s->history.size()), s->created_unix, s->used_unix});
+        std::unordered_map<std::string, size_t> at;
+        if (cfg.store) {
+            saver->flush();  // turns that ended before this request are listed as stored
+            std::vector<kvstore::EntryInfo> stored;
+            const kvstore::Status st = cfg.store->list(&stored);
+            if (!st) return reply_error(r, fb::ErrorCode::Store, "listing stored sessions: " + st.to_string());
+            for (const auto &e : stored) {
+                at[e.name] = v.size();
+                v.push_back({e.name, e.n_tokens, e.bytes, e.created_ms / 1000, e.last_used_ms / 1000, e.pinned, false});
+            }
+        }
+        for (auto &[id, s] : sessions) {
+            if (s->name.empty()) continue;
+            auto f = at.find(s->name);
+            if (f == at.end()) {
+                v.push_back({s->name, uint32_t(s->history.size()), 0, s->created_unix, s->used_unix, false, true});
+            } else {
+                SessionListEntry &e = v[f->second];
+                e.live = true;
+                e.n_tokens = uint32_t(s->history.size());
+                e.last_used_unix = std::max(e.last_used_unix, s->used_unix);
+            }
+        }
         std::sort(v.begin(), v.end(), [](auto &a, auto &b) { return a.name < b.name; });
         emit(r.conn, r.id, session_list_frame(r.id, v), true);
     }
@@ -407,7 +672,10 @@ struct Worker::Impl {
         d.decode_us = j.decode_ns / 1000;
         d.stop_token = stop_token;
         emit(j.conn, j.rid, done_frame(j.rid, d), true);
+        Session *s = j.session;
+        const bool named = !s->ephemeral && !s->name.empty();  // ephemeral ones die with the job
         end_job(j);
+        if (named) persist(s);
     }
 
     void fail_job(Job &j, fb::ErrorCode code, const std::string &msg) {
@@ -444,6 +712,7 @@ struct Worker::Impl {
             if (!j.started) {
                 j.started = true;
                 first_sync = true;
+                reuse_stored_prefix(j);
                 // The engine keeps the common prefix but re-evaluates at least the last
                 // prompt token (its logits are needed), unless it already holds exactly this.
                 const size_t common = common_prefix(s->evaluated, j.full);
@@ -451,6 +720,7 @@ struct Worker::Impl {
                                ? common
                                : std::min(common, j.full.size() - 1);
                 j.synced = j.cached;
+                j.last_checkpoint = j.cached;
             }
             if (!j.decoding) {
                 const auto t0 = Clock::now();
@@ -466,6 +736,7 @@ struct Worker::Impl {
                 prefill_tokens += target - j.synced;
                 j.synced = target;
                 j.prefill_ns += ns_since(t0);
+                maybe_checkpoint(j, target);
                 if (j.p.progress) emit(j.conn, j.rid, progress_frame(j.rid, uint32_t(target), uint32_t(j.full.size())), false);
                 if (target < j.full.size()) return true;
                 j.decoding = true;
@@ -602,6 +873,7 @@ struct Worker::Impl {
     }
 
     void teardown() {
+        saver.reset();  // every queued save becomes durable (or is logged as failed) first
         jobs.clear();
         sessions.clear();
         names.clear();

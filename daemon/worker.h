@@ -3,6 +3,14 @@
 // one request, taken round-robin, so many sessions stream at once and a long prompt does
 // not stall the others. Commands (new requests, cancels, disconnects) are taken between
 // steps, so cancelling frees work within one step.
+//
+// With a store, a named session is persisted after every completed turn: the worker first
+// evaluates the turn's last sampled token (so the state holds the whole history; this runs
+// after Done is queued), copies the payload into memory and hands it to the store thread
+// (SessionSaver), which makes it durable. Done therefore does not wait for the fsync; a
+// SaveSession reply, a ListSessions reply or a clean shutdown does. A named session not in
+// memory is loaded from the store when opened. Long prefills leave prefix checkpoints, and
+// a request whose uncached part is long looks for the longest stored prefix first.
 #pragma once
 #include <chrono>
 #include <memory>
@@ -11,6 +19,7 @@
 #include "daemon/bridge_host.h"
 #include "daemon/out_queue.h"
 #include "daemon/requests.h"
+#include "kvstore/store.h"
 
 namespace ds4::daemon {
 
@@ -21,6 +30,11 @@ struct WorkerConfig {
     uint32_t max_sessions = 64;
     uint32_t prefill_chunk = 256;
     size_t queue_bytes = 1u << 20;
+    // Persistent sessions: null runs without a store. The store outlives the worker.
+    kvstore::Store *store = nullptr;
+    uint32_t checkpoint_every = 1024;
+    uint32_t max_checkpoints = 8;
+    uint32_t prefix_min = 256;
 };
 
 class Worker {

@@ -81,6 +81,7 @@ struct RecoveryReport {
     int entries_quarantined = 0;   // missing or corrupt payloads
     int bad_index_records = 0;     // undecodable index values, dropped
     int entries_evicted = 0;       // over a budget lowered since the last run
+    std::vector<std::string> quarantined_sessions;  // names of the sessions quarantined
 };
 
 struct StoreStats {

@@ -153,6 +153,7 @@ Status Store::Impl::recover() {
             move_to_quarantine(e.rec.file_id, who, why);
             condemned.push_back(e);
             ++report.entries_quarantined;
+            if (e.kind == EntryKind::kSession) report.quarantined_sessions.push_back(e.key);
         } else if (!s) {
             // Not proof of damage (e.g. a transient EIO): keep the entry; a load checks it
             // again and reports the error to whoever asks for it.

@@ -285,10 +285,19 @@ TEST(RequestParse, EmptyAndUnknownBodies) {
     EXPECT_NE(unknown.message.find("250"), std::string::npos);
 }
 
-TEST(RequestParse, StoreMessagesAreLoudlyNotImplemented) {
+TEST(RequestParse, StoreMessages) {
     ParseResult r = parse_built([](auto &fbb) { ds4::ipc::finish_frame(fbb, 2, fb::CreateSaveSessionDirect(fbb, 1, "a")); });
-    EXPECT_EQ(r.code, fb::ErrorCode::NotImplemented);
-    EXPECT_NE(r.message.find("SaveSession"), std::string::npos);
+    ASSERT_EQ(r.kind, ParseResult::Kind::Request);
+    auto &save = std::get<SaveSessionParams>(r.body);
+    EXPECT_EQ(save.session, 1u);
+    EXPECT_EQ(save.name, "a");
+    ParseResult none = parse_built([](auto &fbb) { ds4::ipc::finish_frame(fbb, 2, fb::CreateSaveSessionDirect(fbb, 0, "")); });
+    EXPECT_EQ(none.code, fb::ErrorCode::BadRequest);
+    ParseResult pin = parse_built([](auto &fbb) { ds4::ipc::finish_frame(fbb, 3, fb::CreatePinSessionDirect(fbb, "p", false)); });
+    ASSERT_EQ(pin.kind, ParseResult::Kind::Request);
+    EXPECT_FALSE(std::get<PinSessionParams>(pin.body).pinned);
+    ParseResult bad = parse_built([](auto &fbb) { ds4::ipc::finish_frame(fbb, 4, fb::CreateLoadSessionDirect(fbb, "a/b", 0)); });
+    EXPECT_EQ(bad.code, fb::ErrorCode::BadRequest);
 }
 
 TEST(RequestParse, HelloCancelAndSessionNames) {

@@ -528,7 +528,7 @@ TEST_F(DaemonE2E, MalformedAndWrongFramesGetErrorsWithoutDisturbingOthers) {
                  fb::ErrorCode::ContextOverflow, "prompt longer than the context");
     expect_error(generate_tokens_frame(0, prompt, 5, true), 0, fb::ErrorCode::Protocol, "request id 0");
     expect_error(frame([](auto &fbb) { ds4::ipc::finish_frame(fbb, 16, fb::CreateSaveSessionDirect(fbb, 1, "x")); }), 16,
-                 fb::ErrorCode::NotImplemented, "SaveSession before the store exists");
+                 fb::ErrorCode::NoStore, "SaveSession on a daemon run with --no-store");
     expect_error(frame([](auto &fbb) { ds4::ipc::finish_frame(fbb, 17, fb::CreateOpenSessionDirect(fbb, "../evil", 0)); }),
                  17, fb::ErrorCode::BadRequest, "session name with a path");
     expect_error(frame([](auto &fbb) {

@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -124,6 +125,8 @@ struct Daemon {
         socket = sock;
         log = log_path;
         std::vector<std::string> argv = {exe, "--model", model, "--socket", sock, "--backend", "cpu", "--threads", "1"};
+        // Tests that do not name a state dir run without a store (the default one is shared).
+        if (std::find(extra.begin(), extra.end(), "--state-dir") == extra.end()) extra.push_back("--no-store");
         argv.insert(argv.end(), extra.begin(), extra.end());
         pid = spawn(argv, log_path + ".out", log_path);
         if (pid < 0) return "cannot spawn " + exe;
