@@ -1,0 +1,403 @@
+// End-to-end tests of persistent sessions: real ds4d processes over a state dir, restarted
+// cleanly and with SIGKILL, serving the tiny random model. The reference for "resumes
+// right" is a ds4d over its own state dir that is never restarted: a resumed conversation
+// must continue token for token as that uninterrupted one does.
+#include <gtest/gtest.h>
+#ifndef DS4_E2E
+#define DS4_E2E 0
+#endif
+
+#if !DS4_E2E
+TEST(PersistE2E, NeedsBridgeDaemonAndModelGenerator) {
+    GTEST_SKIP() << "persistence end-to-end tests need ds4lib, ds4d and ds4-make-model in this build";
+}
+#else
+
+#include <filesystem>
+#include <random>
+
+#include "client/ds4client.hpp"
+#include "tests/daemon/e2e_support.h"
+
+using namespace e2e;
+using ds4::client::Client;
+using ds4::client::DoneInfo;
+using ds4::client::GenerateRequest;
+using ds4::client::ServerError;
+
+namespace {
+
+constexpr int kTurns = 60;      // turns of the reference conversation
+constexpr uint32_t kGen = 6;    // tokens generated per turn
+
+// The prompt of turn i: a few token ids that depend on i only.
+std::vector<int32_t> turn_prompt(int i) {
+    std::vector<int32_t> p;
+    for (int k = 0; k < 5; ++k) p.push_back(int32_t(1 + (i * 37 + k * 11) % 500));
+    return p;
+}
+
+struct Turn {
+    std::vector<int32_t> out;
+    DoneInfo done;
+};
+
+Turn run_turn(Client &c, uint64_t session, int i) {
+    GenerateRequest req;
+    req.session = session;
+    req.kind = GenerateRequest::Prompt::Tokens;
+    req.tokens = turn_prompt(i);
+    req.max_tokens = kGen;
+    req.ignore_eos = true;
+    Turn t;
+    ds4::client::GenerateCallbacks cb;
+    cb.on_chunk = [&](const ds4::client::Chunk &ch) {
+        t.out.insert(t.out.end(), ch.tokens.begin(), ch.tokens.end());
+        return true;
+    };
+    t.done = c.generate(req, cb);
+    return t;
+}
+
+class PersistE2E : public ::testing::Test {
+protected:
+    static inline TempDir *dir = nullptr;
+    static inline std::string model_path;
+    // Reference: history size before turn i (index i) and the output of turn i.
+    static inline std::vector<uint32_t> ref_tokens_before;
+    static inline std::vector<std::vector<int32_t>> ref_out;
+
+    static void SetUpTestSuite() {
+        dir = new TempDir;
+        model_path = dir->path + "/tiny.gguf";
+        CmdResult mk = run_cmd({DS4_MAKE_MODEL_PATH, "--preset", "tiny", "--quiet", model_path}, dir->path);
+        ASSERT_EQ(mk.rc, 0) << mk.err;
+        Daemon d;
+        ASSERT_EQ(d.start(DS4D_PATH, model_path, dir->path + "/ref.sock", dir->path + "/ref.log",
+                          {"--state-dir", dir->path + "/ref-state"}),
+                  "");
+        Client c(d.socket, "ref");
+        const uint64_t s = c.open_session("conv").id;
+        uint32_t n = 0;
+        for (int i = 0; i < kTurns; ++i) {
+            ref_tokens_before.push_back(n);
+            Turn t = run_turn(c, s, i);
+            ASSERT_EQ(t.out.size(), kGen);
+            ref_out.push_back(t.out);
+            n += uint32_t(turn_prompt(i).size() + kGen);
+        }
+        EXPECT_EQ(d.stop(SIGTERM), 0);
+    }
+    static void TearDownTestSuite() {
+        delete dir;
+        dir = nullptr;
+    }
+    void SetUp() override {
+        if (ref_out.size() != size_t(kTurns)) GTEST_SKIP() << "suite set-up failed";
+    }
+
+    // Which reference turn comes next for a session holding n tokens; -1 if n is no state
+    // the conversation ever had.
+    static int turn_for(uint32_t n) {
+        for (int i = 0; i < kTurns; ++i)
+            if (ref_tokens_before[size_t(i)] == n) return i;
+        return -1;
+    }
+
+    std::string start(Daemon &d, const std::string &state, std::vector<std::string> extra = {}) {
+        extra.insert(extra.begin(), {"--state-dir", state});
+        static int n = 0;
+        const std::string tag = std::to_string(n++);
+        return d.start(DS4D_PATH, model_path, dir->path + "/p" + tag + ".sock", dir->path + "/p" + tag + ".log", extra);
+    }
+};
+
+TEST_F(PersistE2E, RestartAndKill9ResumeExactlyWithoutRePrefill) {
+    const std::string state = dir->path + "/resume";
+    {
+        Daemon d;
+        ASSERT_EQ(start(d, state), "");
+        Client c(d.socket);
+        ds4::client::SessionInfo s = c.open_session("conv");
+        EXPECT_TRUE(s.created);
+        for (int i = 0; i < 2; ++i) EXPECT_EQ(run_turn(c, s.id, i).out, ref_out[size_t(i)]) << "turn " << i;
+        EXPECT_EQ(d.stop(SIGTERM), 0) << read_file(d.log);  // the turn's save is finished on SIGTERM
+    }
+    {
+        Daemon d;
+        ASSERT_EQ(start(d, state), "");
+        Client c(d.socket);
+        ds4::client::SessionInfo s = c.open_session("conv");
+        EXPECT_FALSE(s.created);
+        ASSERT_EQ(s.n_tokens, ref_tokens_before[2]);
+        Turn t = run_turn(c, s.id, 2);
+        EXPECT_EQ(t.out, ref_out[2]) << "after a clean restart";
+        EXPECT_EQ(t.done.cached_tokens, ref_tokens_before[2]) << "the stored state was not used (re-prefill)";
+        Turn t3 = run_turn(c, s.id, 3);
+        EXPECT_EQ(t3.out, ref_out[3]);
+        // Listing waits for the turn saves queued before it: after it, SIGKILL loses nothing.
+        auto list = c.list_sessions();
+        ASSERT_EQ(list.size(), 1u);
+        EXPECT_EQ(list[0].n_tokens, ref_tokens_before[4]);
+        EXPECT_GT(list[0].bytes, 0u);
+        EXPECT_TRUE(list[0].live);
+        EXPECT_EQ(d.stop(SIGKILL), -1000 - SIGKILL);
+    }
+    {
+        Daemon d;
+        ASSERT_EQ(start(d, state), "");
+        Client c(d.socket);
+        ds4::client::SessionInfo s = c.load_session("conv");
+        ASSERT_EQ(s.n_tokens, ref_tokens_before[4]);
+        Turn t = run_turn(c, s.id, 4);
+        EXPECT_EQ(t.out, ref_out[4]) << "after kill -9";
+        EXPECT_EQ(t.done.cached_tokens, ref_tokens_before[4]);
+        EXPECT_EQ(d.stop(SIGTERM), 0);
+    }
+}
+
+TEST_F(PersistE2E, SigkillDuringSavesNeverLeavesABadOrWrongSession) {
+    const std::string state = dir->path + "/killloop";
+    std::mt19937 rng(1234);
+    // How long one durable save takes here: kills land uniformly in [0, 2x that].
+    uint64_t save_us = 0;
+    {
+        Daemon d;
+        ASSERT_EQ(start(d, dir->path + "/killloop-timing"), "");
+        Client c(d.socket);
+        const uint64_t s = c.open_session("t").id;
+        run_turn(c, s, 0);
+        const auto t0 = Clock::now();
+        c.save_session("t");
+        save_us = uint64_t(std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0).count());
+        EXPECT_EQ(d.stop(SIGTERM), 0);
+    }
+    const uint64_t window_us = 2 * save_us + 1000;
+    int advanced = 0, lost = 0, prev = -1;
+    const auto t0 = Clock::now();
+    for (int it = 0; it < 50; ++it) {
+        Daemon d;
+        ASSERT_EQ(start(d, state), "") << "iteration " << it;
+        Client c(d.socket);
+        ds4::client::SessionInfo s;
+        try {
+            s = c.open_session("k");
+        } catch (const ServerError &e) {
+            FAIL() << "iteration " << it << ": the stored session does not load: " << e.what() << "\n" << read_file(d.log);
+        }
+        const int next = turn_for(s.n_tokens);
+        ASSERT_GE(next, 0) << "iteration " << it << ": stored session holds " << s.n_tokens
+                           << " tokens, a state the conversation never had";
+        ASSERT_LT(next, kTurns);
+        // prev: the turn that comes next if the last iteration's save made it. The stored
+        // state is that one or the one before it (the kill won).
+        if (prev >= 0) {
+            ASSERT_TRUE(next == prev || next == prev - 1) << "iteration " << it << ": expected turn " << prev
+                                                          << " or " << prev - 1 << ", found " << next;
+            (next == prev ? advanced : lost)++;
+        }
+        RawConn raw(d.socket);
+        ASSERT_TRUE(raw.hello());
+        Turn t = run_turn(c, s.id, next);
+        ASSERT_EQ(t.out, ref_out[size_t(next)]) << "iteration " << it << ": resumed at turn " << next << " wrongly";
+        ASSERT_EQ(t.done.cached_tokens, s.n_tokens);
+        prev = next + 1;
+        // The turn's own save starts as Done is sent; ask for a durable one too, and kill at
+        // a random moment in the window either may be writing.
+        raw.send(frame([&](auto &fbb) { ds4::ipc::finish_frame(fbb, 9, fb::CreateSaveSessionDirect(fbb, 0, "k")); }));
+        std::this_thread::sleep_for(std::chrono::microseconds(rng() % window_us));
+        d.stop(SIGKILL);
+    }
+    std::printf("kill loop: %d kills after the save was durable, %d before (save ~%llu us)\n", advanced, lost,
+                static_cast<unsigned long long>(save_us));
+    EXPECT_GT(advanced, 5) << "saves hardly ever became durable before the kill (window " << window_us << " us)";
+    EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 120.0);
+}
+
+TEST_F(PersistE2E, CorruptPayloadIsQuarantinedAndNeverServed) {
+    const std::string state = dir->path + "/corrupt";
+    {
+        Daemon d;
+        ASSERT_EQ(start(d, state), "");
+        CmdResult r = run_cmd({DS4_CLI_PATH, "--socket", d.socket, "run", "--session", "x", "--max-tokens", "4", "--ids", "hi"},
+                              dir->path);
+        ASSERT_EQ(r.rc, 0) << r.err;
+        EXPECT_EQ(d.stop(SIGTERM), 0);
+    }
+    int flipped = 0;
+    for (const auto &e : std::filesystem::directory_iterator(state + "/payloads")) {
+        std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
+        const auto size = std::filesystem::file_size(e.path());
+        for (uint64_t off : {size / 2, size - 3}) {
+            f.seekg(std::streamoff(off));
+            char b = 0;
+            f.read(&b, 1);
+            b = char(b ^ 0x5a);
+            f.seekp(std::streamoff(off));
+            f.write(&b, 1);
+        }
+        ++flipped;
+    }
+    ASSERT_EQ(flipped, 1);
+    Daemon d;
+    ASSERT_EQ(start(d, state), "");
+    EXPECT_NE(read_file(d.log).find("quarantined"), std::string::npos) << read_file(d.log);
+    EXPECT_FALSE(std::filesystem::is_empty(state + "/quarantine"));
+    CmdResult r = run_cmd({DS4_CLI_PATH, "--socket", d.socket, "run", "--session", "x", "--max-tokens", "4", "hi"}, dir->path);
+    EXPECT_EQ(r.rc, 4) << "a quarantined session was served or silently restarted: " << r.out;
+    EXPECT_NE(r.err.find("SessionCorrupt"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("quarantined"), std::string::npos) << r.err;
+    // Deleting it is the way to start over.
+    EXPECT_EQ(run_cmd({DS4_CLI_PATH, "--socket", d.socket, "sessions", "delete", "x"}, dir->path).rc, 0);
+    Client c(d.socket);
+    EXPECT_TRUE(c.open_session("x").created);
+    EXPECT_EQ(d.stop(SIGTERM), 0);
+}
+
+TEST_F(PersistE2E, StoredPrefixesAreReusedAndReportedAsCached) {
+    const std::string state = dir->path + "/prefix";
+    const std::vector<std::string> opts = {"--prefill-chunk", "32", "--checkpoint-every", "64", "--prefix-min", "32"};
+    std::vector<int32_t> long_prompt;
+    for (int i = 0; i < 300; ++i) long_prompt.push_back(int32_t(3 + (i * 7919) % 480));
+    std::vector<int32_t> conv_prompt;
+    for (int i = 0; i < 100; ++i) conv_prompt.push_back(int32_t(5 + (i * 104729) % 470));
+    std::vector<int32_t> conv_out;
+    {
+        Daemon d;
+        ASSERT_EQ(start(d, state, opts), "");
+        Client c(d.socket);
+        GenerateRequest req;
+        req.kind = GenerateRequest::Prompt::Tokens;
+        req.tokens = long_prompt;
+        req.max_tokens = 2;
+        req.ignore_eos = true;
+        EXPECT_EQ(c.generate(req).cached_tokens, 0u);
+        // Another conversation, stored under a name.
+        const uint64_t s = c.open_session("other").id;
+        req.session = s;
+        req.tokens = conv_prompt;
+        ds4::client::GenerateCallbacks cb;
+        cb.on_chunk = [&](const ds4::client::Chunk &ch) {
+            conv_out.insert(conv_out.end(), ch.tokens.begin(), ch.tokens.end());
+            return true;
+        };
+        c.generate(req, cb);
+        ASSERT_EQ(conv_out.size(), 2u);
+        (void)c.list_sessions();  // waits for the queued checkpoints and the save
+        EXPECT_EQ(d.stop(SIGKILL), -1000 - SIGKILL);
+    }
+    Daemon d;
+    ASSERT_EQ(start(d, state, opts), "");
+    Client c(d.socket);
+    GenerateRequest req;
+    req.kind = GenerateRequest::Prompt::Tokens;
+    req.max_tokens = 2;
+    req.ignore_eos = true;
+    req.tokens = long_prompt;
+    req.tokens.insert(req.tokens.end(), {9, 8, 7, 6, 5, 4, 3, 2, 1, 9, 8, 7, 6, 5, 4, 3, 2, 1, 11, 12});
+    DoneInfo a = c.generate(req);
+    // Checkpoints were taken every 64 tokens at the 32-token chunk frontiers: 256 is the longest.
+    EXPECT_EQ(a.cached_tokens, 256u) << read_file(d.log);
+    // The named session's save (prompt + its first generated token evaluated) is a prefix too.
+    req.tokens = conv_prompt;
+    req.tokens.insert(req.tokens.end(), conv_out.begin(), conv_out.end());
+    req.tokens.insert(req.tokens.end(), 40, 17);
+    DoneInfo b = c.generate(req);
+    EXPECT_EQ(b.cached_tokens, conv_prompt.size() + conv_out.size());
+    // Below --prefix-min uncached tokens nothing is looked up.
+    req.tokens = {long_prompt.begin(), long_prompt.begin() + 20};
+    EXPECT_EQ(c.generate(req).cached_tokens, 0u);
+    EXPECT_EQ(d.stop(SIGTERM), 0);
+}
+
+TEST_F(PersistE2E, CliListsSavesPinsAndDeletes) {
+    const std::string state = dir->path + "/cli";
+    Daemon d;
+    ASSERT_EQ(start(d, state), "");
+    auto ds4 = [&](std::vector<std::string> args) {
+        args.insert(args.begin(), {DS4_CLI_PATH, "--socket", d.socket});
+        return run_cmd(args, dir->path);
+    };
+    ASSERT_EQ(ds4({"run", "--session", "alpha", "--max-tokens", "3", "hello"}).rc, 0);
+    ASSERT_EQ(ds4({"run", "--session", "beta", "--max-tokens", "3", "hello"}).rc, 0);
+    CmdResult saved = ds4({"sessions", "save", "alpha"});
+    ASSERT_EQ(saved.rc, 0) << saved.err;
+    EXPECT_NE(saved.out.find("saved alpha"), std::string::npos) << saved.out;
+    EXPECT_EQ(ds4({"sessions", "pin", "alpha"}).rc, 0);
+    CmdResult list = ds4({"sessions", "list"});
+    ASSERT_EQ(list.rc, 0) << list.err;
+    auto row = [&](const std::string &out, const std::string &name) {
+        std::istringstream in(out);
+        std::string line;
+        while (std::getline(in, line))
+            if (line.rfind(name + " ", 0) == 0) return line;
+        return std::string();
+    };
+    EXPECT_NE(row(list.out, "alpha").find(" yes "), std::string::npos) << list.out;  // pinned
+    EXPECT_NE(row(list.out, "beta").find(" no "), std::string::npos) << list.out;
+    EXPECT_EQ(ds4({"sessions", "pin", "alpha", "--unpin"}).rc, 0);
+    EXPECT_EQ(row(ds4({"sessions", "list"}).out, "alpha").find(" yes  "), std::string::npos);
+    EXPECT_EQ(ds4({"sessions", "delete", "beta"}).rc, 0);
+    list = ds4({"sessions", "list"});
+    EXPECT_EQ(row(list.out, "beta"), "") << list.out;
+    EXPECT_NE(row(list.out, "alpha"), "");
+    CmdResult again = ds4({"sessions", "delete", "beta"});
+    EXPECT_EQ(again.rc, 4);
+    EXPECT_NE(again.err.find("UnknownSession"), std::string::npos) << again.err;
+    EXPECT_EQ(ds4({"sessions", "pin", "nosuch"}).rc, 4);
+    EXPECT_EQ(ds4({"sessions", "frobnicate"}).rc, 2);
+    CmdResult help = ds4({"--help"});
+    EXPECT_NE(help.out.find("sessions pin NAME [--unpin]"), std::string::npos);
+    // beta stays deleted across a restart; alpha is there.
+    EXPECT_EQ(d.stop(SIGTERM), 0);
+    Daemon d2;
+    ASSERT_EQ(start(d2, state), "");
+    Client c(d2.socket);
+    auto v = c.list_sessions();
+    ASSERT_EQ(v.size(), 1u);
+    EXPECT_EQ(v[0].name, "alpha");
+    EXPECT_FALSE(v[0].live);
+    EXPECT_EQ(d2.stop(SIGTERM), 0);
+}
+
+TEST_F(PersistE2E, AFailedSaveIsReportedAndKeepsThePreviousVersion) {
+    const std::string state = dir->path + "/budget";
+    uint64_t first_bytes = 0;
+    uint32_t first_tokens = 0;
+    {
+        Daemon d;
+        ASSERT_EQ(start(d, state), "");
+        Client c(d.socket);
+        const uint64_t s = c.open_session("b").id;
+        run_turn(c, s, 0);
+        auto saved = c.save_session("b");
+        first_bytes = saved.bytes;
+        first_tokens = saved.n_tokens;
+        EXPECT_EQ(d.stop(SIGTERM), 0);
+    }
+    // A budget the next, longer state cannot fit.
+    Daemon d;
+    ASSERT_EQ(start(d, state, {"--store-budget", std::to_string(first_bytes + 16)}), "");
+    Client c(d.socket);
+    ds4::client::SessionInfo s = c.open_session("b");
+    ASSERT_EQ(s.n_tokens, first_tokens);
+    for (int i = 1; i < 8; ++i) run_turn(c, s.id, i);
+    try {
+        c.save_session("b");
+        FAIL() << "a save over the budget succeeded";
+    } catch (const ServerError &e) {
+        EXPECT_NE(std::string(e.what()).find("Store"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("previous stored version is kept"), std::string::npos) << e.what();
+    }
+    EXPECT_NE(read_file(d.log).find("saving session 'b' failed"), std::string::npos);
+    EXPECT_EQ(d.stop(SIGKILL), -1000 - SIGKILL);
+    Daemon d2;
+    ASSERT_EQ(start(d2, state), "");
+    Client c2(d2.socket);
+    EXPECT_EQ(c2.open_session("b").n_tokens, first_tokens) << "the previous version was not kept";
+    EXPECT_EQ(d2.stop(SIGTERM), 0);
+}
+
+}  // namespace
+
+#endif
