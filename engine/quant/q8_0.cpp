@@ -63,7 +63,7 @@ void dot_cols(const uint8_t *wv, const void *const *xv, int64_t n, float *out) {
         const float dw = f16_to_f32_fast(w[b].d);
         for (int c = 0; c < C; ++c) {
             const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aq, _mm256_sign_epi8(simd::loadu(x[c][b].qs), q)), ones);
-            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(dw * f16_to_f32_fast(x[c][b].d)), _mm256_cvtepi32_ps(p), acc[c]);
+            acc[c] = _mm256_add_ps(acc[c], _mm256_mul_ps(_mm256_set1_ps(dw * f16_to_f32_fast(x[c][b].d)), _mm256_cvtepi32_ps(p)));
         }
     };
     const int64_t nb = n / kQK8_0;
