@@ -764,34 +764,27 @@ Status Store::info(std::string_view name, EntryInfo *out) {
     });
 }
 
+// Sessions and checkpoints share one table; a listing is that table filtered by kind.
+static Status list_kind(Store::Impl &impl, EntryKind kind, const char *what, std::vector<EntryInfo> *out) {
+    if (!out) return {Code::kInvalidArgument, std::string(what) + ": output is NULL"};
+    std::lock_guard lk(impl.mu);
+    std::vector<Entry> all;
+    std::string err;
+    const int rc = impl.db.read([&](MDB_txn *txn) { return impl.all_entries(txn, &all); }, &err);
+    if (rc) return db_status(rc, std::string(what) + ": " + err);
+    out->clear();
+    for (const Entry &e : all)
+        if (e.kind == kind) out->push_back(impl.to_info(e));
+    return Status::ok();
+}
+
 Status Store::list(std::vector<EntryInfo> *out) {
-    return guarded("kvstore list", [&]() -> Status {
-        if (!out) return {Code::kInvalidArgument, "list: output is NULL"};
-        std::lock_guard lk(impl_->mu);
-        std::vector<Entry> all;
-        std::string err;
-        const int rc = impl_->db.read([&](MDB_txn *txn) { return impl_->all_entries(txn, &all); }, &err);
-        if (rc) return db_status(rc, "list: " + err);
-        out->clear();
-        for (const Entry &e : all)
-            if (e.kind == EntryKind::kSession) out->push_back(impl_->to_info(e));
-        return Status::ok();
-    });
+    return guarded("kvstore list", [&]() -> Status { return list_kind(*impl_, EntryKind::kSession, "list", out); });
 }
 
 Status Store::list_checkpoints(std::vector<EntryInfo> *out) {
-    return guarded("kvstore list_checkpoints", [&]() -> Status {
-        if (!out) return {Code::kInvalidArgument, "list_checkpoints: output is NULL"};
-        std::lock_guard lk(impl_->mu);
-        std::vector<Entry> all;
-        std::string err;
-        const int rc = impl_->db.read([&](MDB_txn *txn) { return impl_->all_entries(txn, &all); }, &err);
-        if (rc) return db_status(rc, "list_checkpoints: " + err);
-        out->clear();
-        for (const Entry &e : all)
-            if (e.kind == EntryKind::kCheckpoint) out->push_back(impl_->to_info(e));
-        return Status::ok();
-    });
+    return guarded("kvstore list_checkpoints",
+                   [&]() -> Status { return list_kind(*impl_, EntryKind::kCheckpoint, "list_checkpoints", out); });
 }
 
 Status Store::save_checkpoint(const uint8_t *data, size_t len) {
