@@ -2,6 +2,7 @@
 // reader/writer (independent of the converter's own reader) for building damaged or
 // re-spelled copies of the committed fixtures.
 #pragma once
+#include "tests/common/scratch.h"
 #include <unistd.h>
 
 #include <cstdint>
@@ -24,31 +25,9 @@ inline std::string fixture_dir(const std::string &name) {
     return std::string(DS4_SOURCE_DIR) + "/tests/fixtures/ref/" + name + "/hf";
 }
 
-class TempDir {
-public:
-    TempDir() {
-        char tmpl[] = "/tmp/ds4_convert_test_XXXXXX";
-        char *p = mkdtemp(tmpl);
-        if (!p) std::abort();
-        path_ = p;
-    }
-    ~TempDir() { std::filesystem::remove_all(path_); }
-    std::string file(const std::string &name) const { return path_ + "/" + name; }
-    const std::string &path() const { return path_; }
-
-private:
-    std::string path_;
-};
-
-inline std::vector<uint8_t> read_bytes(const std::string &path) {
-    std::ifstream f(path, std::ios::binary);
-    return std::vector<uint8_t>((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-}
-
-inline void write_bytes(const std::string &path, const std::vector<uint8_t> &b) {
-    std::ofstream f(path, std::ios::binary);
-    f.write(reinterpret_cast<const char *>(b.data()), static_cast<std::streamsize>(b.size()));
-}
+using ds4test::TempDir;
+inline std::vector<uint8_t> read_bytes(const std::string &path) { return ds4test::read_file_bytes(path); }
+inline void write_bytes(const std::string &path, const std::vector<uint8_t> &b) { ds4test::write_file_bytes(path, b); }
 
 inline nlohmann::json read_json(const std::string &path) {
     std::ifstream f(path);

@@ -1,6 +1,7 @@
 // Shared helpers for the GGUF tests: a scratch directory and a raw GGUF byte builder that,
 // unlike Writer, can produce any (also invalid) header.
 #pragma once
+#include "tests/common/scratch.h"
 #include <unistd.h>
 
 #include <cstdint>
@@ -13,31 +14,9 @@
 
 namespace ds4::gguf::test {
 
-class TempDir {
-public:
-    TempDir() {
-        char tmpl[] = "/tmp/ds4_gguf_test_XXXXXX";
-        char *p = mkdtemp(tmpl);
-        if (!p) std::abort();
-        path_ = p;
-    }
-    ~TempDir() { std::filesystem::remove_all(path_); }
-    std::string file(const std::string &name) const { return path_ + "/" + name; }
-    const std::string &path() const { return path_; }
-
-private:
-    std::string path_;
-};
-
-inline std::vector<uint8_t> read_all(const std::string &path) {
-    std::ifstream f(path, std::ios::binary);
-    return std::vector<uint8_t>((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-}
-
-inline void write_all(const std::string &path, const std::vector<uint8_t> &b) {
-    std::ofstream f(path, std::ios::binary);
-    f.write(reinterpret_cast<const char *>(b.data()), static_cast<std::streamsize>(b.size()));
-}
+using ds4test::TempDir;
+inline std::vector<uint8_t> read_all(const std::string &path) { return ds4test::read_file_bytes(path); }
+inline void write_all(const std::string &path, const std::vector<uint8_t> &b) { ds4test::write_file_bytes(path, b); }
 
 // Little-endian byte builder for hand-made GGUF images.
 struct Raw {
