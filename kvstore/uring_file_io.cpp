@@ -309,6 +309,33 @@ private:
         unsigned inflight = 0;
         size_t next = 0;
         int err = 0;
+        // A completion: resubmits the rest of a short read, or marks the chunk complete.
+        auto reap = [&](struct io_uring_cqe *cqe) {
+            const size_t slot = io_uring_cqe_get_data64(cqe);
+            const int res = cqe->res;
+            io_uring_cqe_seen(&ring_, cqe);
+            --inflight;
+            Req &r = reqs[slot];
+            if (res < 0) {
+                if (err == 0) err = res;
+                r.busy = false;
+                return;
+            }
+            r.done += size_t(res);
+            // Reading past the expected end is only the O_DIRECT rounding: done.
+            if (res > 0 && r.done < r.want && r.off + r.done < len && err == 0) {
+                if ((err = submit(r, slot, false, fd)) == 0) ++inflight; else r.busy = false;
+                return;
+            }
+            r.busy = false;
+            got[r.chunk] = r.done;
+            complete[r.chunk] = 1;
+            if (r.done < r.want) end = std::min(end, size_t(r.off + r.done));  // EOF
+        };
+        // Requests tend to complete in bunches (a device serving them in parallel). So every
+        // completion that is ready is reaped and the queue refilled before the caller's
+        // on_chunk work (the checksum) runs on the finished data: that work then overlaps
+        // the next bunch's transfer instead of delaying its submission.
         while ((next < n_chunks && err == 0) || inflight > 0) {
             while (err == 0 && next < n_chunks && inflight < depth_ && next * chunk_ < end) {
                 size_t slot = 0;
@@ -323,33 +350,15 @@ private:
                 ++inflight;
                 ++next;
             }
+            if (err == 0) advance();
             if (inflight == 0) break;
             struct io_uring_cqe *cqe;
             if (const int w = io_uring_wait_cqe(&ring_, &cqe); w != 0) {
                 err = w;
                 break;
             }
-            const size_t slot = io_uring_cqe_get_data64(cqe);
-            const int res = cqe->res;
-            io_uring_cqe_seen(&ring_, cqe);
-            --inflight;
-            Req &r = reqs[slot];
-            if (res < 0) {
-                if (err == 0) err = res;
-                r.busy = false;
-                continue;
-            }
-            r.done += size_t(res);
-            // Reading past the expected end is only the O_DIRECT rounding: done.
-            if (res > 0 && r.done < r.want && r.off + r.done < len && err == 0) {
-                if ((err = submit(r, slot, false, fd)) == 0) ++inflight; else r.busy = false;
-                continue;
-            }
-            r.busy = false;
-            got[r.chunk] = r.done;
-            complete[r.chunk] = 1;
-            if (r.done < r.want) end = std::min(end, size_t(r.off + r.done));  // EOF
-            advance();
+            reap(cqe);
+            while (io_uring_peek_cqe(&ring_, &cqe) == 0) reap(cqe);
         }
         if (err != 0) {
             drain(reqs, inflight);

@@ -1,22 +1,28 @@
 // ds4-bench-resume: what a persistent session buys. For each prompt length: time to
 // re-prefill from scratch vs time to resume from the store (load + verify + restore into a
-// session + first token), plus the store's save and restore MB/s. In process: the bridge
-// (ds4.hpp) and the session store, the same calls ds4d makes.
+// session + first token), plus the store's save and restore MB/s against the disk's raw
+// O_DIRECT bandwidth for a file of the same size, measured in the same run and interleaved
+// with the store's passes (tools/bench_kvstore/raw_disk.h). In process: the bridge
+// (ds4.hpp) and the session store, the same calls ds4d makes. Medians over --reps.
 //
 // The model's context must exceed the longest length (ds4-make-model --preset small --ctx 20480).
 //
-//   ds4-bench-resume --model PATH [--state-dir DIR] [--tokens 1024,4096,16384] [--threads N]
+//   ds4-bench-resume --model PATH [--state-dir DIR] [--tokens 1024,4096,16384] [--threads N] [--reps N]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <span>
+#include <unistd.h>
 #include <string>
 #include <vector>
 
 #include "bridge/ds4.hpp"
+#include "kvstore/aligned_buffer.h"
 #include "kvstore/store.h"
+#include "tools/bench_kvstore/raw_disk.h"
 
 namespace {
 
@@ -28,12 +34,17 @@ double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std
     std::exit(1);
 }
 
+double raw(double mibs) {
+    if (mibs < 0) die(std::string("raw disk pass: ") + std::strerror(int(-mibs)));
+    return mibs;
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
     std::string model_path, state_dir;
     std::vector<int> lengths = {1024, 4096, 16384};
-    int threads = 0;
+    int threads = 0, reps = 5;
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         auto val = [&]() -> std::string {
@@ -43,17 +54,24 @@ int main(int argc, char **argv) {
         if (a == "--model") model_path = val();
         else if (a == "--state-dir") state_dir = val();
         else if (a == "--threads") threads = std::atoi(val().c_str());
+        else if (a == "--reps") reps = std::clamp(std::atoi(val().c_str()), 1, 1000);
         else if (a == "--tokens") {
             lengths.clear();
             std::string v = val();
             for (size_t p = 0; p < v.size();) {
                 size_t q = v.find(',', p);
                 if (q == std::string::npos) q = v.size();
-                lengths.push_back(std::atoi(v.substr(p, q - p).c_str()));
+                const int n = std::atoi(v.substr(p, q - p).c_str());
+                if (n <= 0) die("--tokens: bad length '" + v.substr(p, q - p) + "'");
+                lengths.push_back(n);
                 p = q + 1;
             }
         } else if (a == "-h" || a == "--help") {
-            std::puts("usage: ds4-bench-resume --model PATH [--state-dir DIR] [--tokens 1024,4096,16384] [--threads N]");
+            std::puts("usage: ds4-bench-resume --model PATH [--state-dir DIR] [--tokens 1024,4096,16384] [--threads N]\n"
+                      "                        [--reps N]\n"
+                      "  --state-dir  where the store and the raw-bandwidth file go (default: a temp dir);\n"
+                      "               put it on the disk to measure\n"
+                      "  --reps       save/resume repetitions per length, interleaved with raw passes (default 5)");
             return 0;
         } else die("unknown argument " + a);
     }
@@ -75,15 +93,19 @@ int main(int argc, char **argv) {
     ds4::kvstore::StoreStats ss;
     (void)store->stats(&ss);
 
-    std::printf("model %s, context limit %d, payload I/O %s\n", model_path.c_str(), ctx_max,
-                ss.uring ? "io_uring" : "buffered");
-    std::printf("%8s %12s %12s %12s %10s %10s %10s %9s\n", "tokens", "prefill_ms", "resume_ms", "speedup",
-                "payload_MB", "save_MB/s", "load_MB/s", "restore");
+    std::printf("model %s, context limit %d, payload I/O %s, %d reps (medians)\n", model_path.c_str(), ctx_max,
+                ss.uring ? "io_uring" : "buffered", reps);
+    std::printf("raw = O_DIRECT reads of the stored payload file itself (dd-like: one reused 4 MiB buffer; mem:\n"
+                "into a file-sized buffer) and write+fsync of a file of the same size; %% = store / raw\n");
+    std::printf("%7s %10s %10s %8s %8s | %7s %7s %4s | %7s %7s %4s %7s %4s | %s\n", "tokens", "prefill_ms",
+                "resume_ms", "speedup", "MB", "save", "raw_wr", "%", "load", "raw_dd", "%", "raw_mem", "%", "first");
     ds4::kvstore::LoadedPayload lp;
+    const std::string raw_path = state_dir + "/raw-bandwidth.bin";
+    using ds4::bench::median;
     for (int n : lengths) {
         const int ctx = std::min(n + 64, ctx_max);
         if (n + 1 > ctx_max) {
-            std::printf("%8d  skipped: the model's context is %d\n", n, ctx_max);
+            std::printf("%7d  skipped: the model's context is %d\n", n, ctx_max);
             continue;
         }
         std::vector<int32_t> toks(static_cast<size_t>(n));
@@ -96,28 +118,42 @@ int main(int argc, char **argv) {
         const double prefill_ms = ms_since(t0);
 
         const std::vector<uint8_t> bytes = s.save_payload();
+        ds4::kvstore::AlignedBuffer raw_src(bytes.size()), raw_dst(bytes.size());
+        std::memcpy(raw_src.data(), bytes.data(), bytes.size());
         const std::string name = "bench-" + std::to_string(n);
-        t0 = Clock::now();
-        if (auto st = store->save(name, bytes.data(), bytes.size()); !st) die("save: " + st.to_string());
-        const double save_ms = ms_since(t0);
+        std::vector<double> save, raw_wr, load, raw_dd, raw_mem, resume;
+        bool same = true;
+        for (int rep = 0; rep < reps; ++rep) {
+            t0 = Clock::now();
+            if (auto st = store->save(name, bytes.data(), bytes.size()); !st) die("save: " + st.to_string());
+            save.push_back(ms_since(t0));
+            raw_wr.push_back(raw(ds4::bench::raw_write_mibs(raw_path, raw_src.data(), bytes.size())));
+            ds4::kvstore::EntryInfo info;
+            if (auto st = store->info(name, &info); !st) die("info: " + st.to_string());
+            const std::string payload_file = state_dir + "/payloads/" + info.file;
 
-        // Resume: read + verify from the store, restore into a fresh session, first token.
-        // The page cache is not dropped (no root here): load MB/s is a warm-cache figure.
-        t0 = Clock::now();
-        if (auto st = store->load(name, &lp); !st) die("load: " + st.to_string());
-        const double load_ms = ms_since(t0);
-        ds4::Session r(model, ctx);
-        r.load_payload(std::span<const uint8_t>(lp.bytes.data(), lp.bytes.size()));
-        const int first_r = r.argmax();
-        const double resume_ms = ms_since(t0);
-        const double mb = double(bytes.size()) / 1e6;
-        std::printf("%8d %12.1f %12.2f %11.1fx %10.2f %10.1f %10.1f %9s\n", n, prefill_ms, resume_ms,
-                    prefill_ms / resume_ms, mb, mb / (save_ms / 1e3), mb / (load_ms / 1e3),
-                    first == first_r ? "same" : "DIFFERS");
+            raw_dd.push_back(raw(ds4::bench::raw_read_mibs(payload_file, nullptr, bytes.size())));
+            // Resume: read + verify from the store, restore into a fresh session, first token.
+            t0 = Clock::now();
+            if (auto st = store->load(name, &lp); !st) die("load: " + st.to_string());
+            load.push_back(ms_since(t0));
+            ds4::Session r(model, ctx);
+            r.load_payload(std::span<const uint8_t>(lp.bytes.data(), lp.bytes.size()));
+            same = same && r.argmax() == first;
+            resume.push_back(ms_since(t0));
+            raw_mem.push_back(raw(ds4::bench::raw_read_mibs(payload_file, raw_dst.data(), bytes.size())));
+        }
+        const double mb = double(bytes.size()) / (1 << 20);
+        const double sv = mb / (median(save) / 1e3), ld = mb / (median(load) / 1e3);
+        const double rw = median(raw_wr), dd = median(raw_dd), rm = median(raw_mem);
+        std::printf("%7d %10.1f %10.2f %7.0fx %8.2f | %7.0f %7.0f %3.0f%% | %7.0f %7.0f %3.0f%% %7.0f %3.0f%% | %s\n", n,
+                    prefill_ms, median(resume), prefill_ms / median(resume), mb, sv, rw, 100 * sv / rw, ld, dd,
+                    100 * ld / dd, rm, 100 * ld / rm, same ? "same" : "DIFFERS");
         std::fflush(stdout);
         (void)store->remove(name);
     }
     store.reset();
+    ::unlink(raw_path.c_str());
     if (own_dir) std::filesystem::remove_all(state_dir);
     return 0;
 }

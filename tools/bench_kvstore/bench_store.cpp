@@ -1,17 +1,17 @@
 // ds4-bench-store: session store save/restore throughput against the disk's raw
-// sequential bandwidth, both measured in the same run on the same file system.
+// sequential bandwidth, both measured in the same run, on the same file system, and
+// interleaved (one raw pass, one store pass, ...) so that a noisy disk (a VM's) moves
+// both alike; medians are reported.
 //
-// Raw bandwidth is measured two ways, both with O_DIRECT so the page cache does not
-// flatter the numbers: dd-like (one 4 MiB request at a time) and io_uring with the
-// store's chunk size and queue depth. Store numbers include everything a save or load
-// does: checksum, temp file, fsync, rename, directory fsync and the LMDB commit for a
-// save; the read and checksum/header verification for a load.
+// Raw figures (tools/bench_kvstore/raw_disk.h): O_DIRECT 4 MiB requests, dd-like into one
+// reused buffer and "into memory" (a file-sized buffer). Store figures include everything
+// a save or load does: checksum, temp file, fsync, rename, directory fsync and the LMDB
+// commit for a save; open, read, checksum and header verification for a load.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
@@ -24,16 +24,14 @@
 #include "kvstore/file_io.h"
 #include "kvstore/store.h"
 #include "kvstore/xxh64.h"
+#include "tools/bench_kvstore/raw_disk.h"
 
 using namespace ds4::kvstore;
+using ds4::bench::median;
+using ds4::bench::mibs;
+using ds4::bench::now_s;
 
 namespace {
-
-double now_s() {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-double mbps(uint64_t bytes, double s) { return s > 0 ? double(bytes) / (1 << 20) / s : 0; }
 
 [[noreturn]] void die(const std::string &msg) {
     fprintf(stderr, "ds4-bench-store: %s\n", msg.c_str());
@@ -48,56 +46,9 @@ void fill_random(uint8_t *p, size_t n, uint64_t seed) {
     }
 }
 
-struct Raw {
-    double dd_write = 0, dd_read = 0, uring_write = 0, uring_read = 0;
-};
-
-// dd-like: synchronous 4 MiB O_DIRECT requests, one at a time.
-double dd_pass(const std::string &path, AlignedBuffer &buf, uint64_t bytes, bool write) {
-    const int fd = open(path.c_str(), (write ? O_WRONLY | O_CREAT | O_TRUNC : O_RDONLY) | O_DIRECT, 0600);
-    if (fd < 0) die("cannot open " + path + " with O_DIRECT: " + strerror(errno));
-    const size_t bs = 4 << 20;
-    const double t0 = now_s();
-    for (uint64_t off = 0; off < bytes; off += bs) {
-        const ssize_t r = write ? pwrite(fd, buf.data(), bs, off_t(off)) : pread(fd, buf.data(), bs, off_t(off));
-        if (r != ssize_t(bs)) die(std::string(write ? "pwrite" : "pread") + " failed: " + strerror(errno));
-    }
-    if (write && fsync(fd) != 0) die("fsync failed");
-    const double t = now_s() - t0;
-    close(fd);
-    return mbps(bytes, t);
-}
-
-double uring_pass(FileIo &io, const std::string &path, AlignedBuffer &buf, uint64_t bytes, bool write) {
-    const int fd = io.open(path, (write ? O_WRONLY | O_CREAT | O_TRUNC : O_RDONLY) | O_DIRECT, 0600);
-    if (fd < 0) die("cannot open " + path + ": " + strerror(-fd));
-    const double t0 = now_s();
-    if (write) {
-        if (const int rc = io.write_all(fd, buf.data(), bytes, nullptr)) die(std::string("write: ") + strerror(-rc));
-        if (const int rc = io.fsync(fd)) die(std::string("fsync: ") + strerror(-rc));
-    } else {
-        const int64_t got = io.read_all(fd, buf.data(), bytes, nullptr);
-        if (got != int64_t(bytes)) die("short read");
-    }
-    const double t = now_s() - t0;
-    io.close(fd);
-    return mbps(bytes, t);
-}
-
-Raw measure_raw(const std::string &dir, uint64_t bytes, const UringOptions &uo, int reps) {
-    Raw r;
-    const std::string path = dir + "/raw-bandwidth.bin";
-    AlignedBuffer big(bytes);
-    fill_random(big.data(), bytes, 1);
-    auto io = make_uring_file_io(uo);
-    for (int i = 0; i < reps; ++i) {
-        r.dd_write = std::max(r.dd_write, dd_pass(path, big, bytes, true));
-        r.dd_read = std::max(r.dd_read, dd_pass(path, big, bytes, false));
-        r.uring_write = std::max(r.uring_write, uring_pass(*io, path, big, bytes, true));
-        r.uring_read = std::max(r.uring_read, uring_pass(*io, path, big, bytes, false));
-    }
-    unlink(path.c_str());
-    return r;
+double checked(double mibs, const char *what) {
+    if (mibs < 0) die(std::string(what) + ": " + strerror(int(-mibs)));
+    return mibs;
 }
 
 std::vector<uint8_t> make_payload(uint64_t bytes, uint64_t seed) {
@@ -123,22 +74,20 @@ std::vector<uint8_t> make_payload(uint64_t bytes, uint64_t seed) {
 }
 
 void usage() {
-    puts("usage: ds4-bench-store [--dir DIR] [--sizes MB,MB,...] [--reps N] [--raw-mb MB]\n"
-         "                       [--chunk-kb KB] [--depth N]\n"
+    puts("usage: ds4-bench-store [--dir DIR] [--sizes MB,MB,...] [--reps N] [--chunk-kb KB] [--depth N]\n"
          "  --dir     scratch directory on the file system to measure (default: .)\n"
-         "  --sizes   payload sizes in MiB (default 64,256)\n"
-         "  --reps    repetitions per measurement; the best is reported (default 3)\n"
-         "  --raw-mb  size of the raw-bandwidth file in MiB (default 512)\n"
-         "  --chunk-kb, --depth  io_uring request size and requests in flight (default 2048, 8)");
+         "  --sizes   payload sizes in MiB (default 16,64,256)\n"
+         "  --reps    interleaved repetitions per size; medians are reported (default 5)\n"
+         "  --chunk-kb, --depth  the store's io_uring request size and requests in flight\n"
+         "            (default 2048, 8)");
 }
 
 }  // namespace
 
 int main(int argc, char **argv) {
     std::string dir = ".";
-    std::vector<uint64_t> sizes_mb = {64, 256};
-    int reps = 3;
-    uint64_t raw_mb = 512;
+    std::vector<uint64_t> sizes_mb = {16, 64, 256};
+    int reps = 5;
     UringOptions uo;
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
@@ -146,18 +95,28 @@ int main(int argc, char **argv) {
             if (i + 1 >= argc) die("missing value after " + a);
             return argv[++i];
         };
+        auto num = [&]() -> uint64_t {
+            const std::string v = val();
+            char *end = nullptr;
+            const unsigned long long n = strtoull(v.c_str(), &end, 10);
+            if (v.empty() || *end || n == 0) die(a + " needs a positive integer, not '" + v + "'");
+            return n;
+        };
         if (a == "--dir") dir = val();
-        else if (a == "--reps") reps = std::max(1, atoi(val().c_str()));
-        else if (a == "--raw-mb") raw_mb = strtoull(val().c_str(), nullptr, 10);
-        else if (a == "--chunk-kb") uo.chunk_bytes = size_t(strtoull(val().c_str(), nullptr, 10)) << 10;
-        else if (a == "--depth") uo.queue_depth = unsigned(atoi(val().c_str()));
+        else if (a == "--reps") reps = int(std::min<uint64_t>(num(), 1000));
+        else if (a == "--chunk-kb") uo.chunk_bytes = size_t(num()) << 10;
+        else if (a == "--depth") uo.queue_depth = unsigned(std::min<uint64_t>(num(), 64));
         else if (a == "--sizes") {
             sizes_mb.clear();
             std::string v = val();
-            for (size_t p = 0; p < v.size();) {
-                const size_t q = v.find(',', p);
-                sizes_mb.push_back(strtoull(v.substr(p, q - p).c_str(), nullptr, 10));
-                p = q == std::string::npos ? v.size() : q + 1;
+            for (size_t p = 0; p <= v.size();) {
+                const size_t q = std::min(v.find(',', p), v.size());
+                const std::string one = v.substr(p, q - p);
+                char *end = nullptr;
+                const unsigned long long n = strtoull(one.c_str(), &end, 10);
+                if (one.empty() || *end || n == 0 || n > (1u << 20)) die("--sizes: bad size '" + one + "' (MiB)");
+                sizes_mb.push_back(n);
+                p = q + 1;
             }
         } else if (a == "--help" || a == "-h") {
             usage();
@@ -171,22 +130,18 @@ int main(int argc, char **argv) {
     snprintf(tmpl, sizeof tmpl, "%s/ds4-bench-store-XXXXXX", dir.c_str());
     if (!mkdtemp(tmpl)) die("cannot create a scratch dir in " + dir + ": " + strerror(errno));
     const std::string scratch = tmpl;
+    const std::string raw_path = scratch + "/raw-bandwidth.bin";
 
-    printf("ds4-bench-store: scratch %s, io_uring chunk %zu KiB x %u in flight\n", scratch.c_str(), uo.chunk_bytes >> 10,
-           uo.queue_depth);
+    printf("ds4-bench-store: scratch %s, store io_uring chunk %zu KiB x %u in flight, %d interleaved reps (medians)\n",
+           scratch.c_str(), uo.chunk_bytes >> 10, uo.queue_depth, reps);
     {
-        std::vector<uint8_t> h(256 << 20);
+        AlignedBuffer h(256 << 20);
         fill_random(h.data(), h.size(), 3);
         const double t0 = now_s();
         volatile uint64_t x = xxh64(h.data(), h.size());
         (void)x;
-        printf("checksum (xxh64, in memory): %.0f MiB/s\n", mbps(h.size(), now_s() - t0));
+        printf("checksum (xxh64, in memory): %.0f MiB/s\n", mibs(h.size(), now_s() - t0));
     }
-    const Raw raw = measure_raw(scratch, raw_mb << 20, uo, reps);
-    printf("raw sequential, O_DIRECT, %" PRIu64 " MiB file (best of %d):\n", raw_mb, reps);
-    printf("  dd-like 4 MiB x1   write+fsync %8.0f MiB/s   read %8.0f MiB/s\n", raw.dd_write, raw.dd_read);
-    printf("  io_uring           write+fsync %8.0f MiB/s   read %8.0f MiB/s\n", raw.uring_write, raw.uring_read);
-    const double raw_w = std::max(raw.dd_write, raw.uring_write), raw_r = std::max(raw.dd_read, raw.uring_read);
 
     StoreOptions so;
     so.state_dir = scratch + "/state";
@@ -197,34 +152,46 @@ int main(int argc, char **argv) {
     StoreStats st;
     if (Status s = store->stats(&st); !s) die(s.to_string());
     printf("store: io_uring %s\n", st.uring ? "active" : "UNAVAILABLE (pread/pwrite fallback)");
-    printf("%10s %14s %8s %14s %8s %14s %8s\n", "payload", "save MiB/s", "of raw", "restore MiB/s", "of raw",
-           "(new buffer)", "of raw");
+    printf("raw = O_DIRECT 4 MiB requests on a file of the same size: write+fsync; read dd-like (one reused\n"
+           "buffer) and into memory (a file-sized buffer). MiB/s; %% = store / raw.\n");
+    printf("%8s | %8s %8s %5s | %8s %8s %5s %8s %5s | %9s\n", "payload", "save", "raw wr", "%", "restore", "raw dd",
+           "%", "raw mem", "%", "fresh buf");
     for (const uint64_t mb : sizes_mb) {
         const auto p = make_payload(mb << 20, mb);
+        AlignedBuffer raw_src(p.size()), raw_dst(p.size());
+        memcpy(raw_src.data(), p.data(), p.size());
         const std::string name = "bench-" + std::to_string(mb);
-        double best_save = 0, best_load = 0, best_fresh = 0;
+        std::vector<double> save, load, fresh, raw_w, raw_dd, raw_mem;
         LoadedPayload reused;
         for (int i = 0; i < reps; ++i) {
             double t0 = now_s();
             if (Status s = store->save(name, p.data(), p.size()); !s) die(s.to_string());
-            best_save = std::max(best_save, mbps(p.size(), now_s() - t0));
-            {
-                LoadedPayload fresh;  // a new buffer: includes faulting its memory in
-                t0 = now_s();
-                if (Status s = store->load(name, &fresh); !s) die(s.to_string());
-                best_fresh = std::max(best_fresh, mbps(p.size(), now_s() - t0));
-            }
+            save.push_back(mibs(p.size(), now_s() - t0));
+            raw_w.push_back(checked(ds4::bench::raw_write_mibs(raw_path, raw_src.data(), p.size()), "raw write"));
+
+            raw_dd.push_back(checked(ds4::bench::raw_read_mibs(raw_path, nullptr, p.size()), "raw read"));
             t0 = now_s();
             if (Status s = store->load(name, &reused); !s) die(s.to_string());
-            best_load = std::max(best_load, mbps(p.size(), now_s() - t0));
+            load.push_back(mibs(p.size(), now_s() - t0));
+            raw_mem.push_back(checked(ds4::bench::raw_read_mibs(raw_path, raw_dst.data(), p.size()), "raw read"));
+            {
+                LoadedPayload fb;  // a new buffer: includes faulting its memory in
+                t0 = now_s();
+                if (Status s = store->load(name, &fb); !s) die(s.to_string());
+                fresh.push_back(mibs(p.size(), now_s() - t0));
+            }
             if (reused.bytes.size() != p.size() || memcmp(reused.bytes.data(), p.data(), p.size()) != 0)
                 die("restored payload differs from the saved one");
         }
-        printf("%7" PRIu64 " MiB %14.0f %7.0f%% %14.0f %7.0f%% %14.0f %7.0f%%\n", mb, best_save, 100 * best_save / raw_w,
-               best_load, 100 * best_load / raw_r, best_fresh, 100 * best_fresh / raw_r);
+        const double sv = median(save), rw = median(raw_w), ld = median(load), dd = median(raw_dd),
+                     rm = median(raw_mem);
+        printf("%4" PRIu64 " MiB | %8.0f %8.0f %4.0f%% | %8.0f %8.0f %4.0f%% %8.0f %4.0f%% | %9.0f\n", mb, sv, rw,
+               100 * sv / rw, ld, dd, 100 * ld / dd, rm, 100 * ld / rm, median(fresh));
+        fflush(stdout);
         if (Status s = store->remove(name); !s) die(s.to_string());
     }
     store.reset();
+    unlink(raw_path.c_str());
     const std::string rm = "rm -rf '" + scratch + "'";
     if (system(rm.c_str()) != 0) fprintf(stderr, "ds4-bench-store: could not remove %s\n", scratch.c_str());
     return 0;
