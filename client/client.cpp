@@ -217,7 +217,7 @@ SessionInfo Client::open_session(const std::string &name, uint32_t ctx) {
     const fb::Envelope *env = impl_->await(id);
     const fb::SessionOpened *o = env->body_as_SessionOpened();
     if (!o) unexpected(env, "SessionOpened");
-    return SessionInfo{o->session(), str(o->name()), o->ctx(), o->n_tokens(), o->created()};
+    return SessionInfo{o->session(), str(o->name()), o->ctx(), o->n_tokens(), o->created(), str(o->save_error())};
 }
 
 void Client::close_session(uint64_t session) {
@@ -241,7 +241,7 @@ std::vector<StoredSession> Client::list_sessions() {
     if (l->sessions())
         for (const fb::SessionInfo *i : *l->sessions())
             out.push_back({str(i->name()), i->n_tokens(), i->bytes(), i->created_unix(), i->last_used_unix(),
-                           i->pinned(), i->live()});
+                           i->pinned(), i->live(), i->stored_tokens(), str(i->save_error())});
     return out;
 }
 
@@ -264,7 +264,7 @@ SessionInfo Client::load_session(const std::string &name, uint32_t ctx) {
     const fb::Envelope *env = impl_->await(id);
     const fb::SessionOpened *o = env->body_as_SessionOpened();
     if (!o) unexpected(env, "SessionOpened");
-    return SessionInfo{o->session(), str(o->name()), o->ctx(), o->n_tokens(), o->created()};
+    return SessionInfo{o->session(), str(o->name()), o->ctx(), o->n_tokens(), o->created(), str(o->save_error())};
 }
 
 void Client::delete_session(const std::string &name) {
@@ -427,6 +427,7 @@ Stats Client::stats() {
     s.tokens_out = r->tokens_out();
     s.prefill_tok_s = r->prefill_tok_s();
     s.decode_tok_s = r->decode_tok_s();
+    s.saves_failed = r->saves_failed();
     if (const fb::MemoryStats *m = r->memory()) {
         s.memory.weights_bytes = m->weights_bytes();
         s.memory.cache_bytes = m->cache_bytes();

@@ -123,10 +123,31 @@ std::string read_all_stdin() {
     return s;
 }
 
+// A failed save leaves the stored version of a session behind its live state: say so, since
+// a daemon restart would lose the newer turns.
+void warn_save_error(const std::string &name, const std::string &err) {
+    std::fprintf(stderr,
+                 "ds4: warning: saving session %s failed, so its stored version is behind the live one "
+                 "(a ds4d restart would lose the newer turns): %s\n",
+                 name.c_str(), err.c_str());
+}
+
+// Waits until the session's latest turn is stored (ListSessions answers after queued saves)
+// and returns why saving it failed, or "".
+std::string latest_save_error(Client &client, const std::string &name) {
+    for (const StoredSession &s : client.list_sessions())
+        if (s.name == name) return s.save_error;
+    return {};
+}
+
 int cmd_run(Client &client, const CliArgs &a) {
     GenerateRequest req = base_request(a);
     const std::string prompt = a.prompt == "-" ? read_all_stdin() : a.prompt;
-    if (!a.session.empty()) req.session = client.open_session(a.session).id;
+    if (!a.session.empty()) {
+        SessionInfo si = client.open_session(a.session);
+        if (!si.save_error.empty()) warn_save_error(si.name, si.save_error);
+        req.session = si.id;
+    }
     if (a.raw) {
         req.kind = GenerateRequest::Prompt::Text;
         req.text = prompt;
@@ -141,6 +162,10 @@ int cmd_run(Client &client, const CliArgs &a) {
     else if (::isatty(1) && !last_newline) std::fputc('\n', stdout);
     std::fflush(stdout);
     print_summary(d);
+    if (!a.session.empty()) {
+        const std::string err = latest_save_error(client, a.session);
+        if (!err.empty()) warn_save_error(a.session, err);
+    }
     return d.reason == FinishReason::Cancelled && drain_sigpipe() ? kExitInterrupted : kExitOk;
 }
 
@@ -179,6 +204,8 @@ bool read_line(std::string &line, bool *interrupted) {
 int cmd_chat(Client &client, const CliArgs &a) {
     const bool tty_in = ::isatty(0);
     SessionInfo s = client.open_session(a.session);
+    std::string save_error = s.save_error;
+    if (!save_error.empty()) warn_save_error(s.name, save_error);
     if (tty_in) {
         const ServerInfo &info = client.server_info();
         std::fprintf(stderr, "ds4 chat with %s (%s)%s. Ctrl-C stops an answer, /exit leaves.\n",
@@ -212,6 +239,11 @@ int cmd_chat(Client &client, const CliArgs &a) {
         if (d.reason == FinishReason::Cancelled) {
             drain_sigpipe();
             if (tty_in) std::fprintf(stderr, "[stopped]\n");
+        }
+        if (!a.session.empty()) {
+            const std::string err = latest_save_error(client, a.session);
+            if (!err.empty() && err != save_error) warn_save_error(a.session, err);
+            save_error = err;
         }
     }
     if (tty_in) std::fputc('\n', stdout);
@@ -247,6 +279,7 @@ int cmd_stats(Client &client) {
         std::printf(", device %s free of %s", bytes(s.memory.device_free).c_str(),
                     bytes(s.memory.device_total).c_str());
     std::printf("\n");
+    std::printf("store        %llu failed session saves\n", static_cast<unsigned long long>(s.saves_failed));
     return kExitOk;
 }
 
@@ -272,10 +305,14 @@ int cmd_sessions(Client &client, const CliArgs &a) {
     case CliArgs::SessionsOp::List: {
         std::vector<StoredSession> v = client.list_sessions();
         std::printf("%-24s %8s %12s  %-19s  %-6s %s\n", "NAME", "TOKENS", "BYTES", "LAST USED", "PINNED", "LIVE");
-        for (const StoredSession &s : v)
+        for (const StoredSession &s : v) {
             std::printf("%-24s %8u %12llu  %-19s  %-6s %s\n", s.name.c_str(), s.n_tokens,
                         static_cast<unsigned long long>(s.bytes), when(s.last_used_unix).c_str(),
                         s.pinned ? "yes" : "no", s.live ? "yes" : "no");
+            if (!s.save_error.empty())
+                std::printf("  ! latest save failed; stored version has %u tokens: %s\n", s.stored_tokens,
+                            s.save_error.c_str());
+        }
         return kExitOk;
     }
     case CliArgs::SessionsOp::Save: {

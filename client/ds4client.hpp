@@ -51,6 +51,9 @@ struct SessionInfo {
     uint32_t ctx = 0;
     uint32_t n_tokens = 0;
     bool created = false;
+    // Non-empty when the session's latest save failed (disk full, I/O error, budget): its
+    // stored version is older than the live state, which a daemon restart would lose.
+    std::string save_error;
 };
 
 struct ChatMessage {
@@ -114,6 +117,7 @@ struct Stats {
     uint64_t requests_total = 0, tokens_in = 0, tokens_cached = 0, tokens_out = 0;
     double prefill_tok_s = 0, decode_tok_s = 0;
     MemoryStats memory;
+    uint64_t saves_failed = 0;   // session saves that failed since the daemon started
 };
 
 // One entry of ListSessions: stored sessions and named sessions held in memory.
@@ -124,6 +128,8 @@ struct StoredSession {
     uint64_t created_unix = 0, last_used_unix = 0;
     bool pinned = false;
     bool live = false;           // held in daemon memory
+    uint32_t stored_tokens = 0;  // tokens in the stored version (n_tokens: the live history's)
+    std::string save_error;      // the latest save failed: why (empty once one succeeds)
 };
 
 struct SavedSession {

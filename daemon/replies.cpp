@@ -17,6 +17,11 @@ flatbuffers::Offset<flatbuffers::String> sv(flatbuffers::FlatBufferBuilder &fbb,
     return fbb.CreateString(s.data(), s.size());
 }
 
+// Absent rather than empty: a reader sees "no error" either way, the frame stays smaller.
+flatbuffers::Offset<flatbuffers::String> opt_sv(flatbuffers::FlatBufferBuilder &fbb, std::string_view s) {
+    return s.empty() ? flatbuffers::Offset<flatbuffers::String>() : sv(fbb, s);
+}
+
 flatbuffers::Offset<fb::ModelInfo> model_info(flatbuffers::FlatBufferBuilder &fbb, const ModelSummary &m) {
     return fb::CreateModelInfo(fbb, sv(fbb, m.family), sv(fbb, m.name), m.n_layer, m.n_embd, m.n_vocab, m.n_ctx_max,
                                m.n_head, m.n_expert, sv(fbb, m.backend));
@@ -36,9 +41,11 @@ Frame hello_ok_frame(uint64_t rid, const ModelSummary &m, uint32_t default_ctx, 
 }
 
 Frame session_opened_frame(uint64_t rid, uint64_t session, std::string_view name, uint32_t ctx, uint32_t n_tokens,
-                           bool created) {
-    flatbuffers::FlatBufferBuilder fbb(128);
-    return finish(fbb, rid, fb::CreateSessionOpened(fbb, session, sv(fbb, name), ctx, n_tokens, created));
+                           bool created, std::string_view save_error) {
+    flatbuffers::FlatBufferBuilder fbb(128 + save_error.size());
+    auto nm = sv(fbb, name);
+    auto se = opt_sv(fbb, save_error);
+    return finish(fbb, rid, fb::CreateSessionOpened(fbb, session, nm, ctx, n_tokens, created, se));
 }
 
 Frame ok_frame(uint64_t rid) {
@@ -83,15 +90,18 @@ Frame stats_result_frame(uint64_t rid, const ModelSummary &m, const StatsFields 
     return finish(fbb, rid,
                   fb::CreateStatsResult(fbb, s.uptime_s, mi, s.sessions, s.connections, s.active_requests,
                                         s.queued_requests, s.requests_total, s.tokens_in, s.tokens_cached,
-                                        s.tokens_out, s.prefill_tok_s, s.decode_tok_s, mem));
+                                        s.tokens_out, s.prefill_tok_s, s.decode_tok_s, mem, s.saves_failed));
 }
 
 Frame session_list_frame(uint64_t rid, const std::vector<SessionListEntry> &entries) {
     flatbuffers::FlatBufferBuilder fbb(128 + entries.size() * 64);
     std::vector<flatbuffers::Offset<fb::SessionInfo>> v;
-    for (const auto &e : entries)
-        v.push_back(fb::CreateSessionInfo(fbb, sv(fbb, e.name), e.n_tokens, e.bytes, e.created_unix, e.last_used_unix,
-                                          e.pinned, e.live));
+    for (const auto &e : entries) {
+        auto nm = sv(fbb, e.name);
+        auto se = opt_sv(fbb, e.save_error);
+        v.push_back(fb::CreateSessionInfo(fbb, nm, e.n_tokens, e.bytes, e.created_unix, e.last_used_unix, e.pinned,
+                                          e.live, e.stored_tokens, se));
+    }
     return finish(fbb, rid, fb::CreateSessionList(fbb, fbb.CreateVector(v)));
 }
 

@@ -26,6 +26,7 @@ struct StatsFields {
     uint64_t requests_total = 0, tokens_in = 0, tokens_cached = 0, tokens_out = 0;
     double prefill_tok_s = 0, decode_tok_s = 0;
     MemorySnapshot memory;
+    uint64_t saves_failed = 0;
 };
 
 struct SessionListEntry {
@@ -34,12 +35,14 @@ struct SessionListEntry {
     uint64_t bytes = 0;
     uint64_t created_unix = 0, last_used_unix = 0;
     bool pinned = false, live = false;
+    uint32_t stored_tokens = 0;  // 0 when not stored
+    std::string save_error;      // the latest save of this name failed: why
 };
 
 Frame error_frame(uint64_t rid, ipc::fb::ErrorCode code, std::string_view message);
 Frame hello_ok_frame(uint64_t rid, const ModelSummary &m, uint32_t default_ctx, uint32_t max_frame);
 Frame session_opened_frame(uint64_t rid, uint64_t session, std::string_view name, uint32_t ctx, uint32_t n_tokens,
-                           bool created);
+                           bool created, std::string_view save_error = {});
 Frame ok_frame(uint64_t rid);
 Frame progress_frame(uint64_t rid, uint32_t current, uint32_t total);
 Frame token_chunk_frame(uint64_t rid, std::span<const int32_t> tokens, std::string_view text);

@@ -58,6 +58,17 @@ uint64_t SessionSaver::saves_failed() const {
     return failed_;
 }
 
+std::string SessionSaver::last_error(const std::string &name) const {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = errors_.find(name);
+    return it == errors_.end() ? std::string() : it->second;
+}
+
+void SessionSaver::forget(const std::string &name) {
+    std::lock_guard<std::mutex> lk(mu_);
+    errors_.erase(name);
+}
+
 void SessionSaver::run() {
     std::unique_lock<std::mutex> lk(mu_);
     for (;;) {
@@ -82,6 +93,10 @@ void SessionSaver::run() {
         it.bytes = {};
         lk.lock();
         if (!st) ++failed_;
+        if (!it.is_checkpoint) {
+            if (st) errors_.erase(it.name);
+            else errors_[it.name] = st.to_string();
+        }
         busy_ = false;
         if (q_.empty()) idle_cv_.notify_all();
     }

@@ -3,6 +3,11 @@
 // fsync. Saves of one name are ordered; a queued save not yet started is replaced by a
 // newer one of the same name (only the latest state matters). Checkpoints are best-effort
 // and bounded: beyond max_checkpoints queued, new ones are dropped.
+//
+// A failed save (disk full, I/O error, budget) keeps the previous stored version; the
+// failure is remembered per name until a later save of that name succeeds or the name is
+// forgotten, so clients can be told (SessionOpened, ListSessions) that the stored state is
+// behind the live one.
 #pragma once
 #include <condition_variable>
 #include <cstdint>
@@ -11,6 +16,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "kvstore/store.h"
@@ -34,6 +40,10 @@ public:
     void flush();
 
     uint64_t saves_failed() const;
+    // Why the latest save of `name` failed; empty when it succeeded (or none was made).
+    std::string last_error(const std::string &name) const;
+    // Drops the remembered failure (the session was deleted).
+    void forget(const std::string &name);
 
 private:
     struct Item {
@@ -52,6 +62,7 @@ private:
     size_t queued_checkpoints_ = 0;
     bool busy_ = false, stop_ = false;
     uint64_t failed_ = 0;
+    std::unordered_map<std::string, std::string> errors_;  // name -> latest failure
     std::thread thread_;
 };
 

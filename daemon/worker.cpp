@@ -361,6 +361,12 @@ struct Worker::Impl {
 
     // ---- requests ----
 
+    // Why the latest save of this session failed (its stored version is behind); empty if
+    // it did not. Does not wait for queued saves.
+    std::string save_error_of(const std::string &name) const {
+        return saver && !name.empty() ? saver->last_error(name) : std::string();
+    }
+
     void handle(Request &r) {
         std::visit([&](auto &p) { on(r, p); }, r.body);
     }
@@ -377,7 +383,9 @@ struct Worker::Impl {
             if (it != names.end()) {
                 Session *s = sessions.at(it->second).get();
                 return emit(r.conn, r.id,
-                            session_opened_frame(r.id, s->id, s->name, s->ctx, uint32_t(s->history.size()), false), true);
+                            session_opened_frame(r.id, s->id, s->name, s->ctx, uint32_t(s->history.size()), false,
+                                                 save_error_of(s->name)),
+                            true);
             }
         }
         if (sessions.size() >= cfg.max_sessions)
@@ -506,6 +514,7 @@ struct Worker::Impl {
         if (cfg.store) {
             found = quarantined.erase(p.name) > 0 || found;
             saver->flush();
+            saver->forget(p.name);
             const kvstore::Status st = cfg.store->remove(p.name);
             if (st) found = true;
             else if (st.code() != kvstore::Code::kNotFound)
@@ -525,14 +534,16 @@ struct Worker::Impl {
             if (!st) return reply_error(r, fb::ErrorCode::Store, "listing stored sessions: " + st.to_string());
             for (const auto &e : stored) {
                 at[e.name] = v.size();
-                v.push_back({e.name, e.n_tokens, e.bytes, e.created_ms / 1000, e.last_used_ms / 1000, e.pinned, false});
+                v.push_back({e.name, e.n_tokens, e.bytes, e.created_ms / 1000, e.last_used_ms / 1000, e.pinned, false,
+                             e.n_tokens, save_error_of(e.name)});
             }
         }
         for (auto &[id, s] : sessions) {
             if (s->name.empty()) continue;
             auto f = at.find(s->name);
             if (f == at.end()) {
-                v.push_back({s->name, uint32_t(s->history.size()), 0, s->created_unix, s->used_unix, false, true});
+                v.push_back({s->name, uint32_t(s->history.size()), 0, s->created_unix, s->used_unix, false, true, 0,
+                             save_error_of(s->name)});
             } else {
                 SessionListEntry &e = v[f->second];
                 e.live = true;
@@ -580,6 +591,7 @@ struct Worker::Impl {
         s.prefill_tok_s = prefill_ns_total ? double(prefill_tokens) * 1e9 / double(prefill_ns_total) : 0.0;
         s.decode_tok_s = decode_ns_total ? double(tokens_out) * 1e9 / double(decode_ns_total) : 0.0;
         s.memory = model->memory();
+        s.saves_failed = saver ? saver->saves_failed() : 0;
         emit(r.conn, r.id, stats_result_frame(r.id, model_summary, s), true);
     }
 

@@ -267,19 +267,28 @@ private:
         return 0;
     }
 
+    // The request size for reading `total` bytes: small enough that the file arrives in
+    // about four bunches of depth_ requests (so checksumming one bunch overlaps the next),
+    // but not below 256 KiB (the per-request cost shows there) nor above the configured size.
+    size_t read_chunk(size_t total) const {
+        const size_t want = round_up(total / (size_t(depth_) * 4) + 1, kIoAlign);
+        return std::min(chunk_, std::max(want, size_t(256) << 10));
+    }
+
     // One attempt at reading the file. on_chunk is called for the contiguous completed
     // prefix as it grows; `delivered` tracks how far so a retry does not repeat bytes.
     int64_t read_pass(int fd, uint8_t *dst, size_t len, const ChunkFn &on_chunk, size_t *delivered) {
         const bool direct = fd_is_direct(fd);
         const size_t total = direct ? round_up(len, kIoAlign) : len;
-        const size_t n_chunks = (total + chunk_ - 1) / chunk_;
+        const size_t chunk = read_chunk(total);
+        const size_t n_chunks = (total + chunk - 1) / chunk;
         std::vector<size_t> got(n_chunks, 0);
         std::vector<char> complete(n_chunks, 0);
         size_t frontier = 0;  // first chunk not yet reported
         size_t end = len;     // shrinks when EOF is met early
         auto advance = [&] {
             while (frontier < n_chunks && complete[frontier]) {
-                const size_t off = frontier * chunk_;
+                const size_t off = frontier * chunk;
                 const size_t stop = std::min(off + got[frontier], end);
                 if (stop > *delivered && on_chunk) on_chunk(dst + *delivered, stop - *delivered);
                 *delivered = std::max(*delivered, stop);
@@ -288,8 +297,8 @@ private:
         };
         if (!ring_ok_) {
             for (size_t c = 0; c < n_chunks; ++c) {
-                const size_t off = c * chunk_;
-                const size_t n = std::min(chunk_, total - off);
+                const size_t off = c * chunk;
+                const size_t n = std::min(chunk, total - off);
                 while (got[c] < n) {
                     const ssize_t r = ::pread(fd, dst + off + got[c], n - got[c], off_t(off + got[c]));
                     if (r < 0 && errno == EINTR) continue;
@@ -337,12 +346,12 @@ private:
         // on_chunk work (the checksum) runs on the finished data: that work then overlaps
         // the next bunch's transfer instead of delaying its submission.
         while ((next < n_chunks && err == 0) || inflight > 0) {
-            while (err == 0 && next < n_chunks && inflight < depth_ && next * chunk_ < end) {
+            while (err == 0 && next < n_chunks && inflight < depth_ && next * chunk < end) {
                 size_t slot = 0;
                 while (reqs[slot].busy) ++slot;
                 Req &r = reqs[slot];
-                const size_t off = next * chunk_;
-                r = Req{off, std::min(chunk_, total - off), 0, dst + off, next, true};
+                const size_t off = next * chunk;
+                r = Req{off, std::min(chunk, total - off), 0, dst + off, next, true};
                 if ((err = submit(r, slot, false, fd)) != 0) {
                     r.busy = false;
                     break;

@@ -17,6 +17,7 @@ TEST(PersistE2E, NeedsBridgeDaemonAndModelGenerator) {
 #include <random>
 
 #include "client/ds4client.hpp"
+#include "tests/common/tmpfs_mount.h"
 #include "tests/daemon/e2e_support.h"
 
 using namespace e2e;
@@ -396,6 +397,78 @@ TEST_F(PersistE2E, AFailedSaveIsReportedAndKeepsThePreviousVersion) {
     Client c2(d2.socket);
     EXPECT_EQ(c2.open_session("b").n_tokens, first_tokens) << "the previous version was not kept";
     EXPECT_EQ(d2.stop(SIGTERM), 0);
+}
+
+// The state dir on a small tmpfs that really fills up: saves fail with the kernel's ENOSPC,
+// clients are told (the explicit save's error, SessionOpened, ListSessions, Stats, the ds4
+// command's warning), generation goes on, and after kill -9 the previous stored version
+// resumes exactly. Once there is space again, saving works without a restart.
+TEST_F(PersistE2E, ARealFullDiskIsReportedAndKeepsThePreviousVersion) {
+    const std::string mnt = dir->path + "/smallfs";
+    std::filesystem::create_directories(mnt);
+    ds4test::TmpfsMount fs(mnt, "size=4m,mode=0700");
+    if (!fs.ok()) GTEST_SKIP() << "cannot mount a tmpfs here (" << strerror(fs.error()) << ")";
+    const std::string state = mnt + "/state", filler = mnt + "/filler";
+    auto find = [](const std::vector<ds4::client::StoredSession> &v, const std::string &name) {
+        for (const auto &e : v)
+            if (e.name == name) return e;
+        return ds4::client::StoredSession{};
+    };
+    {
+        Daemon d;
+        ASSERT_EQ(start(d, state), "");
+        Client c(d.socket);
+        const uint64_t s = c.open_session("conv").id;
+        for (int i = 0; i < 2; ++i) ASSERT_EQ(run_turn(c, s, i).out, ref_out[size_t(i)]);
+        auto before = find(c.list_sessions(), "conv");
+        ASSERT_EQ(before.stored_tokens, ref_tokens_before[2]);
+        EXPECT_EQ(before.save_error, "");
+
+        const long long filled = ds4test::fill_file_system(filler);
+        ASSERT_GT(filled, 0) << strerror(int(-filled));
+        // Generation is not affected by the store being full.
+        EXPECT_EQ(run_turn(c, s, 2).out, ref_out[2]);
+        auto after = find(c.list_sessions(), "conv");  // waits for that turn's (failed) save
+        EXPECT_EQ(after.n_tokens, ref_tokens_before[3]);
+        EXPECT_EQ(after.stored_tokens, ref_tokens_before[2]) << "the stored version changed";
+        EXPECT_NE(after.save_error.find("No space left"), std::string::npos) << after.save_error;
+        try {
+            c.save_session("conv");
+            ADD_FAILURE() << "a save on a full file system succeeded";
+        } catch (const ServerError &e) {
+            EXPECT_EQ(e.code_name, "Store");
+            EXPECT_NE(std::string(e.what()).find("previous stored version is kept"), std::string::npos) << e.what();
+            EXPECT_NE(std::string(e.what()).find("No space left"), std::string::npos) << e.what();
+        }
+        Client other(d.socket);
+        EXPECT_NE(other.open_session("conv").save_error, "") << "a second client is not told";
+        EXPECT_GE(other.stats().saves_failed, 2u);
+        // The command-line client says so after its turn, and the list shows it.
+        CmdResult cli = run_cmd({DS4_CLI_PATH, "--socket", d.socket, "run", "--session", "cli", "--max-tokens", "2", "hi"},
+                                dir->path);
+        EXPECT_EQ(cli.rc, 0) << cli.err;
+        EXPECT_NE(cli.err.find("warning: saving session cli failed"), std::string::npos) << cli.err;
+        CmdResult list = run_cmd({DS4_CLI_PATH, "--socket", d.socket, "sessions", "list"}, dir->path);
+        EXPECT_NE(list.out.find("latest save failed; stored version has " + std::to_string(ref_tokens_before[2]) +
+                                " tokens"),
+                  std::string::npos)
+            << list.out;
+        EXPECT_EQ(d.stop(SIGKILL), -1000 - SIGKILL);
+    }
+    ASSERT_EQ(::unlink(filler.c_str()), 0);
+    Daemon d;
+    ASSERT_EQ(start(d, state), "");
+    Client c(d.socket);
+    ds4::client::SessionInfo s = c.open_session("conv");
+    ASSERT_EQ(s.n_tokens, ref_tokens_before[2]) << "the previous version was not kept";
+    EXPECT_EQ(s.save_error, "");
+    Turn t = run_turn(c, s.id, 2);
+    EXPECT_EQ(t.out, ref_out[2]) << "the kept version does not resume exactly";
+    EXPECT_EQ(t.done.cached_tokens, ref_tokens_before[2]);
+    auto now = find(c.list_sessions(), "conv");
+    EXPECT_EQ(now.stored_tokens, ref_tokens_before[3]) << "saving does not work again with space";
+    EXPECT_EQ(now.save_error, "");
+    EXPECT_EQ(d.stop(SIGTERM), 0);
 }
 
 }  // namespace

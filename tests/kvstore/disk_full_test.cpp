@@ -1,9 +1,9 @@
 // A real full file system: a small tmpfs mounted for the test (needs root and mount
 // permission; skipped otherwise).
 #include <gtest/gtest.h>
-#include <sys/mount.h>
 
 #include "kvstore/store.h"
+#include "tests/common/tmpfs_mount.h"
 #include "tests/kvstore/test_util.h"
 
 namespace ds4::kvstore {
@@ -11,25 +11,12 @@ namespace {
 
 using testing::make_payload;
 
-class TmpfsMount {
-public:
-    explicit TmpfsMount(const std::string &where, const char *opts) : where_(where) {
-        ok_ = mount("ds4-kvstore-test", where.c_str(), "tmpfs", 0, opts) == 0;
-    }
-    ~TmpfsMount() {
-        if (ok_) umount2(where_.c_str(), MNT_DETACH);
-    }
-    bool ok() const { return ok_; }
-
-private:
-    std::string where_;
-    bool ok_ = false;
-};
+using ds4test::TmpfsMount;
 
 TEST(KvstoreDiskFull, SmallTmpfsReportsNoSpaceAndKeepsTheOldVersion) {
     testing::TempDir tmp;
     TmpfsMount m(tmp.path(), "size=6m,mode=0700");
-    if (!m.ok()) GTEST_SKIP() << "cannot mount a tmpfs here (" << strerror(errno) << ")";
+    if (!m.ok()) GTEST_SKIP() << "cannot mount a tmpfs here (" << strerror(m.error()) << ")";
     StoreOptions o;
     o.state_dir = tmp.sub("state");
     o.map_size = 1 << 20;
