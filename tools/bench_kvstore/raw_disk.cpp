@@ -4,9 +4,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
+#include <thread>
+#include <vector>
 
 namespace ds4::bench {
 namespace {
@@ -50,6 +53,35 @@ double raw_read_mibs(const std::string &path, uint8_t *dst, size_t bytes) {
         if (r == 0) return -EIO;  // shorter than asked
         off += size_t(r);
     }
+    return mibs(bytes, now_s() - t0);
+}
+
+double raw_read_queued_mibs(const std::string &path, uint8_t *dst, size_t bytes, unsigned depth) {
+    depth = std::max(1u, depth);
+    const size_t n_chunks = (round_up(bytes) + kBlock - 1) / kBlock;
+    const double t0 = now_s();
+    Fd f{open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC)};
+    if (f.fd < 0) return -errno;
+    std::atomic<int> err{0};
+    auto reader = [&](size_t first) {
+        for (size_t c = first; c < n_chunks && err.load() == 0; c += depth) {
+            const size_t off = c * kBlock, end = std::min(off + kBlock, round_up(bytes));
+            for (size_t at = off; at < std::min(end, bytes);) {  // a short read at EOF ends it
+                const ssize_t r = pread(f.fd, dst + at, end - at, off_t(at));
+                if (r < 0 && errno == EINTR) continue;
+                if (r <= 0) {
+                    err = r < 0 ? errno : EIO;
+                    return;
+                }
+                at += size_t(r);
+            }
+        }
+    };
+    std::vector<std::thread> pool;
+    for (unsigned t = 1; t < depth && t < n_chunks; ++t) pool.emplace_back(reader, t);
+    reader(0);
+    for (auto &t : pool) t.join();
+    if (err.load() != 0) return -err.load();
     return mibs(bytes, now_s() - t0);
 }
 

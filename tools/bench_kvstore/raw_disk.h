@@ -8,8 +8,12 @@
 //                disk that is really the host's page cache.
 //   into memory: the same requests, each into its own place in a file-sized buffer (what
 //                loading a file into memory has to do: every byte lands in DRAM).
-// A store load has to keep the bytes, so "into memory" is its like-for-like ceiling; both
-// are reported.
+//   queued:      the same requests into a file-sized buffer, N of them in flight at once
+//                (N threads issuing preads, as `fio --iodepth=N` would): what the device
+//                gives when it is kept busy. This is the strictest ceiling, because the
+//                store keeps several io_uring requests in flight too.
+// A store load has to keep the bytes, so "into memory" and "queued" are its like-for-like
+// ceilings; the benchmarks report all three and judge the store against the best.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -26,6 +30,11 @@ double raw_read_mibs(const std::string &path, uint8_t *dst, size_t bytes);
 
 // MiB/s for writing src[0, bytes) as the whole of `path` with O_DIRECT, 4 MiB at a time,
 // then fsync (dd oflag=direct conv=fsync). src 4096-aligned. -errno on failure.
+// MiB/s for reading the first `bytes` of `path` into dst with O_DIRECT, 4 MiB requests,
+// `depth` of them in flight (one thread each, chunk i read by thread i % depth). Same
+// buffer rules as raw_read_mibs. -errno on failure.
+double raw_read_queued_mibs(const std::string &path, uint8_t *dst, size_t bytes, unsigned depth);
+
 double raw_write_mibs(const std::string &path, const uint8_t *src, size_t bytes);
 
 double median(std::vector<double> v);
