@@ -63,7 +63,7 @@ void ThreadPool::worker(int index) {
     }
 }
 
-void ThreadPool::parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t, int)> &fn) {
+void ThreadPool::parallel_for(int64_t n, int64_t grain, RangeFn fn) {
     if (n <= 0) return;
     grain = std::max<int64_t>(1, grain);
     if (n_threads_ == 1 || n <= grain) {

@@ -6,12 +6,30 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
-#include <functional>
 #include <mutex>
+#include <memory>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 namespace ds4 {
+
+// A borrowed reference to a loop body fn(begin, end, thread_index). parallel_for runs the
+// body before it returns, so the reference never outlives the callable; unlike
+// std::function it never allocates, and decode issues thousands of loops per token.
+class RangeFn {
+public:
+    template <class F>
+        requires(!std::is_same_v<std::remove_cvref_t<F>, RangeFn>)
+    RangeFn(F &&f)  // NOLINT: implicit, so lambdas pass straight in
+        : obj_(const_cast<void *>(static_cast<const void *>(std::addressof(f)))),
+          call_([](void *o, int64_t b, int64_t e, int i) { (*static_cast<std::remove_reference_t<F> *>(o))(b, e, i); }) {}
+    void operator()(int64_t b, int64_t e, int i) const { call_(obj_, b, e, i); }
+
+private:
+    void *obj_;
+    void (*call_)(void *, int64_t, int64_t, int);
+};
 
 class ThreadPool {
 public:
@@ -24,7 +42,7 @@ public:
     // Runs fn(begin, end, thread_index) over [0, n) split into contiguous ranges whose
     // sizes are multiples of `grain` (except the last). Returns when all ranges are done.
     // Exceptions thrown by fn are rethrown here (the first one).
-    void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t, int)> &fn);
+    void parallel_for(int64_t n, int64_t grain, RangeFn fn);
 
 private:
     void worker(int index);
@@ -38,7 +56,7 @@ private:
     std::atomic<int> pending_{0};
     std::atomic<bool> stop_{false};
     // current job
-    const std::function<void(int64_t, int64_t, int)> *fn_ = nullptr;
+    const RangeFn *fn_ = nullptr;
     int64_t n_ = 0, grain_ = 1;
     std::atomic<int64_t> next_{0};
     std::exception_ptr error_;

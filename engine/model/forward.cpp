@@ -89,8 +89,9 @@ void hc_pre(Ctx &x, const WeightView &fn, const std::vector<float> &base, const 
 // Hyper-connection "post": new stream k = post[k] * out + sum_j comb[j][k] * old stream j.
 void hc_post(Ctx &x, const float *post, const float *comb, const float *out, float *H) {
     const int hc = x.c.hc_mult, D = x.c.n_embd;
-    x.pool.parallel_for(x.T, grain_for((int64_t)hc * hc * D), [&](int64_t b, int64_t e, int) {
-        std::vector<float> old((size_t)hc * D);
+    x.pool.parallel_for(x.T, grain_for((int64_t)hc * hc * D), [&](int64_t b, int64_t e, int th) {
+        std::vector<float> &old = x.S.tasks[th].f;
+        grow(old, (size_t)hc * D);
         for (int64_t t = b; t < e; ++t) {
             float *h = H + t * hc * D;
             std::memcpy(old.data(), h, sizeof(float) * hc * D);
@@ -129,8 +130,12 @@ void compress(Ctx &x, CompState &cs, const CompressorWeights &cw, const float *X
     const int first = cs.n_entries, last = (int)((x.n0 + T) / r);   // entries [first, last) close now
     if (last > cs.max_entries) failf("internal: compressed entries exceed capacity (%d > %d)", last, cs.max_entries);
     const Rope &rope = x.m.rope(true);
-    x.pool.parallel_for(last - first, grain_for((int64_t)dim * r * 4), [&](int64_t b, int64_t e, int) {
-        std::vector<float> lg(2 * r), cs_(rope.n_pairs), sn(rope.n_pairs);
+    x.pool.parallel_for(last - first, grain_for((int64_t)dim * r * 4), [&](int64_t b, int64_t e, int th) {
+        TaskScratch &ts = S.tasks[th];
+        grow(ts.f, 2 * r);
+        grow(ts.cos, rope.n_pairs);
+        grow(ts.sin, rope.n_pairs);
+        float *lg = ts.f.data();
         for (int64_t wi = first + b; wi < first + e; ++wi) {
             float *out = cs.entry((int)wi);
             const int64_t start = wi * r;
@@ -152,17 +157,12 @@ void compress(Ctx &x, CompState &cs, const CompressorWeights &cw, const float *X
                 out[ch] = (float)(acc / den);
             }
             ops::rmsnorm(out, dim, cw.norm.data(), x.c.rms_eps, out);
-            rope.cos_sin(start, cs_.data(), sn.data());
-            ops::rope_apply(out, dim, rope.n_pairs, cs_.data(), sn.data(), 1.f);
+            rope.cos_sin(start, ts.cos.data(), ts.sin.data());
+            ops::rope_apply(out, dim, rope.n_pairs, ts.cos.data(), ts.sin.data(), 1.f);
         }
     });
     cs.n_entries = last;
 }
-
-struct TopEntry {
-    float score;
-    int idx;
-};
 
 // Lightning indexer: score every compressed entry visible to each query by
 // sum_h w_h * ReLU(q_h . k) and keep the top-k (ties: lower entry index first).
@@ -177,15 +177,18 @@ void indexer_select(Ctx &x, const LayerWeights &L, CompState &ics, const float *
     matmul(x.pool, L.i_proj, XN, T, c.n_embd, S.iw.data(), IH);
     const Rope &rope = x.m.rope(true);
     const float qscale = 1.f / std::sqrt((float)Id), wscale = 1.f / std::sqrt((float)IH);
-    sel.assign(T, {});
-    x.pool.parallel_for(T, grain_for((int64_t)ics.n_entries * IH * Id + 1), [&](int64_t b, int64_t e, int) {
-        std::vector<float> cs_(rope.n_pairs), sn(rope.n_pairs);
-        std::vector<TopEntry> sc;
+    grow(sel, (size_t)T);  // the inner vectors keep their capacity across calls
+    x.pool.parallel_for(T, grain_for((int64_t)ics.n_entries * IH * Id + 1), [&](int64_t b, int64_t e, int th) {
+        TaskScratch &ts = S.tasks[th];
+        grow(ts.cos, rope.n_pairs);
+        grow(ts.sin, rope.n_pairs);
+        std::vector<IndexScore> &sc = ts.scores;
         for (int64_t t = b; t < e; ++t) {
             const int64_t pos = x.n0 + t;
             float *q = S.iq.data() + (size_t)t * IH * Id;
-            rope.cos_sin(pos, cs_.data(), sn.data());
-            for (int h = 0; h < IH; ++h) ops::rope_apply(q + (size_t)h * Id, Id, rope.n_pairs, cs_.data(), sn.data(), 1.f);
+            rope.cos_sin(pos, ts.cos.data(), ts.sin.data());
+            for (int h = 0; h < IH; ++h)
+                ops::rope_apply(q + (size_t)h * Id, Id, rope.n_pairs, ts.cos.data(), ts.sin.data(), 1.f);
             const float *wt = S.iw.data() + (size_t)t * IH;
             const int n_vis = std::min<int>(ics.n_entries, (int)((pos + 1) / r));
             sc.clear();
@@ -199,7 +202,7 @@ void indexer_select(Ctx &x, const LayerWeights &L, CompState &ics, const float *
                 sc.push_back({score, s});
             }
             const size_t k = std::min<size_t>(c.indexer_topk, sc.size());
-            std::partial_sort(sc.begin(), sc.begin() + k, sc.end(), [](const TopEntry &a, const TopEntry &b) {
+            std::partial_sort(sc.begin(), sc.begin() + k, sc.end(), [](const IndexScore &a, const IndexScore &b) {
                 return a.score > b.score || (a.score == b.score && a.idx < b.idx);
             });
             std::vector<int> &out = sel[t];
@@ -224,26 +227,29 @@ void attention(Ctx &x, int l, const float *XN, float *A) {
     matmul(x.pool, L.q_a, XN, T, D, S.qr.data(), c.q_lora);
     for (int t = 0; t < T; ++t) ops::rmsnorm(S.qr.data() + (size_t)t * c.q_lora, c.q_lora, L.q_a_norm.data(), c.rms_eps, S.qr.data() + (size_t)t * c.q_lora);
     matmul(x.pool, L.q_b, S.qr.data(), T, c.q_lora, S.q.data(), (int64_t)H * hd);
-    std::vector<float> kvb((size_t)T * hd);
+    grow(S.kvb, (size_t)T * hd);
+    std::vector<float> &kvb = S.kvb;
     matmul(x.pool, L.kv, XN, T, D, kvb.data(), hd);
-    x.pool.parallel_for(T, grain_for((int64_t)H * hd * 4), [&](int64_t b, int64_t e, int) {
-        std::vector<float> cs_(rope.n_pairs), sn(rope.n_pairs);
+    x.pool.parallel_for(T, grain_for((int64_t)H * hd * 4), [&](int64_t b, int64_t e, int th) {
+        TaskScratch &ts = S.tasks[th];
+        grow(ts.cos, rope.n_pairs);
+        grow(ts.sin, rope.n_pairs);
         for (int64_t t = b; t < e; ++t) {
             const int64_t pos = x.n0 + t;
-            rope.cos_sin(pos, cs_.data(), sn.data());
+            rope.cos_sin(pos, ts.cos.data(), ts.sin.data());
             for (int h = 0; h < H; ++h) {
                 float *q = S.q.data() + ((size_t)t * H + h) * hd;
                 ops::rmsnorm(q, hd, nullptr, c.rms_eps, q);
-                ops::rope_apply(q, hd, rope.n_pairs, cs_.data(), sn.data(), 1.f);
+                ops::rope_apply(q, hd, rope.n_pairs, ts.cos.data(), ts.sin.data(), 1.f);
             }
             float *kv = kvb.data() + (size_t)t * hd;
             ops::rmsnorm(kv, hd, L.kv_norm.data(), c.rms_eps, kv);
-            ops::rope_apply(kv, hd, rope.n_pairs, cs_.data(), sn.data(), 1.f);
+            ops::rope_apply(kv, hd, rope.n_pairs, ts.cos.data(), ts.sin.data(), 1.f);
         }
     });
     for (int t = 0; t < T; ++t) std::memcpy(ls.kv_row(x.n0 + t, hd), kvb.data() + (size_t)t * hd, sizeof(float) * hd);
 
-    std::vector<std::vector<int>> sel;
+    std::vector<std::vector<int>> &sel = S.sel;
     if (compressed) {
         compress(x, ls.comp, L.comp, XN);
         if (c.is_csa(l)) {
@@ -258,9 +264,9 @@ void attention(Ctx &x, int l, const float *XN, float *A) {
     const float scale = 1.f / std::sqrt((float)hd);
     const int W = c.sliding_window, r = c.compress_ratio[l];
     const int64_t n_keys = W + (compressed ? std::min<int64_t>(ls.comp.n_entries, c.is_csa(l) ? c.indexer_topk : ls.comp.n_entries) : 0);
-    x.pool.parallel_for((int64_t)T * H, grain_for(n_keys * hd * 2), [&](int64_t b, int64_t e, int) {
-        std::vector<float> lg;
-        std::vector<const float *> rows;
+    x.pool.parallel_for((int64_t)T * H, grain_for(n_keys * hd * 2), [&](int64_t b, int64_t e, int th) {
+        std::vector<float> &lg = S.tasks[th].f;
+        std::vector<const float *> &rows = S.tasks[th].rows;
         for (int64_t i = b; i < e; ++i) {
             const int t = (int)(i / H), h = (int)(i % H);
             const int64_t pos = x.n0 + t;
@@ -287,12 +293,15 @@ void attention(Ctx &x, int l, const float *XN, float *A) {
         }
     });
     // K = V carried RoPE into the output's rope slice: rotate it back at the query position.
-    x.pool.parallel_for(T, grain_for((int64_t)H * rope.n_pairs * 4), [&](int64_t b, int64_t e, int) {
-        std::vector<float> cs_(rope.n_pairs), sn(rope.n_pairs);
+    x.pool.parallel_for(T, grain_for((int64_t)H * rope.n_pairs * 4), [&](int64_t b, int64_t e, int th) {
+        TaskScratch &ts = S.tasks[th];
+        grow(ts.cos, rope.n_pairs);
+        grow(ts.sin, rope.n_pairs);
         for (int64_t t = b; t < e; ++t) {
-            rope.cos_sin(x.n0 + t, cs_.data(), sn.data());
+            rope.cos_sin(x.n0 + t, ts.cos.data(), ts.sin.data());
             for (int h = 0; h < H; ++h)
-                ops::rope_apply(S.o.data() + ((size_t)t * H + h) * hd, hd, rope.n_pairs, cs_.data(), sn.data(), -1.f);
+                ops::rope_apply(S.o.data() + ((size_t)t * H + h) * hd, hd, rope.n_pairs, ts.cos.data(), ts.sin.data(),
+                                -1.f);
         }
     });
     // Grouped low-rank output: group g's heads -> o_lora via its own block of o_a, then o_b.
@@ -336,12 +345,16 @@ void moe(Ctx &x, int l, const float *XN, float *out) {
     const LayerWeights &L = x.w.layers[l];
     Session::Impl &S = x.S;
     const int T = x.T, D = c.n_embd, E = c.n_expert, K = c.n_expert_used;
-    std::vector<float> logits((size_t)T * E);
+    grow(S.router, (size_t)T * E);
+    std::vector<float> &logits = S.router;
     matmul(x.pool, L.gate_inp, XN, T, D, logits.data(), E);
     // Router: scores sqrt(softplus(logit)); selection by tid2eid (hash layers) or by top-k of
     // score + correction bias; weights are the chosen scores renormalised and scaled.
-    std::vector<int> ids((size_t)T * K);
-    std::vector<float> wts((size_t)T * K);
+    grow(S.expert_ids, (size_t)T * K);
+    grow(S.expert_w, (size_t)T * K);
+    grow(S.expert_order, (size_t)E);
+    std::vector<int> &ids = S.expert_ids, &order = S.expert_order;
+    std::vector<float> &wts = S.expert_w;
     for (int t = 0; t < T; ++t) {
         float *sc = logits.data() + (size_t)t * E;
         for (int e = 0; e < E; ++e) sc[e] = std::sqrt(ops::softplus(sc[e]));
@@ -349,9 +362,8 @@ void moe(Ctx &x, int l, const float *XN, float *out) {
         if (c.is_hash(l)) {
             for (int k = 0; k < K; ++k) id[k] = L.tid2eid[(size_t)x.tok[t] * K + k];
         } else {
-            std::vector<int> order(E);
             for (int e = 0; e < E; ++e) order[e] = e;
-            std::partial_sort(order.begin(), order.begin() + K, order.end(), [&](int a, int b) {
+            std::partial_sort(order.begin(), order.begin() + K, order.begin() + E, [&](int a, int b) {
                 const float sa = sc[a] + L.probs_b[a], sb = sc[b] + L.probs_b[b];
                 return sa > sb || (sa == sb && a < b);
             });
@@ -364,7 +376,9 @@ void moe(Ctx &x, int l, const float *XN, float *out) {
     std::fill(out, out + (size_t)T * D, 0.f);
     const float lim = c.swiglu_limit[l];
     // Group the chunk's tokens by expert so each expert's weights are read once per chunk.
-    std::vector<std::vector<std::pair<int, float>>> by_e(E);
+    std::vector<std::vector<std::pair<int, float>>> &by_e = S.by_expert;
+    by_e.resize(E);
+    for (auto &list : by_e) list.clear();  // keeps each list's capacity
     for (int t = 0; t < T; ++t)
         for (int k = 0; k < K; ++k) by_e[ids[(size_t)t * K + k]].push_back({t, wts[(size_t)t * K + k]});
     for (int e = 0; e < E; ++e) {
@@ -395,6 +409,7 @@ void Session::forward(std::span<const int32_t> toks, std::vector<float> *all_log
     if (T > prefill_cap_) failf("internal: chunk of %d tokens exceeds the prefill cap %d", T, prefill_cap_);
     if (pos() + T > ctx_) failf("context full: %d + %d tokens exceed the context of %d", pos(), T, ctx_);
     Ctx x{c, w, m_, m_.pool(), S, toks.data(), T, (int64_t)pos()};
+    grow(S.tasks, (size_t)m_.pool().size());
 
     grow(S.H, (size_t)T * hc * D);
     for (int t = 0; t < T; ++t) {
@@ -437,12 +452,13 @@ void Session::forward(std::span<const int32_t> toks, std::vector<float> *all_log
         }
         ops::rmsnorm(y, D, w.output_norm.data(), c.rms_eps, y);
     }
-    std::vector<float> lg((size_t)nt * c.n_vocab);
-    matmul(m_.pool(), w.output, S.head.data(), nt, D, lg.data(), c.n_vocab);
+    grow(S.logits_out, (size_t)nt * c.n_vocab);
+    const float *lg = S.logits_out.data();
+    matmul(m_.pool(), w.output, S.head.data(), nt, D, S.logits_out.data(), c.n_vocab);
     tokens_.insert(tokens_.end(), toks.begin(), toks.end());
-    std::memcpy(logits_.data(), lg.data() + (size_t)(nt - 1) * c.n_vocab, sizeof(float) * c.n_vocab);
+    std::memcpy(logits_.data(), lg + (size_t)(nt - 1) * c.n_vocab, sizeof(float) * c.n_vocab);
     has_logits_ = true;
-    if (all_logits) all_logits->insert(all_logits->end(), lg.begin(), lg.end());
+    if (all_logits) all_logits->insert(all_logits->end(), lg, lg + (size_t)nt * c.n_vocab);
 }
 
 }  // namespace ds4

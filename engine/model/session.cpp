@@ -59,8 +59,15 @@ uint64_t Session::scratch_bytes() const {
     const Impl &S = *impl_;
     uint64_t b = S.xq.capacity();
     for (const std::vector<float> *v : {&S.H, &S.flat, &S.mix, &S.post, &S.comb, &S.X, &S.XN, &S.A, &S.qr, &S.q, &S.o,
-                                        &S.oa, &S.p1, &S.p2, &S.iq, &S.iw, &S.head, &S.g, &S.u, &S.ein, &S.eout})
+                                        &S.oa, &S.p1, &S.p2, &S.iq, &S.iw, &S.head, &S.g, &S.u, &S.ein, &S.eout,
+                                        &S.kvb, &S.router, &S.expert_w, &S.logits_out})
         b += v->capacity() * sizeof(float);
+    b += (S.expert_ids.capacity() + S.expert_order.capacity()) * sizeof(int);
+    for (const auto &v : S.sel) b += v.capacity() * sizeof(int);
+    for (const auto &v : S.by_expert) b += v.capacity() * sizeof(std::pair<int, float>);
+    for (const TaskScratch &t : S.tasks)
+        b += (t.cos.capacity() + t.sin.capacity() + t.f.capacity()) * sizeof(float) +
+             t.rows.capacity() * sizeof(const float *) + t.scores.capacity() * sizeof(IndexScore);
     return b;
 }
 

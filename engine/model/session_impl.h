@@ -3,6 +3,7 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "engine/model/session.h"
@@ -37,15 +38,35 @@ struct LayerState {
     float *kv_row(int64_t pos, int hd) { return kv.data() + (pos % cap_kv) * hd; }
 };
 
+struct IndexScore {
+    float score;
+    int idx;
+};
+
+// Scratch of one pool thread inside the forward pass's parallel loops (indexed by the
+// loop's thread index): reused, so a decode step does not allocate.
+struct TaskScratch {
+    std::vector<float> cos, sin;   // RoPE tables at one position
+    std::vector<float> f;          // one loop body's working floats
+    std::vector<const float *> rows;
+    std::vector<IndexScore> scores;
+};
+
 struct Session::Impl {
     std::vector<LayerState> layers;
     // Scratch, grown on demand and reused across calls.
     std::vector<float> H, flat, mix, post, comb, X, XN, A;
     std::vector<float> qr, q, o, oa, p1, p2, iq, iw, head, g, u, ein, eout;
+    std::vector<float> kvb, router, expert_w, logits_out;
+    std::vector<int> expert_ids, expert_order;
+    std::vector<std::vector<int>> sel;                         // indexer picks per token
+    std::vector<std::vector<std::pair<int, float>>> by_expert; // (token, weight) per expert
     std::vector<uint8_t> xq;
+    std::vector<TaskScratch> tasks;
 };
 
-inline void grow(std::vector<float> &v, size_t n) {
+template <class V>
+inline void grow(V &v, size_t n) {
     if (v.size() < n) v.resize(n);
 }
 
