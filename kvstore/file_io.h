@@ -53,6 +53,10 @@ public:
 struct UringOptions {
     size_t chunk_bytes = size_t(2) << 20;  // per request; a multiple of kIoAlign
     unsigned queue_depth = 8;              // requests in flight
+    // Reads split a file into about 4 bunches of queue_depth requests, so checksumming one
+    // bunch overlaps the next one's transfer, but no request is smaller than this (the
+    // per-request cost shows below it). Capped by chunk_bytes.
+    size_t min_read_chunk = size_t(256) << 10;
 };
 
 // The real implementation. If io_uring cannot be set up (e.g. disabled by the kernel),

@@ -38,6 +38,7 @@ class UringFileIo final : public FileIo {
 public:
     explicit UringFileIo(const UringOptions &opt)
         : chunk_(std::max(round_up(opt.chunk_bytes ? opt.chunk_bytes : kIoAlign, kIoAlign), kIoAlign)),
+          min_read_(round_up(std::max(opt.min_read_chunk, kIoAlign), kIoAlign)),
           depth_(std::clamp(opt.queue_depth, 1u, 64u)) {
         ring_ok_ = io_uring_queue_init(depth_ * 2, &ring_, 0) == 0;
     }
@@ -269,10 +270,10 @@ private:
 
     // The request size for reading `total` bytes: small enough that the file arrives in
     // about four bunches of depth_ requests (so checksumming one bunch overlaps the next),
-    // but not below 256 KiB (the per-request cost shows there) nor above the configured size.
+    // but not below min_read_ (the per-request cost shows there) nor above chunk_.
     size_t read_chunk(size_t total) const {
         const size_t want = round_up(total / (size_t(depth_) * 4) + 1, kIoAlign);
-        return std::min(chunk_, std::max(want, size_t(256) << 10));
+        return std::min(chunk_, std::max(want, min_read_));
     }
 
     // One attempt at reading the file. on_chunk is called for the contiguous completed
@@ -380,6 +381,7 @@ private:
     }
 
     const size_t chunk_;
+    const size_t min_read_;
     const unsigned depth_;
     struct io_uring ring_ {};
     bool ring_ok_ = false;

@@ -76,18 +76,20 @@ std::vector<uint8_t> make_payload(uint64_t bytes, uint64_t seed) {
 
 void usage() {
     puts("usage: ds4-bench-store [--dir DIR] [--sizes MB,MB,...] [--reps N] [--chunk-kb KB] [--depth N]\n"
+         "                       [--min-read-kb KB]\n"
          "  --dir     scratch directory on the file system to measure (default: .)\n"
-         "  --sizes   payload sizes in MiB (default 16,64,256)\n"
+         "  --sizes   payload sizes in MiB, or KiB with a K suffix (default 16,64,256)\n"
          "  --reps    interleaved repetitions per size; medians are reported (default 5)\n"
          "  --chunk-kb, --depth  the store's io_uring request size and requests in flight\n"
-         "            (default 2048, 8)");
+         "            (default 2048, 8)\n"
+         "  --min-read-kb  the smallest read request the store splits a file into (default 256)");
 }
 
 }  // namespace
 
 int main(int argc, char **argv) {
     std::string dir = ".";
-    std::vector<uint64_t> sizes_mb = {16, 64, 256};
+    std::vector<uint64_t> sizes_kb = {16 << 10, 64 << 10, 256 << 10};
     int reps = 5;
     UringOptions uo;
     for (int i = 1; i < argc; ++i) {
@@ -107,16 +109,20 @@ int main(int argc, char **argv) {
         else if (a == "--reps") reps = int(std::min<uint64_t>(num(), 1000));
         else if (a == "--chunk-kb") uo.chunk_bytes = size_t(num()) << 10;
         else if (a == "--depth") uo.queue_depth = unsigned(std::min<uint64_t>(num(), 64));
+        else if (a == "--min-read-kb") uo.min_read_chunk = size_t(num()) << 10;
         else if (a == "--sizes") {
-            sizes_mb.clear();
+            sizes_kb.clear();
             std::string v = val();
             for (size_t p = 0; p <= v.size();) {
                 const size_t q = std::min(v.find(',', p), v.size());
                 const std::string one = v.substr(p, q - p);
                 char *end = nullptr;
                 const unsigned long long n = strtoull(one.c_str(), &end, 10);
-                if (one.empty() || *end || n == 0 || n > (1u << 20)) die("--sizes: bad size '" + one + "' (MiB)");
-                sizes_mb.push_back(n);
+                const bool kib = end && *end == 'K' && end[1] == '\0';
+                const uint64_t kb = kib ? n : uint64_t(n) << 10;
+                if (one.empty() || (*end && !kib) || n == 0 || kb < 64 || kb > (uint64_t(1) << 30))
+                    die("--sizes: bad size '" + one + "' (MiB, or KiB with a K suffix; 64K at least)");
+                sizes_kb.push_back(kb);
                 p = q + 1;
             }
         } else if (a == "--help" || a == "-h") {
@@ -133,8 +139,9 @@ int main(int argc, char **argv) {
     const std::string scratch = tmpl;
     const std::string raw_path = scratch + "/raw-bandwidth.bin";
 
-    printf("ds4-bench-store: scratch %s, store io_uring chunk %zu KiB x %u in flight, %d interleaved reps (medians)\n",
-           scratch.c_str(), uo.chunk_bytes >> 10, uo.queue_depth, reps);
+    printf("ds4-bench-store: scratch %s, store io_uring chunk %zu KiB x %u in flight (reads >= %zu KiB), %d "
+           "interleaved reps (medians)\n",
+           scratch.c_str(), uo.chunk_bytes >> 10, uo.queue_depth, uo.min_read_chunk >> 10, reps);
     {
         AlignedBuffer h(256 << 20);
         fill_random(h.data(), h.size(), 3);
@@ -161,11 +168,11 @@ int main(int argc, char **argv) {
     snprintf(qd_col, sizeof qd_col, "raw qd%u", uo.queue_depth);
     printf("%8s | %8s %8s %5s | %8s %8s %8s %8s %6s | %9s\n", "payload", "save", "raw wr", "%", "restore", "raw dd",
            "raw mem", qd_col, "%best", "fresh buf");
-    for (const uint64_t mb : sizes_mb) {
-        const auto p = make_payload(mb << 20, mb);
+    for (const uint64_t kb : sizes_kb) {
+        const auto p = make_payload(kb << 10, kb);
         AlignedBuffer raw_src(p.size()), raw_dst(p.size());
         memcpy(raw_src.data(), p.data(), p.size());
-        const std::string name = "bench-" + std::to_string(mb);
+        const std::string name = "bench-" + std::to_string(kb);
         std::vector<double> save, load, fresh, raw_w, raw_dd, raw_mem, raw_qd;
         LoadedPayload reused;
         for (int i = 0; i < reps; ++i) {
@@ -193,7 +200,10 @@ int main(int argc, char **argv) {
         const double sv = median(save), rw = median(raw_w), ld = median(load), dd = median(raw_dd),
                      rm = median(raw_mem), rq = median(raw_qd);
         const double best = std::max({dd, rm, rq});
-        printf("%4" PRIu64 " MiB | %8.0f %8.0f %4.0f%% | %8.0f %8.0f %8.0f %8.0f %5.0f%% | %9.0f\n", mb, sv, rw,
+        char label[32];
+        if (kb % 1024 == 0) snprintf(label, sizeof label, "%4" PRIu64 " MiB", kb >> 10);
+        else snprintf(label, sizeof label, "%4" PRIu64 " KiB", kb);
+        printf("%8s | %8.0f %8.0f %4.0f%% | %8.0f %8.0f %8.0f %8.0f %5.0f%% | %9.0f\n", label, sv, rw,
                100 * sv / rw, ld, dd, rm, rq, 100 * ld / best, median(fresh));
         fflush(stdout);
         if (Status s = store->remove(name); !s) die(s.to_string());
