@@ -133,8 +133,7 @@ void compress(Ctx &x, CompState &cs, const CompressorWeights &cw, const float *X
     x.pool.parallel_for(last - first, grain_for((int64_t)dim * r * 4), [&](int64_t b, int64_t e, int th) {
         TaskScratch &ts = S.tasks[th];
         grow(ts.f, 2 * r);
-        grow(ts.cos, rope.n_pairs);
-        grow(ts.sin, rope.n_pairs);
+        ts.need_rope(rope.n_pairs);
         float *lg = ts.f.data();
         for (int64_t wi = first + b; wi < first + e; ++wi) {
             float *out = cs.entry((int)wi);
@@ -180,8 +179,7 @@ void indexer_select(Ctx &x, const LayerWeights &L, CompState &ics, const float *
     grow(sel, (size_t)T);  // the inner vectors keep their capacity across calls
     x.pool.parallel_for(T, grain_for((int64_t)ics.n_entries * IH * Id + 1), [&](int64_t b, int64_t e, int th) {
         TaskScratch &ts = S.tasks[th];
-        grow(ts.cos, rope.n_pairs);
-        grow(ts.sin, rope.n_pairs);
+        ts.need_rope(rope.n_pairs);
         std::vector<IndexScore> &sc = ts.scores;
         for (int64_t t = b; t < e; ++t) {
             const int64_t pos = x.n0 + t;
@@ -232,8 +230,7 @@ void attention(Ctx &x, int l, const float *XN, float *A) {
     matmul(x.pool, L.kv, XN, T, D, kvb.data(), hd);
     x.pool.parallel_for(T, grain_for((int64_t)H * hd * 4), [&](int64_t b, int64_t e, int th) {
         TaskScratch &ts = S.tasks[th];
-        grow(ts.cos, rope.n_pairs);
-        grow(ts.sin, rope.n_pairs);
+        ts.need_rope(rope.n_pairs);
         for (int64_t t = b; t < e; ++t) {
             const int64_t pos = x.n0 + t;
             rope.cos_sin(pos, ts.cos.data(), ts.sin.data());
@@ -295,8 +292,7 @@ void attention(Ctx &x, int l, const float *XN, float *A) {
     // K = V carried RoPE into the output's rope slice: rotate it back at the query position.
     x.pool.parallel_for(T, grain_for((int64_t)H * rope.n_pairs * 4), [&](int64_t b, int64_t e, int th) {
         TaskScratch &ts = S.tasks[th];
-        grow(ts.cos, rope.n_pairs);
-        grow(ts.sin, rope.n_pairs);
+        ts.need_rope(rope.n_pairs);
         for (int64_t t = b; t < e; ++t) {
             rope.cos_sin(x.n0 + t, ts.cos.data(), ts.sin.data());
             for (int h = 0; h < H; ++h)

@@ -47,6 +47,9 @@ struct IndexScore {
 // loop's thread index): reused, so a decode step does not allocate.
 struct TaskScratch {
     std::vector<float> cos, sin;   // RoPE tables at one position
+    void need_rope(size_t n_pairs) {
+        if (cos.size() < n_pairs) cos.resize(n_pairs), sin.resize(n_pairs);
+    }
     std::vector<float> f;          // one loop body's working floats
     std::vector<const float *> rows;
     std::vector<IndexScore> scores;
