@@ -5,9 +5,10 @@
 //
 // Raw figures (tools/bench_kvstore/raw_disk.h): O_DIRECT 4 MiB requests, dd-like into one
 // reused buffer, "into memory" (a file-sized buffer) and queued (into memory with as many
-// requests in flight as the store uses); restore is judged against the best of them. Store figures include everything
-// a save or load does: checksum, temp file, fsync, rename, directory fsync and the LMDB
-// commit for a save; open, read, checksum and header verification for a load.
+// requests in flight as the store uses); restore is judged against the best of them.
+// Store figures include everything a save or load does: checksum, temp file, fsync,
+// rename, directory fsync and the LMDB commit for a save; open, read, checksum and header
+// verification for a load.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
