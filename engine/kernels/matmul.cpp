@@ -1,16 +1,11 @@
 #include "engine/kernels/matmul.h"
 
 #include <algorithm>
-#include <atomic>
 
 #include "engine/common/error.h"
 #include "engine/quant/quants.h"
 
 namespace ds4 {
-
-static std::atomic<uint64_t> g_weight_bytes{0};
-
-uint64_t matmul_weight_bytes() { return g_weight_bytes.load(std::memory_order_relaxed); }
 
 WeightView WeightView::rows(int64_t r0, int64_t n) const {
     WeightView v = *this;
@@ -40,9 +35,10 @@ uint64_t quantize_rows(ThreadPool &pool, gguf::Type t, const float *x, int64_t n
     return row;
 }
 
-void matmul_q(ThreadPool &pool, const WeightView &w, const uint8_t *xq, int64_t n_tok, uint64_t xq_row, float *y,
+void matmul_q(MatmulCtx &ctx, const WeightView &w, const uint8_t *xq, int64_t n_tok, uint64_t xq_row, float *y,
               int64_t y_stride) {
-    g_weight_bytes.fetch_add(w.bytes(), std::memory_order_relaxed);
+    ThreadPool &pool = ctx.pool;
+    ctx.weight_bytes += w.bytes();
     // Small products are not worth waking the pool for.
     if (w.bytes() * (uint64_t)n_tok < (64u << 10)) {
         for (int64_t t = 0; t < n_tok; ++t)
@@ -69,12 +65,11 @@ void matmul_q(ThreadPool &pool, const WeightView &w, const uint8_t *xq, int64_t 
     });
 }
 
-void matmul(ThreadPool &pool, const WeightView &w, const float *x, int64_t n_tok, int64_t x_stride, float *y,
+void matmul(MatmulCtx &ctx, const WeightView &w, const float *x, int64_t n_tok, int64_t x_stride, float *y,
             int64_t y_stride) {
     if (w.empty()) fail("matmul: weight not bound");
-    thread_local std::vector<uint8_t> xq;
-    const uint64_t row = quantize_rows(pool, w.type, x, n_tok, x_stride, w.in, xq);
-    matmul_q(pool, w, xq.data(), n_tok, row, y, y_stride);
+    const uint64_t row = quantize_rows(ctx.pool, w.type, x, n_tok, x_stride, w.in, ctx.xq);
+    matmul_q(ctx, w, ctx.xq.data(), n_tok, row, y, y_stride);
 }
 
 }  // namespace ds4

@@ -36,17 +36,24 @@ struct ExpertsView {
     bool empty() const { return first.empty(); }
 };
 
+// What products need besides their operands: the pool to split over, scratch for the
+// quantised activations, and a count of weight bytes read (benchmarks: bytes per token).
+// One per executor, so no kernel keeps process-wide mutable state.
+struct MatmulCtx {
+    explicit MatmulCtx(ThreadPool &p) : pool(p) {}
+    ThreadPool &pool;
+    std::vector<uint8_t> xq;
+    uint64_t weight_bytes = 0;
+};
+
 // y[t * y_stride + o] = sum_i W[o, i] * x[t * x_stride + i] for t < n_tok.
-void matmul(ThreadPool &pool, const WeightView &w, const float *x, int64_t n_tok, int64_t x_stride, float *y,
+void matmul(MatmulCtx &ctx, const WeightView &w, const float *x, int64_t n_tok, int64_t x_stride, float *y,
             int64_t y_stride);
 
 // Same, but for activations already quantised to quant::vec_dot_type(w.type) with row
 // size xq_row (lets several weights of one type share one quantisation of x).
-void matmul_q(ThreadPool &pool, const WeightView &w, const uint8_t *xq, int64_t n_tok, uint64_t xq_row, float *y,
+void matmul_q(MatmulCtx &ctx, const WeightView &w, const uint8_t *xq, int64_t n_tok, uint64_t xq_row, float *y,
               int64_t y_stride);
-
-// Weight bytes streamed by matmul/matmul_q since start (benchmarks: bytes per token).
-uint64_t matmul_weight_bytes();
 
 // Quantises n_tok rows of x for weights of type t into buf (resized); returns its row size.
 uint64_t quantize_rows(ThreadPool &pool, gguf::Type t, const float *x, int64_t n_tok, int64_t x_stride, int64_t n,

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "engine/common/error.h"
+#include "engine/cpu/cpu_backend.h"
 
 namespace ds4 {
 
@@ -48,9 +49,15 @@ std::unique_ptr<Model> Model::open(const std::string &path, const ModelOptions &
     m->w_ = ModelWeights::bind(*m->reader_, m->cfg_);
     m->rope_main_ = Rope::for_layer_kind(m->cfg_, false);
     m->rope_compress_ = Rope::for_layer_kind(m->cfg_, true);
-    m->pool_ = std::make_unique<ThreadPool>(opt.n_threads);
+    m->backend_ = make_cpu_backend(m->cfg_);
+    m->experts_ = std::make_unique<ResidentExperts>(m->w_);
+    m->default_threads_ = opt.n_threads;
     m->fingerprint_ = compute_fingerprint(*m->reader_);
     return m;
+}
+
+std::unique_ptr<Executor> Model::make_executor(int n_threads) const {
+    return backend_->make_executor(n_threads < 0 ? default_threads_ : n_threads);
 }
 
 void Model::prewarm() const {

@@ -1,12 +1,14 @@
-// A loaded DeepSeek-V4 model: the mapped GGUF, its config, bound weights, rope tables and
-// the thread pool that runs its kernels. Immutable after open; sessions borrow it.
+// A loaded DeepSeek-V4 model: the mapped GGUF, its config, bound weights, rope tables, the
+// backend that runs it and the source of its routed experts. Immutable after open, so any
+// number of sessions and executors on any threads can share it; the thread pool and
+// scratch of a computation belong to an Executor (backend.h), one per worker thread.
 #pragma once
 #include <cstdint>
 #include <memory>
 #include <string>
 
 #include "engine/gguf/gguf.h"
-#include "engine/kernels/threadpool.h"
+#include "engine/backend/backend.h"
 #include "engine/model/config.h"
 #include "engine/model/rope.h"
 #include "engine/model/weights.h"
@@ -14,7 +16,7 @@
 namespace ds4 {
 
 struct ModelOptions {
-    int n_threads = 0;   // 0 = all cores
+    int n_threads = 0;   // default for executors made by make_executor(): 0 = all cores
 };
 
 class Model {
@@ -25,7 +27,11 @@ public:
     const ModelWeights &weights() const { return w_; }
     const gguf::Reader &reader() const { return *reader_; }
     const Rope &rope(bool compressed) const { return compressed ? rope_compress_ : rope_main_; }
-    ThreadPool &pool() const { return *pool_; }
+    const Backend &backend() const { return *backend_; }
+    // Thread-safe (the source keeps its own locks/counters).
+    ExpertSource &experts() const { return *experts_; }
+    // An executor with the model's default thread count (n_threads < 0) or the given one.
+    std::unique_ptr<Executor> make_executor(int n_threads = -1) const;
     // Identifies the exact model (shape + tensor inventory + sampled tensor bytes) so a
     // saved session is never restored into a different model.
     uint64_t fingerprint() const { return fingerprint_; }
@@ -40,7 +46,9 @@ private:
     ModelConfig cfg_;
     ModelWeights w_;
     Rope rope_main_, rope_compress_;
-    std::unique_ptr<ThreadPool> pool_;
+    std::unique_ptr<Backend> backend_;
+    std::unique_ptr<ExpertSource> experts_;
+    int default_threads_ = 0;
     uint64_t fingerprint_ = 0;
 };
 

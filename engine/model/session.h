@@ -1,11 +1,13 @@
-// A conversation's engine state on one model: the caches of every layer (sliding-window
-// K=V rows, compressor and indexer projections of recent tokens, compressed entries), the
-// token history and the logits of the last position.
+// A conversation on one model: its cache state (held by the backend, session_state.h), the
+// token history and the logits of the last position. Steps run on an Executor: either one
+// the caller shares between its sessions (one per thread), or a private one.
 //
 // Caches are rings indexed by absolute position. A ring holds the last `cap` positions,
 // where cap covers the window/overlap the math needs plus one prefill chunk plus some
 // slack, so rewinding a few tokens (speculative decoding, regenerate) is free; a rewind
-// further back than the rings reach rebuilds from the token history.
+// further back than the rings reach rebuilds from the token history. A trial (speculative
+// decoding) evaluates k tokens with the cache writes journaled; commit(j) keeps j of them
+// and puts back what the others overwrote, without running the forward again.
 //
 // Validation happens before mutation: a rejected call leaves the session unchanged. A
 // failure after the forward pass started invalidates the session and bumps generation().
@@ -17,21 +19,19 @@
 #include <vector>
 
 #include "engine/model/model.h"
+#include "engine/model/sampling.h"
 
 namespace ds4 {
 
-struct SamplingParams {
-    float temperature = 0.f;   // 0 = greedy
-    int top_k = 0;             // 0 = off
-    float top_p = 1.f;
-    float min_p = 0.f;
-};
+struct BatchRow;
 
 class Session {
 public:
     // prefill_cap: tokens per forward chunk (0 = default). rewind_slack: extra positions the
     // rings keep beyond what the math needs.
     Session(const Model &m, int ctx, int prefill_cap = 0, int rewind_slack = 64);
+    // Runs on `ex`, which the caller keeps alive and uses from one thread at a time.
+    Session(const Model &m, Executor &ex, int ctx, int prefill_cap = 0, int rewind_slack = 64);
     ~Session();
     Session(const Session &) = delete;
     Session &operator=(const Session &) = delete;
@@ -42,7 +42,9 @@ public:
     int prefill_cap() const { return prefill_cap_; }
     uint64_t generation() const { return generation_; }
     uint64_t memory_bytes() const;    // caches
-    uint64_t scratch_bytes() const;   // per-call work buffers (grow with the largest chunk)
+    uint64_t scratch_bytes() const;   // the private executor's buffers (0 with a shared one)
+    Executor &executor() const { return *ex_; }
+    SessionState &state() const { return *state_; }
     const std::vector<int32_t> &tokens() const { return tokens_; }
 
     using Progress = std::function<void(int done, int total)>;
@@ -58,11 +60,20 @@ public:
     // Whether rewind(pos) keeps the caches (otherwise it rebuilds on the next sync).
     bool can_rewind_in_place(int pos) const;
 
+    // Evaluates toks (at most prefill_cap()) as a trial: logits of every position into
+    // *all_logits (rows in order), cache writes journaled. Until commit(), other calls
+    // that change the session fail.
+    void trial(std::span<const int32_t> toks, std::vector<float> *all_logits);
+    // Keeps the first j trial tokens (0 <= j <= k) and undoes the rest: afterwards the
+    // session equals one that only evaluated those j tokens.
+    void commit(int j);
+    bool in_trial() const { return trial_k_ > 0; }
+
     bool has_logits() const { return has_logits_; }
     const std::vector<float> &logits() const;
-    int argmax() const;
-    int sample(const SamplingParams &p, uint64_t *rng) const;
-    std::vector<std::pair<int, float>> top_logprobs(int n) const;
+    int argmax() const { return ds4::argmax(logits()); }
+    int sample(const SamplingParams &p, uint64_t *rng) const { return ds4::sample(logits(), p, rng); }
+    std::vector<std::pair<int, float>> top_logprobs(int n) const { return ds4::top_logprobs(logits(), n); }
 
     // The engine's part of a session payload (DESIGN.md §4): everything needed to continue
     // bit-exactly from pos(). Token ids are saved by the host alongside.
@@ -72,14 +83,19 @@ public:
     void load_tail(const uint8_t *data, size_t n, std::span<const int32_t> toks);
     uint64_t tail_bytes() const;
 
-    struct Impl;
+    friend void forward_batch(Executor &ex, std::span<const BatchRow> rows, std::vector<float> *logits);
 
 private:
+    Session(const Model &m, Executor *ex, int ctx, int prefill_cap, int rewind_slack, int);   // ex null: private
     void check_tokens(std::span<const int32_t> toks) const;
+    void check_idle(const char *what) const;
     void forward(std::span<const int32_t> toks, std::vector<float> *all_logits);
     void reset_state();
 
     const Model &m_;
+    std::unique_ptr<Executor> own_ex_;
+    Executor *ex_;
+    std::unique_ptr<SessionState> state_;
     int ctx_;
     int prefill_cap_;
     int slack_;
@@ -88,7 +104,31 @@ private:
     bool has_logits_ = false;
     uint64_t generation_ = 1;
     int64_t valid_from_ = 0;   // ring rows below this absolute position are not held
-    Impl *impl_;
+    int trial_k_ = 0;          // tokens of a pending trial
+    std::vector<float> trial_logits_, pre_trial_logits_;
+    bool pre_trial_has_logits_ = false;
+    // Step layout scratch.
+    std::vector<int64_t> pos_;
+    std::vector<int> seg_, logit_rows_;
+    std::vector<StepSegment> segs_;
+    std::vector<float> out_;
 };
+
+// One row of a batch-first step across sessions (like llama_batch): the session, its next
+// token and that token's position (the session's length plus the rows of it before this
+// one), and whether its logits are wanted.
+struct BatchRow {
+    Session *session;
+    int32_t token;
+    int64_t pos;
+    bool logits;
+};
+
+// Runs one step over rows of several sessions on `ex`. Rows of one session must be
+// contiguous, at consecutive positions from its current length, at most its prefill_cap.
+// Each session's last row must want logits (they become its logits()); *logits, when
+// given, receives the rows that want them, in order, n_vocab each. Everything is checked
+// before anything runs; a failure inside the step invalidates every session in it.
+void forward_batch(Executor &ex, std::span<const BatchRow> rows, std::vector<float> *logits);
 
 }  // namespace ds4

@@ -63,7 +63,13 @@ int main(int argc, char **argv) {
         m->prewarm();
         const double open_s = now() - t_open;
         const ds4::ModelConfig &c = m->config();
-        const double bw = ds4::measure_read_bandwidth(m->pool());
+        double bw = 0;
+        int n_threads = 0;
+        {
+            ds4::ThreadPool pool(threads);   // the same thread count the session's executor gets
+            bw = ds4::measure_read_bandwidth(pool);
+            n_threads = pool.size();
+        }
         std::vector<int32_t> toks(prompt);
         uint64_t r = 88172645463325252ull;
         for (auto &t : toks) {
@@ -76,23 +82,23 @@ int main(int argc, char **argv) {
         const double prefill_s = now() - t0;
         // One warm-up decode step, then the timed ones.
         s.eval(s.argmax());
-        const uint64_t b0 = ds4::matmul_weight_bytes();
+        const uint64_t b0 = s.executor().stats().weight_bytes;
         const double t1 = now();
         for (int i = 1; i < gen; ++i) s.eval(s.argmax());
         const double decode_s = now() - t1;
         const int n_dec = gen - 1;
-        const double bytes_per_tok = n_dec > 0 ? (double)(ds4::matmul_weight_bytes() - b0) / n_dec : 0;
+        const double bytes_per_tok = n_dec > 0 ? (double)(s.executor().stats().weight_bytes - b0) / n_dec : 0;
         const double dec_tps = n_dec > 0 ? n_dec / decode_s : 0;
         const double achieved = bytes_per_tok * dec_tps;
         if (json) {
             std::printf("{\"model\":\"%s\",\"threads\":%d,\"open_s\":%.3f,\"prompt_tokens\":%d,\"gen_tokens\":%d,"
                         "\"prefill_tok_s\":%.3f,\"decode_tok_s\":%.3f,\"bytes_per_token\":%.0f,\"achieved_gb_s\":%.3f,"
                         "\"machine_read_gb_s\":%.3f,\"fraction_of_bandwidth\":%.4f}\n",
-                        model.c_str(), m->pool().size(), open_s, prompt, gen, prompt / prefill_s, dec_tps, bytes_per_tok,
+                        model.c_str(), n_threads, open_s, prompt, gen, prompt / prefill_s, dec_tps, bytes_per_tok,
                         achieved / 1e9, bw / 1e9, achieved / bw);
         } else {
             std::printf("model            %s\n                 %s\n", model.c_str(), c.summary().c_str());
-            std::printf("threads          %d\n", m->pool().size());
+            std::printf("threads          %d\n", n_threads);
             std::printf("open + prewarm   %.2f s\n", open_s);
             std::printf("prefill          %d tokens in %.3f s = %.2f tok/s\n", prompt, prefill_s, prompt / prefill_s);
             std::printf("decode           %d tokens in %.3f s = %.2f tok/s\n", n_dec, decode_s, dec_tps);

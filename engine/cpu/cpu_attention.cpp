@@ -1,0 +1,212 @@
+// CPU executor: attention. Q/KV projections into the session rings, the compressors,
+// the lightning indexer, sparse/windowed attention with sinks and the grouped output
+// projection. Per-row state comes from each row's segment (several sessions per step).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "engine/common/error.h"
+#include "engine/cpu/cpu_executor.h"
+#include "engine/cpu/cpu_grain.h"
+#include "engine/kernels/matmul.h"
+#include "engine/kernels/ops.h"
+
+namespace ds4 {
+
+void CpuExecutor::q_kv(int layer, const LayerWeights &L, const Rope &rope) {
+    const ModelConfig &c = c_;
+    const int T = R_, H = c.n_head, hd = c.head_dim, D = c.n_embd;
+    matmul(mm_, L.q_a, XN_.data(), T, D, qr_.data(), c.q_lora);
+    for (int t = 0; t < T; ++t)
+        ops::rmsnorm(qr_.data() + (size_t)t * c.q_lora, c.q_lora, L.q_a_norm.data(), c.rms_eps, qr_.data() + (size_t)t * c.q_lora);
+    matmul(mm_, L.q_b, qr_.data(), T, c.q_lora, q_.data(), (int64_t)H * hd);
+    grow(kvb_, (size_t)T * hd);
+    matmul(mm_, L.kv, XN_.data(), T, D, kvb_.data(), hd);
+    pool_.parallel_for(T, cpu_grain((int64_t)H * hd * 4), [&](int64_t b, int64_t e, int th) {
+        TaskScratch &ts = tasks_[th];
+        ts.need_rope(rope.n_pairs);
+        for (int64_t t = b; t < e; ++t) {
+            rope.cos_sin(lay_.pos[t], ts.cos.data(), ts.sin.data());
+            for (int h = 0; h < H; ++h) {
+                float *q = q_.data() + ((size_t)t * H + h) * hd;
+                ops::rmsnorm(q, hd, nullptr, c.rms_eps, q);
+                ops::rope_apply(q, hd, rope.n_pairs, ts.cos.data(), ts.sin.data(), 1.f);
+            }
+            float *kv = kvb_.data() + (size_t)t * hd;
+            ops::rmsnorm(kv, hd, L.kv_norm.data(), c.rms_eps, kv);
+            ops::rope_apply(kv, hd, rope.n_pairs, ts.cos.data(), ts.sin.data(), 1.f);
+        }
+    });
+    for (int t = 0; t < T; ++t)
+        std::memcpy(state_of_row(t).kv_row_w(layer, lay_.pos[t]), kvb_.data() + (size_t)t * hd, sizeof(float) * hd);
+}
+
+// Per channel, a softmax over the window's slots (gate + learned position bias) weights
+// the projected values; CSA entries also take window w-1's first-half channels as extra
+// slots (the overlap), which the ring still holds, also across steps.
+void CpuExecutor::compress(int layer, int which, const CompressorWeights &cw, const Rope &rope) {
+    const int T = R_;
+    grow(p1_, (size_t)T * cw.width);
+    grow(p2_, (size_t)T * cw.width);
+    matmul(mm_, cw.kv, XN_.data(), T, c_.n_embd, p1_.data(), cw.width);
+    matmul(mm_, cw.gate, XN_.data(), T, c_.n_embd, p2_.data(), cw.width);
+    for (const StepSegment &sg : lay_.segs) {
+        CpuSessionState &st = *static_cast<CpuSessionState *>(sg.state);
+        CpuComp &cs = which ? st.layers[layer].icomp : st.layers[layer].comp;
+        const int r = cs.g.ratio, wd = cs.g.width, dim = cs.g.dim;
+        if (wd != cw.width || dim != cw.dim) fail("internal: compressor shape differs from the session's");
+        for (int i = 0; i < sg.n; ++i) {
+            const int t = sg.row0 + i;
+            const int64_t pos = sg.n0 + i;
+            std::memcpy(st.comp_kv_w(cs, pos), p1_.data() + (size_t)t * wd, sizeof(float) * wd);
+            const float *ape = cw.ape.data() + (size_t)(pos % r) * wd;
+            const float *src = p2_.data() + (size_t)t * wd;
+            float *g = st.comp_gate_w(cs, pos);
+            for (int k = 0; k < wd; ++k) g[k] = src[k] + ape[k];
+        }
+        const int first = st.n_entries(layer, which), last = (int)((sg.n0 + sg.n) / r);   // entries closing now
+        if (last > cs.g.max_entries) failf("internal: compressed entries exceed capacity (%d > %d)", last, cs.g.max_entries);
+        pool_.parallel_for(last - first, cpu_grain((int64_t)dim * r * 4), [&](int64_t b, int64_t e, int th) {
+            TaskScratch &ts = tasks_[th];
+            grow(ts.f, 2 * r);
+            ts.need_rope(rope.n_pairs);
+            float *lg = ts.f.data();
+            for (int64_t wi = first + b; wi < first + e; ++wi) {
+                float *out = cs.entry((int)wi);
+                const int64_t start = wi * r;
+                const bool prev = cs.g.overlap && wi > 0;
+                for (int ch = 0; ch < dim; ++ch) {
+                    int n = 0;
+                    float mx = -INFINITY;
+                    if (prev)
+                        for (int j = 0; j < r; ++j) mx = std::max(mx, lg[n++] = cs.gate_row(start - r + j)[ch]);
+                    const int off = cs.g.overlap ? dim : 0;
+                    for (int j = 0; j < r; ++j) mx = std::max(mx, lg[n++] = cs.gate_row(start + j)[off + ch]);
+                    double den = 0;
+                    for (int k = 0; k < n; ++k) den += lg[k] = std::exp(lg[k] - mx);
+                    double acc = 0;
+                    n = 0;
+                    if (prev)
+                        for (int j = 0; j < r; ++j) acc += (double)lg[n++] * cs.kv_row(start - r + j)[ch];
+                    for (int j = 0; j < r; ++j) acc += (double)lg[n++] * cs.kv_row(start + j)[off + ch];
+                    out[ch] = (float)(acc / den);
+                }
+                ops::rmsnorm(out, dim, cw.norm.data(), c_.rms_eps, out);
+                rope.cos_sin(start, ts.cos.data(), ts.sin.data());
+                ops::rope_apply(out, dim, rope.n_pairs, ts.cos.data(), ts.sin.data(), 1.f);
+            }
+        });
+        st.set_n_entries(layer, which, last);
+    }
+}
+
+// Lightning indexer: score every compressed entry visible to each query by
+// sum_h w_h * ReLU(q_h . k) and keep the top-k (ties: lower entry index first).
+void CpuExecutor::indexer_topk(int layer, const LayerWeights &L, const Rope &rope, int topk) {
+    const ModelConfig &c = c_;
+    const int T = R_, IH = c.indexer_heads, Id = c.indexer_dim;
+    grow(iq_, (size_t)T * IH * Id);
+    grow(iw_, (size_t)T * IH);
+    matmul(mm_, L.i_q_b, qr_.data(), T, c.q_lora, iq_.data(), (int64_t)IH * Id);
+    matmul(mm_, L.i_proj, XN_.data(), T, c.n_embd, iw_.data(), IH);
+    const float qscale = 1.f / std::sqrt((float)Id), wscale = 1.f / std::sqrt((float)IH);
+    grow(sel_, (size_t)T);  // the inner vectors keep their capacity across steps
+    int64_t most = 1;
+    for (const StepSegment &sg : lay_.segs) most = std::max<int64_t>(most, sg.state->n_entries(layer, 1));
+    pool_.parallel_for(T, cpu_grain(most * IH * Id + 1), [&](int64_t b, int64_t e, int th) {
+        TaskScratch &ts = tasks_[th];
+        ts.need_rope(rope.n_pairs);
+        std::vector<IndexScore> &sc = ts.scores;
+        for (int64_t t = b; t < e; ++t) {
+            const CpuSessionState &st = state_of_row((int)t);
+            const CpuComp &ics = st.layers[layer].icomp;
+            const int64_t pos = lay_.pos[t];
+            float *q = iq_.data() + (size_t)t * IH * Id;
+            rope.cos_sin(pos, ts.cos.data(), ts.sin.data());
+            for (int h = 0; h < IH; ++h)
+                ops::rope_apply(q + (size_t)h * Id, Id, rope.n_pairs, ts.cos.data(), ts.sin.data(), 1.f);
+            const float *wt = iw_.data() + (size_t)t * IH;
+            const int n_vis = std::min<int>(st.n_entries(layer, 1), (int)((pos + 1) / ics.g.ratio));
+            sc.clear();
+            for (int s = 0; s < n_vis; ++s) {
+                const float *k = ics.entry(s);
+                float score = 0;
+                for (int h = 0; h < IH; ++h) {
+                    const float d = ops::dot(q + (size_t)h * Id, k, Id);
+                    score += (d > 0 ? d * qscale : 0.f) * (wt[h] * wscale);
+                }
+                sc.push_back({score, s});
+            }
+            const size_t k = std::min<size_t>(topk, sc.size());
+            std::partial_sort(sc.begin(), sc.begin() + k, sc.end(), [](const IndexScore &a, const IndexScore &b) {
+                return a.score > b.score || (a.score == b.score && a.idx < b.idx);
+            });
+            std::vector<int> &out = sel_[t];
+            out.resize(k);
+            for (size_t i = 0; i < k; ++i) out[i] = sc[i].idx;
+        }
+    });
+}
+
+void CpuExecutor::attend(int layer, const AttnSpec &spec, const float *sinks, const Rope &rope) {
+    const ModelConfig &c = c_;
+    const int T = R_, H = c.n_head, hd = c.head_dim, W = spec.window, r = spec.ratio;
+    const float scale = 1.f / std::sqrt((float)hd);
+    int64_t most = 0;
+    if (r)
+        for (const StepSegment &sg : lay_.segs) most = std::max<int64_t>(most, sg.state->n_entries(layer, 0));
+    const int64_t n_keys = W + (spec.indexed ? std::min<int64_t>(most, c.indexer_topk) : most);
+    pool_.parallel_for((int64_t)T * H, cpu_grain(n_keys * hd * 2), [&](int64_t b, int64_t e, int th) {
+        std::vector<float> &lg = tasks_[th].f;
+        std::vector<const float *> &rows = tasks_[th].rows;
+        for (int64_t i = b; i < e; ++i) {
+            const int t = (int)(i / H), h = (int)(i % H);
+            const CpuSessionState &st = state_of_row(t);
+            const CpuLayer &ls = st.layers[layer];
+            const int64_t pos = lay_.pos[t];
+            const float *q = q_.data() + ((size_t)t * H + h) * hd;
+            rows.clear();
+            for (int64_t j = std::max<int64_t>(0, pos - W + 1); j <= pos; ++j) rows.push_back(ls.kv_row(j));
+            if (r) {
+                if (spec.indexed) {
+                    for (int s : sel_[t]) rows.push_back(ls.comp.entry(s));
+                } else {
+                    const int n_vis = std::min<int>(st.n_entries(layer, 0), (int)((pos + 1) / r));
+                    for (int s = 0; s < n_vis; ++s) rows.push_back(ls.comp.entry(s));
+                }
+            }
+            lg.resize(rows.size());
+            float mx = sinks[h];
+            for (size_t k = 0; k < rows.size(); ++k) mx = std::max(mx, lg[k] = ops::dot(q, rows[k], hd) * scale);
+            double den = std::exp((double)sinks[h] - mx);
+            for (size_t k = 0; k < rows.size(); ++k) den += lg[k] = std::exp(lg[k] - mx);
+            float *o = o_.data() + ((size_t)t * H + h) * hd;
+            std::fill(o, o + hd, 0.f);
+            const float inv = (float)(1.0 / den);
+            for (size_t k = 0; k < rows.size(); ++k) ops::axpy(lg[k] * inv, rows[k], o, hd);
+        }
+    });
+    // K = V carried RoPE into the output's rope slice: rotate it back at the query position.
+    pool_.parallel_for(T, cpu_grain((int64_t)H * rope.n_pairs * 4), [&](int64_t b, int64_t e, int th) {
+        TaskScratch &ts = tasks_[th];
+        ts.need_rope(rope.n_pairs);
+        for (int64_t t = b; t < e; ++t) {
+            rope.cos_sin(lay_.pos[t], ts.cos.data(), ts.sin.data());
+            for (int h = 0; h < H; ++h)
+                ops::rope_apply(o_.data() + ((size_t)t * H + h) * hd, hd, rope.n_pairs, ts.cos.data(), ts.sin.data(), -1.f);
+        }
+    });
+}
+
+// Grouped low-rank output: group g's heads -> o_lora via its own block of o_a, then o_b.
+void CpuExecutor::out_proj(const LayerWeights &L) {
+    const ModelConfig &c = c_;
+    const int T = R_, H = c.n_head, hd = c.head_dim, G = c.o_groups, gin = H * hd / G, gl = c.o_lora;
+    grow(oa_, (size_t)T * G * gl);
+    for (int g = 0; g < G; ++g)
+        matmul(mm_, L.o_a.rows((int64_t)g * gl, gl), o_.data() + (size_t)g * gin, T, (int64_t)H * hd,
+               oa_.data() + (size_t)g * gl, (int64_t)G * gl);
+    matmul(mm_, L.o_b, oa_.data(), T, (int64_t)G * gl, A_.data(), c.n_embd);
+}
+
+}  // namespace ds4

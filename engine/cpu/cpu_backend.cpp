@@ -1,0 +1,29 @@
+#include "engine/cpu/cpu_backend.h"
+
+#include "engine/cpu/cpu_executor.h"
+#include "engine/cpu/cpu_state.h"
+
+namespace ds4 {
+
+namespace {
+
+class CpuBackend final : public Backend {
+public:
+    explicit CpuBackend(const ModelConfig &c) : c_(c) {}
+    std::string name() const override { return "cpu"; }
+    std::unique_ptr<SessionState> make_state(const CacheGeometry &g) const override {
+        return std::make_unique<CpuSessionState>(g);
+    }
+    std::unique_ptr<Executor> make_executor(int n_threads) const override {
+        return std::make_unique<CpuExecutor>(c_, n_threads);
+    }
+
+private:
+    const ModelConfig &c_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(const ModelConfig &c) { return std::make_unique<CpuBackend>(c); }
+
+}  // namespace ds4

@@ -1,0 +1,84 @@
+// The CPU executor: the backend operations (backend.h) as loops over host floats on a
+// thread pool. Matrix products go through kernels/matmul (GGUF encodings decoded in the
+// kernels); everything else is per-row vector math from kernels/ops.h. Every buffer is
+// grown on demand and reused, so a warm decode step allocates nothing.
+#pragma once
+#include <utility>
+#include <vector>
+
+#include "engine/backend/backend.h"
+#include "engine/cpu/cpu_state.h"
+#include "engine/kernels/threadpool.h"
+
+namespace ds4 {
+
+struct IndexScore {
+    float score;
+    int idx;
+};
+
+// Scratch of one pool thread inside a parallel loop (indexed by the loop's thread index).
+struct TaskScratch {
+    std::vector<float> cos, sin;   // RoPE tables at one position
+    void need_rope(size_t n_pairs) {
+        if (cos.size() < n_pairs) cos.resize(n_pairs), sin.resize(n_pairs);
+    }
+    std::vector<float> f;          // one loop body's working floats
+    std::vector<const float *> rows;
+    std::vector<IndexScore> scores;
+};
+
+template <class V>
+inline void grow(V &v, size_t n) {
+    if (v.size() < n) v.resize(n);
+}
+
+class CpuExecutor final : public Executor {
+public:
+    CpuExecutor(const ModelConfig &c, int n_threads);
+
+    void begin(const StepLayout &lay) override;
+    void embed(const WeightView &token_embd) override;
+    void hc_pre(const WeightView &fn, const float *base, const float *scale) override;
+    void norm(const float *w) override;
+    void hc_post() override;
+    void q_kv(int layer, const LayerWeights &L, const Rope &rope) override;
+    void compress(int layer, int which, const CompressorWeights &cw, const Rope &rope) override;
+    void indexer_topk(int layer, const LayerWeights &L, const Rope &rope, int topk) override;
+    void attend(int layer, const AttnSpec &spec, const float *sinks, const Rope &rope) override;
+    void out_proj(const LayerWeights &L) override;
+    void route(int layer, const LayerWeights &L, bool hash_routed) override;
+    void routed_experts(int layer, const LayerWeights &L, ExpertSource &experts) override;
+    void shared_expert(int layer, const LayerWeights &L) override;
+    void head(const ModelWeights &w, std::span<const int> rows, float *logits) override;
+    void upload(Act a, const float *src, size_t n) override;
+    void download(Act a, float *dst, size_t n) const override;
+    const ExecutorStats &stats() const override;
+    uint64_t scratch_bytes() const override;
+
+private:
+    CpuSessionState &state_of_row(int r) const { return *static_cast<CpuSessionState *>(lay_.segs[lay_.seg[r]].state); }
+    std::vector<float> &act(Act a);
+    size_t act_width(Act a) const;
+    void expert_ffn(const WeightView &gate, const WeightView &up, const WeightView &down, const float *in, int m,
+                    float *out, float lim);
+
+    const ModelConfig &c_;
+    ThreadPool pool_;
+    MatmulCtx mm_;
+    mutable ExecutorStats stats_;
+    StepLayout lay_;
+    int R_ = 0;   // rows of the current step
+
+    // Activations (Act) and scratch.
+    std::vector<float> H_, X_, XN_, A_, post_, comb_, qr_, q_, o_;
+    std::vector<float> flat_, mix_, p1_, p2_, kvb_, iq_, iw_, oa_, head_, g_, u_, ein_, eout_, router_, expert_w_;
+    std::vector<int> expert_ids_, expert_order_, used_;
+    std::vector<ExpertView> views_;
+    std::vector<std::vector<int>> sel_;                         // indexer picks per row
+    std::vector<std::vector<std::pair<int, float>>> by_expert_; // (row, weight) per expert
+    std::vector<uint8_t> xq_ffn_;
+    std::vector<TaskScratch> tasks_;
+};
+
+}  // namespace ds4

@@ -1,0 +1,109 @@
+#include "engine/cpu/cpu_state.h"
+
+#include "engine/common/error.h"
+
+namespace ds4 {
+
+CpuSessionState::CpuSessionState(const CacheGeometry &g) : SessionState(g) {
+    layers.resize(g.layers.size());
+    for (size_t l = 0; l < g.layers.size(); ++l) {
+        const LayerGeometry &lg = g.layers[l];
+        CpuLayer &L = layers[l];
+        L.cap_kv = lg.cap_kv;
+        L.hd = g.head_dim;
+        L.kv.assign((size_t)lg.cap_kv * g.head_dim, 0.f);
+        for (auto [cg, c] : {std::pair{&lg.comp, &L.comp}, std::pair{&lg.icomp, &L.icomp}}) {
+            c->g = *cg;
+            if (!cg->present()) continue;
+            c->kv.assign((size_t)cg->cap * cg->width, 0.f);
+            c->gate.assign((size_t)cg->cap * cg->width, 0.f);
+            c->entries.assign((size_t)cg->max_entries * cg->dim, 0.f);
+        }
+    }
+}
+
+uint64_t CpuSessionState::memory_bytes() const {
+    uint64_t b = 0;
+    for (const CpuLayer &L : layers) {
+        b += L.kv.size() * sizeof(float);
+        for (const CpuComp *c : {&L.comp, &L.icomp}) b += (c->kv.size() + c->gate.size() + c->entries.size()) * sizeof(float);
+    }
+    return b;
+}
+
+namespace {
+
+struct Span {
+    float *base;
+    int cap;     // ring rows; 0 for the entry array
+    int width;
+    int limit;   // entries: capacity
+};
+
+Span locate(CpuLayer &L, Cache which) {
+    switch (which) {
+    case Cache::Kv: return {L.kv.data(), L.cap_kv, L.hd, 0};
+    case Cache::CompKv: return {L.comp.kv.data(), L.comp.g.cap, L.comp.g.width, 0};
+    case Cache::CompGate: return {L.comp.gate.data(), L.comp.g.cap, L.comp.g.width, 0};
+    case Cache::CompEntries: return {L.comp.entries.data(), 0, L.comp.g.dim, L.comp.g.max_entries};
+    case Cache::IcompKv: return {L.icomp.kv.data(), L.icomp.g.cap, L.icomp.g.width, 0};
+    case Cache::IcompGate: return {L.icomp.gate.data(), L.icomp.g.cap, L.icomp.g.width, 0};
+    case Cache::IcompEntries: return {L.icomp.entries.data(), 0, L.icomp.g.dim, L.icomp.g.max_entries};
+    }
+    fail("internal: unknown cache");
+}
+
+}  // namespace
+
+void CpuSessionState::read(int layer, Cache which, int64_t first, int64_t n, float *dst) const {
+    Span s = locate(const_cast<CpuLayer &>(layers.at(layer)), which);
+    if (!s.base || s.width == 0) failf("internal: layer %d has no such cache", layer);
+    if (s.cap == 0) {
+        if (first < 0 || first + n > s.limit) failf("internal: entries [%lld, +%lld) out of range", (long long)first, (long long)n);
+        std::memcpy(dst, s.base + first * s.width, sizeof(float) * n * s.width);
+        return;
+    }
+    if (n > s.cap) failf("internal: %lld ring rows requested, the ring holds %d", (long long)n, s.cap);
+    for (int64_t i = 0; i < n; ++i) std::memcpy(dst + i * s.width, s.base + ((first + i) % s.cap) * s.width, sizeof(float) * s.width);
+}
+
+void CpuSessionState::write(int layer, Cache which, int64_t first, int64_t n, const float *src) {
+    Span s = locate(layers.at(layer), which);
+    if (!s.base || s.width == 0) failf("internal: layer %d has no such cache", layer);
+    if (s.cap == 0) {
+        if (first < 0 || first + n > s.limit) failf("internal: entries [%lld, +%lld) out of range", (long long)first, (long long)n);
+        std::memcpy(s.base + first * s.width, src, sizeof(float) * n * s.width);
+        return;
+    }
+    if (n > s.cap) failf("internal: %lld ring rows written, the ring holds %d", (long long)n, s.cap);
+    for (int64_t i = 0; i < n; ++i) std::memcpy(s.base + ((first + i) % s.cap) * s.width, src + i * s.width, sizeof(float) * s.width);
+}
+
+void CpuSessionState::record(float *row, int width, int64_t pos) {
+    const size_t off = saved_.size();
+    saved_.insert(saved_.end(), row, row + width);
+    journal_.push_back({row, pos, off, width});
+}
+
+void CpuSessionState::journal_begin() {
+    journal_.clear();
+    saved_.clear();
+    journaling_ = true;
+}
+
+void CpuSessionState::journal_undo_from(int64_t pos) {
+    // Newest first, so a row written twice ends with its oldest contents.
+    for (size_t i = journal_.size(); i-- > 0;) {
+        const Saved &s = journal_[i];
+        if (s.pos >= pos) std::memcpy(s.row, saved_.data() + s.off, sizeof(float) * s.width);
+    }
+    journal_end();
+}
+
+void CpuSessionState::journal_end() {
+    journaling_ = false;
+    journal_.clear();
+    saved_.clear();
+}
+
+}  // namespace ds4

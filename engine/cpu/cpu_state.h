@@ -1,0 +1,64 @@
+// A session's caches in host memory: f32 rings and entry arrays laid out as the geometry
+// says, plus the trial journal (session_state.h explains both).
+#pragma once
+#include <cstring>
+#include <vector>
+
+#include "engine/backend/session_state.h"
+
+namespace ds4 {
+
+struct CpuComp {
+    CompGeometry g;
+    std::vector<float> kv, gate;   // [cap][width]
+    std::vector<float> entries;    // [max_entries][dim]
+    const float *kv_row(int64_t pos) const { return kv.data() + (pos % g.cap) * g.width; }
+    const float *gate_row(int64_t pos) const { return gate.data() + (pos % g.cap) * g.width; }
+    float *entry(int w) { return entries.data() + (size_t)w * g.dim; }
+    const float *entry(int w) const { return entries.data() + (size_t)w * g.dim; }
+};
+
+struct CpuLayer {
+    int cap_kv = 0, hd = 0;
+    std::vector<float> kv;   // [cap_kv][head_dim]: normed, rotated K=V rows
+    CpuComp comp, icomp;
+    const float *kv_row(int64_t pos) const { return kv.data() + (pos % cap_kv) * hd; }
+};
+
+class CpuSessionState final : public SessionState {
+public:
+    explicit CpuSessionState(const CacheGeometry &g);
+    std::vector<CpuLayer> layers;
+
+    // Ring rows about to be overwritten go through these, so the journal sees them.
+    float *kv_row_w(int l, int64_t pos) { return ring_w(layers[l].kv, layers[l].cap_kv, layers[l].hd, pos); }
+    float *comp_kv_w(CpuComp &c, int64_t pos) { return ring_w(c.kv, c.g.cap, c.g.width, pos); }
+    float *comp_gate_w(CpuComp &c, int64_t pos) { return ring_w(c.gate, c.g.cap, c.g.width, pos); }
+
+    uint64_t memory_bytes() const override;
+    void read(int layer, Cache which, int64_t first, int64_t n, float *dst) const override;
+    void write(int layer, Cache which, int64_t first, int64_t n, const float *src) override;
+    void journal_begin() override;
+    void journal_undo_from(int64_t pos) override;
+    void journal_end() override;
+
+private:
+    float *ring_w(std::vector<float> &ring, int cap, int width, int64_t pos) {
+        float *row = ring.data() + (pos % cap) * width;
+        if (journaling_) record(row, width, pos);
+        return row;
+    }
+    void record(float *row, int width, int64_t pos);
+
+    struct Saved {
+        float *row;
+        int64_t pos;
+        size_t off;   // into saved_
+        int width;
+    };
+    bool journaling_ = false;
+    std::vector<Saved> journal_;
+    std::vector<float> saved_;
+};
+
+}  // namespace ds4

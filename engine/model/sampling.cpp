@@ -1,0 +1,84 @@
+#include "engine/model/sampling.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "engine/common/error.h"
+
+namespace ds4 {
+
+static uint64_t next_rand(uint64_t *s) {
+    // splitmix64: a tiny, well-mixed generator; the caller owns the state.
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+int argmax(const std::vector<float> &l) { return (int)(std::max_element(l.begin(), l.end()) - l.begin()); }
+
+int sample(const std::vector<float> &l, const SamplingParams &p, uint64_t *rng) {
+    if (p.temperature <= 0.f) return argmax(l);
+    if (!rng) fail("sample: rng state is required when temperature > 0");
+    if (!(p.top_p > 0.f && p.top_p <= 1.f)) failf("sample: top_p %g must be in (0, 1]", p.top_p);
+    if (!(p.min_p >= 0.f && p.min_p < 1.f)) failf("sample: min_p %g must be in [0, 1)", p.min_p);
+    if (p.top_k < 0) failf("sample: top_k %d must be >= 0", p.top_k);
+    std::vector<int> idx(l.size());
+    std::iota(idx.begin(), idx.end(), 0);
+    auto by_logit = [&](int a, int b) { return l[a] > l[b] || (l[a] == l[b] && a < b); };
+    size_t k = idx.size();
+    if (p.top_k > 0 && (size_t)p.top_k < k) {
+        k = p.top_k;
+        std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), by_logit);
+    } else {
+        std::sort(idx.begin(), idx.end(), by_logit);
+    }
+    idx.resize(k);
+    std::vector<double> pr(k);
+    const double mx = l[idx[0]];
+    double sum = 0;
+    for (size_t i = 0; i < k; ++i) sum += pr[i] = std::exp(((double)l[idx[i]] - mx) / p.temperature);
+    size_t keep = k;
+    if (p.top_p < 1.f) {
+        double acc = 0;
+        for (size_t i = 0; i < k; ++i) {
+            acc += pr[i] / sum;
+            if (acc >= p.top_p) {
+                keep = i + 1;
+                break;
+            }
+        }
+    }
+    if (p.min_p > 0.f) {
+        size_t j = 1;
+        while (j < keep && pr[j] >= p.min_p * pr[0]) ++j;
+        keep = j;
+    }
+    double tot = 0;
+    for (size_t i = 0; i < keep; ++i) tot += pr[i];
+    const double u = (double)(next_rand(rng) >> 11) * (1.0 / 9007199254740992.0) * tot;
+    double acc = 0;
+    for (size_t i = 0; i < keep; ++i) {
+        acc += pr[i];
+        if (u < acc) return idx[i];
+    }
+    return idx[keep - 1];
+}
+
+std::vector<std::pair<int, float>> top_logprobs(const std::vector<float> &l, int n) {
+    const float mx = *std::max_element(l.begin(), l.end());
+    double s = 0;
+    for (float v : l) s += std::exp((double)v - mx);
+    const float lse = mx + (float)std::log(s);
+    n = std::max(0, std::min<int>(n, (int)l.size()));
+    std::vector<int> idx(l.size());
+    std::iota(idx.begin(), idx.end(), 0);
+    std::partial_sort(idx.begin(), idx.begin() + n, idx.end(),
+                      [&](int a, int b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
+    std::vector<std::pair<int, float>> out;
+    for (int i = 0; i < n; ++i) out.emplace_back(idx[i], l[idx[i]] - lse);
+    return out;
+}
+
+}  // namespace ds4
