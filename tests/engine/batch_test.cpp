@@ -1,0 +1,143 @@
+// Batch-first steps: rows of several sessions in one forward_batch give each session the
+// logits it gets alone, whether the rows are decode tokens or a prefill chunk mixed in.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "engine/common/error.h"
+#include "engine/model/model.h"
+#include "engine/model/session.h"
+#include "tests/engine/fixture.h"
+
+using namespace ds4;
+using namespace ds4test;
+
+namespace {
+
+struct BatchTest : ::testing::Test {
+    static void SetUpTestSuite() {
+        fx = new RefFixture(load_fixture("mix"));
+        model = Model::open(converted_gguf("mix", "f32"), {2}).release();
+    }
+    static void TearDownTestSuite() {
+        delete model;
+        delete fx;
+    }
+    static RefFixture *fx;
+    static Model *model;
+    // Session i's prompt: a different slice of the fixture's tokens, 3..38 long.
+    static std::vector<int32_t> prompt(int i) {
+        const int len = 3 + 5 * i, off = (7 * i) % 20;
+        return std::vector<int32_t>(fx->tokens.begin() + off, fx->tokens.begin() + off + len);
+    }
+    // Session i's continuation tokens (fixed, so alone and batched see the same input).
+    static int32_t next_token(int i, int step) { return fx->tokens[(11 * i + 3 * step + 1) % fx->tokens.size()]; }
+};
+RefFixture *BatchTest::fx;
+Model *BatchTest::model;
+
+double rel(const std::vector<float> &ref, const std::vector<float> &got) {
+    EXPECT_EQ(ref.size(), got.size());
+    float mx = 0, d = 0;
+    for (size_t i = 0; i < ref.size() && i < got.size(); ++i) {
+        mx = std::max(mx, std::fabs(ref[i]));
+        d = std::max(d, std::fabs(ref[i] - got[i]));
+    }
+    return mx > 0 ? d / mx : d;
+}
+
+constexpr int kSessions = 8, kSteps = 12;
+
+TEST_F(BatchTest, EightSessionsDecodingTogetherMatchEachAlone) {
+    // Alone: each session prefills its prompt, then decodes kSteps tokens one by one.
+    std::vector<std::vector<std::vector<float>>> alone(kSessions);
+    for (int i = 0; i < kSessions; ++i) {
+        Session s(*model, 96);
+        s.sync(prompt(i));
+        for (int k = 0; k < kSteps; ++k) {
+            s.eval(next_token(i, k));
+            alone[i].push_back(s.logits());
+        }
+    }
+    // Together: one shared executor, every decode step is one forward_batch of 8 rows.
+    auto ex = model->make_executor(2);
+    std::vector<std::unique_ptr<Session>> ss;
+    for (int i = 0; i < kSessions; ++i) {
+        ss.push_back(std::make_unique<Session>(*model, *ex, 96));
+        ss.back()->sync(prompt(i));
+    }
+    for (int k = 0; k < kSteps; ++k) {
+        std::vector<BatchRow> rows;
+        for (int i = 0; i < kSessions; ++i) rows.push_back({ss[i].get(), next_token(i, k), ss[i]->pos(), true});
+        std::vector<float> out;
+        forward_batch(*ex, rows, &out);
+        ASSERT_EQ(out.size(), (size_t)kSessions * fx->vocab);
+        for (int i = 0; i < kSessions; ++i) {
+            EXPECT_LE(rel(alone[i][k], ss[i]->logits()), 1e-6) << "session " << i << " step " << k;
+            const std::vector<float> row(out.begin() + (size_t)i * fx->vocab, out.begin() + (size_t)(i + 1) * fx->vocab);
+            EXPECT_EQ(row, ss[i]->logits());
+        }
+    }
+}
+
+TEST_F(BatchTest, PrefillChunkSharesAStepWithDecodeRows) {
+    // Session 0 prefills its whole prompt inside the same steps in which 1..7 decode.
+    auto ex = model->make_executor(2);
+    std::vector<std::unique_ptr<Session>> ss;
+    for (int i = 0; i < kSessions; ++i) ss.push_back(std::make_unique<Session>(*model, *ex, 96));
+    for (int i = 1; i < kSessions; ++i) ss[i]->sync(prompt(i));
+    const std::vector<int32_t> p0 = prompt(7);   // 38 tokens: chunks of 10 cross windows and ratios
+    Session ref0(*model, 96);
+    std::vector<float> ref_rows;
+    ref0.sync(p0, {}, &ref_rows);
+    size_t done = 0;
+    for (int k = 0; done < p0.size(); ++k) {
+        std::vector<BatchRow> rows;
+        const size_t n = std::min<size_t>(10, p0.size() - done);
+        for (size_t j = 0; j < n; ++j) rows.push_back({ss[0].get(), p0[done + j], (int64_t)(done + j), true});
+        for (int i = 1; i < kSessions; ++i) rows.push_back({ss[i].get(), next_token(i, k), ss[i]->pos(), true});
+        std::vector<float> out;
+        forward_batch(*ex, rows, &out);
+        const std::vector<float> got(out.begin(), out.begin() + n * fx->vocab);
+        const std::vector<float> want(ref_rows.begin() + done * fx->vocab, ref_rows.begin() + (done + n) * fx->vocab);
+        EXPECT_LE(rel(want, got), 1e-6) << "chunk at " << done;
+        done += n;
+    }
+    EXPECT_EQ(ss[0]->tokens(), p0);
+    EXPECT_LE(rel(ref0.logits(), ss[0]->logits()), 1e-6);
+    // The decode rows advanced their sessions like evals would.
+    for (int i = 1; i < kSessions; ++i) {
+        Session s(*model, 96);
+        s.sync(prompt(i));
+        for (int k = 0; k < ss[i]->pos() - (int)prompt(i).size(); ++k) s.eval(next_token(i, k));
+        EXPECT_EQ(s.tokens(), ss[i]->tokens());
+        EXPECT_LE(rel(s.logits(), ss[i]->logits()), 1e-6) << "session " << i;
+    }
+}
+
+TEST_F(BatchTest, BadRowsAreRejectedBeforeAnythingRuns) {
+    auto ex = model->make_executor(2);
+    Session a(*model, *ex, 32), b(*model, *ex, 32);
+    a.sync(prompt(1));
+    b.sync(prompt(2));
+    const auto ta = a.tokens(), tb = b.tokens();
+    const auto la = a.logits();
+    const uint64_t ga = a.generation();
+    auto expect_rejected = [&](std::vector<BatchRow> rows, const char *why) {
+        EXPECT_THROW(forward_batch(*ex, rows, nullptr), Error) << why;
+        EXPECT_EQ(a.tokens(), ta) << why;
+        EXPECT_EQ(b.tokens(), tb) << why;
+        EXPECT_EQ(a.logits(), la) << why;
+        EXPECT_EQ(a.generation(), ga) << why;
+    };
+    expect_rejected({{&a, 1, a.pos(), true}, {&b, 1, b.pos(), true}, {&a, 2, a.pos() + 1, true}}, "split session");
+    expect_rejected({{&a, 1, a.pos() + 1, true}}, "wrong position");
+    expect_rejected({{&a, 1, a.pos(), true}, {&a, 2, a.pos() + 2, true}}, "gap");
+    expect_rejected({{&a, 1, a.pos(), false}}, "last row without logits");
+    expect_rejected({{&a, fx->vocab, a.pos(), true}}, "token out of range");
+    expect_rejected({{&a, 1, a.pos(), true}, {&b, -1, b.pos(), true}}, "bad token in another session");
+    expect_rejected({}, "empty");
+}
+
+}  // namespace
