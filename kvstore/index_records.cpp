@@ -42,7 +42,8 @@ std::string encode_record(const Record &r) {
     s.reserve(kRecordBytes);
     put_le(s, kRecordVersion, 1);
     put_le(s, r.pinned ? 1 : 0, 1);
-    put_le(s, 0, 2);
+    put_le(s, r.named_file ? 1 : 0, 1);
+    put_le(s, 0, 1);
     put_le(s, r.n_tokens, 4);
     put_le(s, r.file_id, 8);
     put_le(s, r.bytes, 8);
@@ -60,6 +61,7 @@ bool decode_record(std::string_view b, Record *out) {
     const char *p = b.data();
     Record r;
     r.pinned = b[1] & 1;
+    r.named_file = b[2] & 1;
     r.n_tokens = uint32_t(get_le(p + 4, 4));
     r.file_id = get_le(p + 8, 8);
     r.bytes = get_le(p + 16, 8);
@@ -133,21 +135,57 @@ void token_prefix_hashes(const int32_t *tokens, const std::vector<uint32_t> &len
 }
 
 std::string payload_file_name(uint64_t file_id) { return hex16(file_id) + ".dsv4"; }
+std::string session_file_name(uint64_t file_id, std::string_view session) {
+    return hex16(file_id) + "-" + std::string(session) + ".dsv4";
+}
+std::string checkpoint_file_name(uint64_t file_id) { return hex16(file_id) + ".ckpt.dsv4"; }
 std::string temp_file_name(uint64_t file_id) { return ".tmp-" + hex16(file_id) + ".dsv4"; }
 
-bool parse_payload_file_name(std::string_view name, uint64_t *file_id) {
-    if (name.size() != 21 || name.substr(16) != ".dsv4") return false;
-    uint64_t v = 0;
+namespace {
+
+constexpr std::string_view kSuffix = ".dsv4";
+
+bool parse_hex16(std::string_view s, uint64_t *v) {
+    if (s.size() < 16) return false;
+    uint64_t x = 0;
     for (size_t i = 0; i < 16; ++i) {
-        const char *c = strchr(kHex, name[i]);
-        if (!c || !*c) return false;
-        v = v << 4 | uint64_t(c - kHex);
+        const char *c = s[i] ? strchr(kHex, s[i]) : nullptr;
+        if (!c) return false;
+        x = x << 4 | uint64_t(c - kHex);
     }
-    *file_id = v;
+    *v = x;
     return true;
 }
 
-bool is_temp_file_name(std::string_view name) { return name.substr(0, 5) == ".tmp-"; }
+bool ends_with(std::string_view s, std::string_view suffix) {
+    return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+
+}  // namespace
+
+bool parse_payload_file_name(std::string_view name, PayloadFileName *out) {
+    PayloadFileName p;
+    if (!ends_with(name, kSuffix) || !parse_hex16(name, &p.file_id)) return false;
+    const std::string_view mid = name.substr(16, name.size() - 16 - kSuffix.size());
+    if (mid.empty()) {
+        p.kind = FileKind::kBare;
+    } else if (mid == ".ckpt") {
+        p.kind = FileKind::kCheckpoint;
+    } else if (mid.size() >= 2 && mid[0] == '-') {
+        p.kind = FileKind::kSession;
+        p.session.assign(mid.substr(1));
+    } else {
+        return false;
+    }
+    *out = std::move(p);
+    return true;
+}
+
+bool is_temp_file_name(std::string_view name) {
+    uint64_t id;
+    return name.size() == 5 + 16 + kSuffix.size() && name.substr(0, 5) == ".tmp-" && parse_hex16(name.substr(5), &id) &&
+           ends_with(name, kSuffix);
+}
 
 std::string encode_u32(uint32_t v) {
     std::string s;

@@ -34,6 +34,11 @@ struct Record {
     uint64_t created_ms = 0;
     uint64_t last_used_ms = 0;
     uint64_t last_used_seq = 0;  // LRU order: larger is more recent
+    // The file carries its own identity in its name (session_file_name /
+    // checkpoint_file_name), so a lost index can be rebuilt from the payload folder.
+    // False for files written before that (bare "<id>.dsv4"). Stored in a record byte
+    // that older builds write as 0 and ignore.
+    bool named_file = false;
 };
 
 inline constexpr size_t kRecordBytes = 72;
@@ -64,11 +69,27 @@ uint64_t token_prefix_hash(const int32_t *tokens, size_t n);
 // token_prefix_hash(tokens, L) for every L in `lengths` (ascending) in one pass.
 void token_prefix_hashes(const int32_t *tokens, const std::vector<uint32_t> &lengths, std::vector<uint64_t> *out);
 
-// "0123456789abcdef.dsv4" and ".tmp-0123456789abcdef.dsv4".
-std::string payload_file_name(uint64_t file_id);
+// Payload file names. The id is random and unique; what follows it says what the file
+// holds, so recovery can re-index a file the index does not know:
+//   "0123456789abcdef-<session name>.dsv4"   a session (names never contain '/')
+//   "0123456789abcdef.ckpt.dsv4"             a prefix checkpoint
+//   "0123456789abcdef.dsv4"                  bare: written by older builds, kind unknown
+//   ".tmp-0123456789abcdef.dsv4"             a save in progress (never referenced)
+std::string payload_file_name(uint64_t file_id);  // bare
+std::string session_file_name(uint64_t file_id, std::string_view session);
+std::string checkpoint_file_name(uint64_t file_id);
 std::string temp_file_name(uint64_t file_id);
-// Parses payload_file_name's output; false for anything else.
-bool parse_payload_file_name(std::string_view name, uint64_t *file_id);
+
+enum class FileKind { kBare, kSession, kCheckpoint };
+struct PayloadFileName {
+    FileKind kind = FileKind::kBare;
+    uint64_t file_id = 0;
+    std::string session;  // kSession: the name as written (not yet validated)
+};
+// Parses the three payload forms above; false for anything else (temp files included).
+bool parse_payload_file_name(std::string_view name, PayloadFileName *out);
+// Exactly temp_file_name's form: only such files are provably debris of an interrupted
+// save.
 bool is_temp_file_name(std::string_view name);
 
 std::string encode_u32(uint32_t v);

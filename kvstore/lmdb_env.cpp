@@ -6,11 +6,17 @@ namespace ds4::kvstore {
 
 std::string lmdb_error(const char *what, int rc) { return std::string(what) + ": " + mdb_strerror(rc); }
 
-LmdbEnv::~LmdbEnv() {
+LmdbEnv::~LmdbEnv() { close(); }
+
+void LmdbEnv::close() {
     if (env_) mdb_env_close(env_);
+    env_ = nullptr;
+    meta_ = sessions_ = prefixes_ = 0;
+    grows_ = 0;
 }
 
 int LmdbEnv::open(const std::string &dir, uint64_t map_size, uint64_t max_map_size, std::string *err) {
+    close();
     max_map_size_ = max_map_size < map_size ? map_size : max_map_size;
     int rc = mdb_env_create(&env_);
     if (rc) {

@@ -21,6 +21,8 @@ public:
     // initial map size; growth doubles it up to max_map_size. Returns an LMDB or errno
     // code, with *err set.
     int open(const std::string &dir, uint64_t map_size, uint64_t max_map_size, std::string *err);
+    // Closes the environment (after a failed open too), so open can be called again.
+    void close();
 
     // Runs fn in a write transaction and commits when it returns 0. On MDB_MAP_FULL
     // (from fn or from the commit) the transaction is aborted, the map doubled and fn run
@@ -50,5 +52,10 @@ inline std::string_view view(const MDB_val &v) { return {static_cast<const char 
 
 // "what: LMDB message".
 std::string lmdb_error(const char *what, int rc);
+
+// LMDB codes that mean the data or lock file is not one this LMDB can use.
+inline bool lmdb_damaged(int rc) {
+    return rc == MDB_INVALID || rc == MDB_CORRUPTED || rc == MDB_VERSION_MISMATCH || rc == MDB_PAGE_NOTFOUND;
+}
 
 }  // namespace ds4::kvstore

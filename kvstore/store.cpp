@@ -105,14 +105,23 @@ void Store::Impl::log(const std::string &line) const {
         fprintf(stderr, "ds4-kvstore: %s\n", line.c_str());
 }
 
-std::string Store::Impl::payload_path(uint64_t file_id) const { return payload_dir + "/" + payload_file_name(file_id); }
+std::string Store::Impl::file_name(const Entry &e) const {
+    if (!e.rec.named_file) return payload_file_name(e.rec.file_id);
+    return e.kind == EntryKind::kSession ? session_file_name(e.rec.file_id, e.key) : checkpoint_file_name(e.rec.file_id);
+}
+
+std::string Store::Impl::file_path(const Entry &e) const { return payload_dir + "/" + file_name(e); }
+
+std::string Store::Impl::describe(const Entry &e) const {
+    return e.kind == EntryKind::kSession ? "session " + quoted(e.key) : "checkpoint " + file_name(e);
+}
 
 EntryInfo Store::Impl::to_info(const Entry &e) const {
     EntryInfo i;
     i.kind = e.kind;
     if (e.kind == EntryKind::kSession) i.name = e.key;
     else i.checkpoint_id = e.rec.file_id;
-    i.file = payload_file_name(e.rec.file_id);
+    i.file = file_name(e);
     i.bytes = e.rec.bytes;
     i.checksum = e.rec.checksum;
     i.fingerprint = e.rec.fingerprint;
@@ -232,24 +241,22 @@ Status Store::Impl::pinned_bytes(std::string_view except, uint64_t *out) {
 
 void Store::Impl::unlink_files(const std::vector<Entry> &gone, const char *why) {
     for (const Entry &e : gone) {
-        const int rc = io->unlink(payload_path(e.rec.file_id));
+        const int rc = io->unlink(file_path(e));
         if (rc != 0 && rc != -ENOENT)
-            log("cannot unlink " + payload_path(e.rec.file_id) + ": " + strerror(-rc) + " (recovery will retry)");
-        if (why) {
-            const std::string who = e.kind == EntryKind::kSession ? "session " + quoted(e.key)
-                                                                  : "checkpoint " + payload_file_name(e.rec.file_id);
-            log(std::string(why) + " " + who + " (" + std::to_string(e.rec.bytes) + " bytes)");
-        }
+            log("cannot unlink " + file_path(e) + ": " + strerror(-rc) + " (recovery will deal with it)");
+        if (why) log(std::string(why) + " " + describe(e) + " (" + std::to_string(e.rec.bytes) + " bytes)");
     }
 }
 
 // ---------------------------------------------------------------- payload files
 
-Status Store::Impl::write_payload_file(const uint8_t *data, size_t len, uint64_t *file_id, uint64_t *checksum) {
+Status Store::Impl::write_payload_file(const uint8_t *data, size_t len, EntryKind kind, std::string_view name,
+                                       uint64_t *file_id, uint64_t *checksum) {
     for (int attempt = 0; attempt < 4; ++attempt) {
         const uint64_t id = random_file_id();
         const std::string tmp = payload_dir + "/" + temp_file_name(id);
-        const std::string fin = payload_path(id);
+        const std::string fin =
+            payload_dir + "/" + (kind == EntryKind::kSession ? session_file_name(id, name) : checkpoint_file_name(id));
         int fd = io->open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_DIRECT, 0600);
         if (fd == -EINVAL)  // no O_DIRECT here; the name is ours, so O_EXCL is not needed again
             fd = io->open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, 0600);
@@ -284,12 +291,24 @@ Status Store::Impl::write_payload_file(const uint8_t *data, size_t len, uint64_t
     return {Code::kInternal, "could not pick an unused payload file name in " + payload_dir};
 }
 
-Status Store::Impl::read_payload_file(const Record &rec, AlignedBuffer *buf, payload::Header *hdr, std::string *why) {
-    const std::string path = payload_path(rec.file_id);
+Status Store::Impl::read_whole_file(const std::string &path, const uint64_t *want_bytes, AlignedBuffer *buf,
+                                    uint64_t *checksum, std::string *why) {
+    // Checked before opening: a symlink must not be followed (O_NOFOLLOW below refuses it
+    // anyway) and opening a FIFO would block.
+    struct stat st;
+    if (lstat(path.c_str(), &st) != 0) {
+        if (errno != ENOENT) return io_status(-errno, "cannot stat " + path);
+        *why = "payload file " + path + " is missing";
+        return {Code::kCorrupt, *why};
+    }
+    if (!S_ISREG(st.st_mode)) {
+        *why = "payload file " + path + (S_ISLNK(st.st_mode) ? " is a symbolic link" : " is not a regular file");
+        return {Code::kCorrupt, *why};
+    }
     int fd = io->open(path, O_RDONLY | O_NOFOLLOW | O_DIRECT, 0);
     if (fd == -EINVAL) fd = io->open(path, O_RDONLY | O_NOFOLLOW, 0);
-    if (fd == -ENOENT) {
-        *why = "payload file " + path + " is missing";
+    if (fd == -ENOENT || fd == -ELOOP) {  // replaced since the lstat
+        *why = "payload file " + path + (fd == -ENOENT ? " is missing" : " is a symbolic link");
         return {Code::kCorrupt, *why};
     }
     if (fd < 0) return io_status(fd, "cannot open " + path);
@@ -300,23 +319,31 @@ Status Store::Impl::read_payload_file(const Record &rec, AlignedBuffer *buf, pay
     } closer{io.get(), fd};
     uint64_t size = 0;
     if (const int rc = io->file_size(fd, &size)) return io_status(rc, "cannot stat " + path);
-    if (size != rec.bytes) {
+    if (want_bytes && size != *want_bytes) {
         *why = "payload file " + path + " is " + std::to_string(size) + " bytes, the index says " +
-               std::to_string(rec.bytes);
+               std::to_string(*want_bytes);
         return {Code::kCorrupt, *why};
     }
-    buf->resize(size_t(rec.bytes));
+    buf->resize(size_t(size));
     Xxh64 h;
     const int64_t got = io->read_all(fd, buf->data(), buf->size(), [&](const uint8_t *p, size_t n) { h.update(p, n); });
     if (got < 0) return io_status(int(got), "reading " + path);
-    if (uint64_t(got) != rec.bytes) {
-        *why = "payload file " + path + " ended after " + std::to_string(got) + " of " + std::to_string(rec.bytes) +
-               " bytes";
+    if (uint64_t(got) != size) {
+        *why = "payload file " + path + " ended after " + std::to_string(got) + " of " + std::to_string(size) + " bytes";
         return {Code::kCorrupt, *why};
     }
-    if (h.digest() != rec.checksum) {
+    *checksum = h.digest();
+    return Status::ok();
+}
+
+Status Store::Impl::read_payload_file(const Entry &e, AlignedBuffer *buf, payload::Header *hdr, std::string *why) {
+    const std::string path = file_path(e);
+    const Record &rec = e.rec;
+    uint64_t sum = 0;
+    if (Status s = read_whole_file(path, &rec.bytes, buf, &sum, why); !s) return s;
+    if (sum != rec.checksum) {
         char b[160];
-        snprintf(b, sizeof b, " fails its checksum (xxh64 %016" PRIx64 ", index says %016" PRIx64 ")", h.digest(),
+        snprintf(b, sizeof b, " fails its checksum (xxh64 %016" PRIx64 ", index says %016" PRIx64 ")", sum,
                  rec.checksum);
         *why = "payload file " + path + b;
         return {Code::kCorrupt, *why};
@@ -335,15 +362,21 @@ Status Store::Impl::read_payload_file(const Record &rec, AlignedBuffer *buf, pay
     return Status::ok();
 }
 
-Status Store::Impl::check_payload_file(const Record &rec, bool full, std::string *why) {
+Status Store::Impl::check_payload_file(const Entry &e, bool full, std::string *why) {
     if (full) {
         AlignedBuffer buf;
-        return read_payload_file(rec, &buf, nullptr, why);
+        return read_payload_file(e, &buf, nullptr, why);
     }
-    const std::string path = payload_path(rec.file_id);
+    const Record &rec = e.rec;
+    const std::string path = file_path(e);
     struct stat st;
-    if (lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
+    if (lstat(path.c_str(), &st) != 0) {
+        if (errno != ENOENT) return io_status(-errno, "cannot stat " + path);
         *why = "payload file " + path + " is missing";
+        return {Code::kCorrupt, *why};
+    }
+    if (!S_ISREG(st.st_mode)) {
+        *why = "payload file " + path + (S_ISLNK(st.st_mode) ? " is a symbolic link" : " is not a regular file");
         return {Code::kCorrupt, *why};
     }
     if (uint64_t(st.st_size) != rec.bytes) {
@@ -364,26 +397,31 @@ Status Store::Impl::check_payload_file(const Record &rec, bool full, std::string
     return Status::ok();
 }
 
-bool Store::Impl::read_payload_tokens(const Record &rec, std::vector<int32_t> *tokens) {
+bool Store::Impl::read_payload_tokens(const Entry &e, std::vector<int32_t> *tokens) {
     payload::Header h;
     std::string err;
-    return payload::read_file_prefix(payload_path(rec.file_id).c_str(), 0, rec.bytes, &h, tokens, &err) &&
-           h.fingerprint == rec.fingerprint && h.n_tokens == rec.n_tokens;
+    return payload::read_file_prefix(file_path(e).c_str(), 0, e.rec.bytes, &h, tokens, &err) &&
+           h.fingerprint == e.rec.fingerprint && h.n_tokens == e.rec.n_tokens;
 }
 
-void Store::Impl::move_to_quarantine(uint64_t file_id, const std::string &who, const std::string &why) {
-    const std::string src = payload_path(file_id);
-    std::string dst = quarantine_dir + "/" + payload_file_name(file_id);
+void Store::Impl::move_to_quarantine(const std::string &file, const std::string &who, const std::string &why,
+                                     bool unlink_if_stuck) {
+    const std::string src = payload_dir + "/" + file;
+    std::string dst = quarantine_dir + "/" + file;
     struct stat st;
     if (lstat(src.c_str(), &st) == 0) {
         int rc = io->rename_noreplace(src, dst);
         for (int i = 1; rc == -EEXIST && i < 100; ++i) {
-            dst = quarantine_dir + "/" + payload_file_name(file_id) + "." + std::to_string(i);
+            dst = quarantine_dir + "/" + file + "." + std::to_string(i);
             rc = io->rename_noreplace(src, dst);
         }
         if (rc != 0) {
-            log("cannot move " + src + " to quarantine: " + strerror(-rc) + "; deleting it");
-            io->unlink(src);
+            // An entry's file proven bad is deleted: left in place, the next recovery could
+            // re-index it with a fresh checksum (a damaged tail shows only against the
+            // index's). Anything else stays where it is.
+            log("cannot move " + src + " to quarantine: " + strerror(-rc) +
+                (unlink_if_stuck ? "; deleting it" : "; left in place"));
+            if (unlink_if_stuck) io->unlink(src);
             dst.clear();
         }
     } else {
@@ -401,11 +439,10 @@ void Store::Impl::move_to_quarantine(uint64_t file_id, const std::string &who, c
 }
 
 void Store::Impl::quarantine(const Entry &e, const std::string &why) {
-    const std::string who = e.kind == EntryKind::kSession ? "session " + quoted(e.key)
-                                                          : "checkpoint " + payload_file_name(e.rec.file_id);
+    const std::string who = describe(e);
     // File first: if the index update is lost the entry points at nothing and the next
     // recovery drops it; it can never be served from the bad file.
-    move_to_quarantine(e.rec.file_id, who, why);
+    move_to_quarantine(file_name(e), who, why, true);
     std::string err;
     const int rc = write([&](MDB_txn *txn) { return delete_entry(txn, e); }, &err);
     if (rc) log("cannot drop quarantined " + who + " from the index: " + err);
@@ -421,10 +458,9 @@ Status Store::Impl::load_entry(const Entry &e, LoadedPayload *out) {
     std::string why;
     payload::Header hdr;
     // Straight into the caller's buffer, reusing its allocation when it is big enough.
-    Status st = read_payload_file(e.rec, &out->bytes, &hdr, &why);
+    Status st = read_payload_file(e, &out->bytes, &hdr, &why);
     if (!st) out->bytes.resize(0);
-    const std::string who = e.kind == EntryKind::kSession ? "session " + quoted(e.key)
-                                                          : "checkpoint " + payload_file_name(e.rec.file_id);
+    const std::string who = describe(e);
     if (st.code() == Code::kCorrupt) {
         quarantine(e, why);
         return {Code::kCorrupt, who + " cannot be loaded: " + why + "; it was quarantined"};
@@ -451,12 +487,13 @@ Status Store::Impl::save_locked(std::string_view name, const uint8_t *data, size
                                                " bytes (" + std::to_string(pinned) + " pinned)"};
     }
     uint64_t file_id = 0, checksum = 0;
-    if (Status s = write_payload_file(data, len, &file_id, &checksum); !s)
+    if (Status s = write_payload_file(data, len, EntryKind::kSession, name, &file_id, &checksum); !s)
         return {s.code(), "saving session " + quoted(name) + ": " + s.message() + " (previous version kept)"};
 
     const std::string key(name);
     Record rec;
     rec.file_id = file_id;
+    rec.named_file = true;
     rec.bytes = len;
     rec.checksum = checksum;
     rec.fingerprint = hdr.fingerprint;
@@ -491,7 +528,7 @@ Status Store::Impl::save_locked(std::string_view name, const uint8_t *data, size
         },
         &err);
     if (rc) {
-        io->unlink(payload_path(file_id));
+        io->unlink(payload_dir + "/" + session_file_name(file_id, key));
         return db_status(rc, "saving session " + quoted(name) + ": index update failed: " + err + " (previous version kept)");
     }
     if (!gone.empty() && gone.front().kind == EntryKind::kSession && gone.front().key == key) {
@@ -562,7 +599,7 @@ Status Store::Impl::prefix_candidates(uint64_t fingerprint, const int32_t *token
     std::vector<Entry> verified;
     std::vector<int32_t> stored;
     for (Entry &e : *out) {
-        if (!read_payload_tokens(e.rec, &stored) || stored.size() != e.rec.n_tokens) continue;
+        if (!read_payload_tokens(e, &stored) || stored.size() != e.rec.n_tokens) continue;
         if (std::equal(stored.begin(), stored.end(), tokens)) verified.push_back(std::move(e));
     }
     *out = std::move(verified);
@@ -594,10 +631,11 @@ Status Store::Impl::save_checkpoint_locked(const uint8_t *data, size_t len) {
                                                " pinned)"};
     }
     uint64_t file_id = 0, checksum = 0;
-    if (Status s = write_payload_file(data, len, &file_id, &checksum); !s)
+    if (Status s = write_payload_file(data, len, EntryKind::kCheckpoint, {}, &file_id, &checksum); !s)
         return {s.code(), "saving checkpoint: " + s.message()};
     Record rec;
     rec.file_id = file_id;
+    rec.named_file = true;
     rec.bytes = len;
     rec.checksum = checksum;
     rec.fingerprint = hdr.fingerprint;
@@ -616,7 +654,7 @@ Status Store::Impl::save_checkpoint_locked(const uint8_t *data, size_t len) {
         },
         &err);
     if (rc) {
-        io->unlink(payload_path(file_id));
+        io->unlink(payload_dir + "/" + checkpoint_file_name(file_id));
         return db_status(rc, "saving checkpoint: index update failed: " + err);
     }
     evictions += gone.size();
@@ -640,9 +678,7 @@ Status Store::open(const StoreOptions &opt, std::unique_ptr<Store> *out) {
         impl->opt = opt;
         impl->io = opt.io ? opt.io : std::shared_ptr<FileIo>(make_uring_file_io(opt.io_options));
         if (Status s = impl->open_layout(); !s) return s;
-        std::string err;
-        if (const int rc = impl->db.open(impl->index_dir, opt.map_size, opt.max_map_size, &err))
-            return db_status(rc, err);
+        if (Status s = impl->open_index(); !s) return s;
         if (Status s = impl->check_schema(); !s) return s;
         if (Status s = impl->load_seq(); !s) return s;
         if (Status s = impl->recover(); !s) return s;

@@ -3,14 +3,26 @@
 //
 //   <state>/LOCK          flock'ed for the store's lifetime: one process per state dir
 //   <state>/index/        LMDB environment (tables meta, sessions, prefixes)
-//   <state>/payloads/     <16 hex>.dsv4 payload files (+ .tmp-* while being written)
-//   <state>/quarantine/   payload files that failed their checks, with a .why note
+//   <state>/payloads/     payload files named <16 hex>-<session>.dsv4 or <16 hex>.ckpt.dsv4
+//                         (+ .tmp-<16 hex>.dsv4 while being written)
+//   <state>/quarantine/   files that failed their checks or could not be placed, with a
+//                         .why note
+//   <state>/index.damaged-<time>/  an index that failed its checks, moved aside
 //
 // A save is durable before it is visible: temp file written (io_uring, O_DIRECT when
 // possible), fsync, rename to a fresh name, directory fsync, then the LMDB commit that
 // points the entry at it; the replaced file is unlinked only after the commit. A crash
 // at any point therefore leaves the old or the new state, and at worst an unreferenced
-// file, which start-up recovery deletes.
+// file.
+//
+// The index can be rebuilt: a payload file's name says what it holds (the session name,
+// or "checkpoint") and its header gives the rest. Start-up recovery re-indexes any
+// payload file the index does not reference (a lost, deleted or damaged index, or a
+// crash between a remove and its unlink, which brings that session back), and moves to
+// quarantine/ what it cannot place: files with no name in them (written by older
+// builds), damaged ones, other versions of a session the index holds, links and other
+// non-regular files. Only temp files of an interrupted save are deleted. Pins are not
+// in the file name: a session rebuilt that way comes back unpinned.
 //
 // Loads read the whole file and verify its XXH64 checksum and payload header before
 // returning bytes; a payload that fails is quarantined and never served.
@@ -77,7 +89,11 @@ struct PrefixMatch {
 
 struct RecoveryReport {
     int temp_files_removed = 0;
-    int orphan_files_removed = 0;
+    int orphan_files_removed = 0;  // always 0: unreferenced payloads are re-indexed or quarantined
+    int sessions_reindexed = 0;    // payload files the index did not reference, indexed again
+    int checkpoints_reindexed = 0;
+    int files_quarantined = 0;     // unreferenced files moved to quarantine/ instead
+    std::string index_moved_to;    // set when a damaged index was moved aside (and rebuilt)
     int entries_quarantined = 0;   // missing or corrupt payloads
     int bad_index_records = 0;     // undecodable index values, dropped
     int entries_evicted = 0;       // over a budget lowered since the last run

@@ -5,6 +5,7 @@
 
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -42,26 +43,49 @@ struct Store::Impl {
     ~Impl();
 
     void log(const std::string &line) const;
-    std::string payload_path(uint64_t file_id) const;
+    // The payload file of an entry: its name inside payload_dir, and its path.
+    std::string file_name(const Entry &e) const;
+    std::string file_path(const Entry &e) const;
+    // "session 'x'" or "checkpoint <file>", for logs and notes.
+    std::string describe(const Entry &e) const;
 
     Status open_layout();
+    // Opens the LMDB index. A data file that fails the meta-page check, or that LMDB
+    // refuses as corrupt, is moved aside and a fresh index created; recovery then
+    // rebuilds it from the payload files.
+    Status open_index();
     Status check_schema();
     Status recover();
 
-    // Writes a payload file durably (temp, fsync, rename, dir fsync). On failure nothing
-    // is left behind.
-    Status write_payload_file(const uint8_t *data, size_t len, uint64_t *file_id, uint64_t *checksum);
+    // Writes a payload file durably (temp, fsync, rename, dir fsync) under the name an
+    // entry of this kind and name gets. On failure nothing is left behind.
+    Status write_payload_file(const uint8_t *data, size_t len, EntryKind kind, std::string_view name,
+                              uint64_t *file_id, uint64_t *checksum);
+    // Reads a whole file into buf, hashing it on the way. kCorrupt (with *why) when it is
+    // missing, not a regular file (a symlink is never followed), or, when want_bytes is
+    // non-null, not that long.
+    Status read_whole_file(const std::string &path, const uint64_t *want_bytes, AlignedBuffer *buf,
+                           uint64_t *checksum, std::string *why);
     // Reads and fully verifies an entry's payload. kCorrupt (with *why) when the file is
     // missing, the wrong size, fails its checksum or its header disagrees with the index.
-    Status read_payload_file(const Record &rec, AlignedBuffer *buf, payload::Header *hdr, std::string *why);
+    Status read_payload_file(const Entry &e, AlignedBuffer *buf, payload::Header *hdr, std::string *why);
     // Recovery's check: size and header always, the checksum when `full`.
-    Status check_payload_file(const Record &rec, bool full, std::string *why);
+    Status check_payload_file(const Entry &e, bool full, std::string *why);
     // The token ids stored in an entry's payload header (no checksum of the tail).
-    bool read_payload_tokens(const Record &rec, std::vector<int32_t> *tokens);
+    bool read_payload_tokens(const Entry &e, std::vector<int32_t> *tokens);
 
     // Moves an entry's file to quarantine/ with a note, then drops the entry.
     void quarantine(const Entry &e, const std::string &why);
-    void move_to_quarantine(uint64_t file_id, const std::string &who, const std::string &why);
+    // Moves payloads/<file> (whatever it is; links are moved, not followed) to
+    // quarantine/ with a <file>.why note saying who and why. If it cannot be moved it is
+    // deleted when unlink_if_stuck, else left in place.
+    void move_to_quarantine(const std::string &file, const std::string &who, const std::string &why,
+                            bool unlink_if_stuck);
+    // Recovery of payload files the index does not reference: re-indexes those whose name
+    // and header say what they are, quarantines the rest. Fills *adopt with the entries
+    // to add; `indexed` holds the session names the index keeps.
+    Status adopt_unindexed_files(const std::set<std::string> &referenced, const std::set<std::string> &indexed,
+                                 std::vector<Entry> *adopt);
 
     // Index helpers, run inside a transaction.
     int all_entries(MDB_txn *txn, std::vector<Entry> *out, int *bad = nullptr);

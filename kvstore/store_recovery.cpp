@@ -8,8 +8,12 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
+#include <algorithm>
 #include <set>
 
+#include "kvstore/lmdb_check.h"
+#include "kvstore/session_name.h"
 #include "kvstore/store_impl.h"
 
 namespace ds4::kvstore {
@@ -60,6 +64,47 @@ Status Store::Impl::open_layout() {
         if (errno == EWOULDBLOCK) return {Code::kBusy, "state dir " + root + " is in use by another ds4 process"};
         return io_status(-errno, "cannot lock " + lock_path);
     }
+    return Status::ok();
+}
+
+Status Store::Impl::open_index() {
+    // The whole index folder (data and lock file) is moved aside, never deleted: it may
+    // still hold what a person wants back (last-used times, pins).
+    auto set_aside = [&](const std::string &why) -> Status {
+        char ts[32];
+        const time_t t = time(nullptr);
+        struct tm tm;
+        gmtime_r(&t, &tm);
+        strftime(ts, sizeof ts, "%Y%m%dT%H%M%SZ", &tm);
+        std::string dst = root + "/index.damaged-" + ts;
+        int rc = io->rename_noreplace(index_dir, dst);
+        for (int i = 1; rc == -EEXIST && i < 100; ++i)
+            rc = io->rename_noreplace(index_dir, dst = root + "/index.damaged-" + ts + "-" + std::to_string(i));
+        if (rc) return io_status(rc, "the index in " + index_dir + " is damaged (" + why + ") and cannot be moved aside");
+        if (Status s = make_dir(*io, index_dir, false); !s) return s;
+        if (const int r = io->fsync_dir(root)) log("fsync of " + root + ": " + strerror(-r));
+        report.index_moved_to = dst;
+        log("index is damaged: " + why + "; moved it to " + dst + " and rebuilding the index from the payload files");
+        return Status::ok();
+    };
+    LmdbMetaInfo meta;
+    const Status c = check_lmdb_data_file(index_dir + "/data.mdb", &meta);
+    if (c.code() == Code::kCorrupt) {
+        if (Status s = set_aside(c.message()); !s) return s;
+    } else if (!c) {
+        return c;
+    }
+    std::string err;
+    int rc = db.open(index_dir, opt.map_size, opt.max_map_size, &err);
+    if (rc && lmdb_damaged(rc) && report.index_moved_to.empty()) {
+        // Damage the meta pages do not show (a table page that is not one, a lock file of
+        // another LMDB version): LMDB says so instead of crashing.
+        db.close();
+        if (Status s = set_aside(err); !s) return s;
+        err.clear();
+        rc = db.open(index_dir, opt.map_size, opt.max_map_size, &err);
+    }
+    if (rc) return db_status(rc, err);
     return Status::ok();
 }
 
@@ -143,35 +188,43 @@ Status Store::Impl::recover() {
 
     // 2. Payload files of every entry.
     std::vector<Entry> condemned;
+    std::set<std::string> referenced, indexed_sessions;
     std::set<uint64_t> live;
     for (const Entry &e : entries) {
         std::string why;
-        const Status s = check_payload_file(e.rec, opt.verify_checksums_on_open, &why);
+        const Status s = check_payload_file(e, opt.verify_checksums_on_open, &why);
         if (s.code() == Code::kCorrupt) {
-            const std::string who = e.kind == EntryKind::kSession ? "session '" + e.key + "'"
-                                                                  : "checkpoint " + payload_file_name(e.rec.file_id);
-            move_to_quarantine(e.rec.file_id, who, why);
+            move_to_quarantine(file_name(e), describe(e), why, true);
             condemned.push_back(e);
             ++report.entries_quarantined;
             if (e.kind == EntryKind::kSession) report.quarantined_sessions.push_back(e.key);
-        } else if (!s) {
+            continue;
+        }
+        if (!s) {
             // Not proof of damage (e.g. a transient EIO): keep the entry; a load checks it
             // again and reports the error to whoever asks for it.
-            log("recovery could not check " + payload_file_name(e.rec.file_id) + ": " + s.message());
-            live.insert(e.rec.file_id);
-        } else {
-            live.insert(e.rec.file_id);
+            log("recovery could not check " + file_name(e) + ": " + s.message());
         }
+        live.insert(e.rec.file_id);
+        referenced.insert(file_name(e));
+        if (e.kind == EntryKind::kSession) indexed_sessions.insert(e.key);
     }
     report.bad_index_records = int(bad_session_keys.size() + bad_prefix_keys.size());
     for (const std::string &k : bad_session_keys) log("dropping undecodable index record for session '" + k + "'");
     if (!bad_prefix_keys.empty())
         log("dropping " + std::to_string(bad_prefix_keys.size()) + " stale or undecodable prefix index records");
+
+    // 3. Files no entry refers to: temp files of interrupted saves are deleted; payloads
+    // are re-indexed or quarantined, never deleted.
+    std::vector<Entry> adopt;
+    if (Status s = adopt_unindexed_files(referenced, indexed_sessions, &adopt); !s) return s;
+
     uint64_t live_bytes = 0;
     for (const Entry &e : entries)
         if (live.count(e.rec.file_id)) live_bytes += e.rec.bytes;
+    for (const Entry &e : adopt) live_bytes += e.rec.bytes;
     const bool index_clean = condemned.empty() && bad_session_keys.empty() && bad_prefix_keys.empty() &&
-                             (opt.budget_bytes == 0 || live_bytes <= opt.budget_bytes);
+                             adopt.empty() && (opt.budget_bytes == 0 || live_bytes <= opt.budget_bytes);
     std::vector<Entry> evicted;
     rc = index_clean ? 0 : write(
         [&](MDB_txn *txn) {
@@ -187,36 +240,147 @@ Status Store::Impl::recover() {
                 MDB_val kv = mdb_val(k);
                 if ((r = mdb_del(txn, db.prefixes(), &kv, nullptr)) && r != MDB_NOTFOUND) return r;
             }
+            // Oldest first, so the LRU order follows the files' modification times.
+            for (Entry &e : adopt) {
+                e.rec.last_used_seq = next_seq();
+                const std::string rec = encode_record(e.rec);
+                MDB_val k = mdb_val(e.key), v = mdb_val(rec);
+                if (e.kind == EntryKind::kCheckpoint) {
+                    if ((r = mdb_put(txn, db.prefixes(), &k, &v, 0))) return r;
+                    continue;
+                }
+                if ((r = mdb_put(txn, db.sessions(), &k, &v, 0))) return r;
+                if (e.rec.n_tokens == 0) continue;
+                const std::string alias =
+                    session_alias_key(e.rec.fingerprint, e.rec.n_tokens, e.rec.prefix_hash, e.key);
+                MDB_val ak = mdb_val(alias), av = mdb_val(std::string_view("S", 1));
+                if ((r = mdb_put(txn, db.prefixes(), &ak, &av, 0))) return r;
+            }
             return evict_to_budget(txn, std::string(), &evicted);
         },
         &err);
     if (rc) return db_status(rc, "recovery: updating the index: " + err);
-    for (const Entry &e : evicted) live.erase(e.rec.file_id);
     report.entries_evicted = int(evicted.size());
     evictions += evicted.size();
     unlink_files(evicted, "evicted (over budget at start-up)");
 
-    // 3. Files no entry refers to: interrupted saves (temp files) and replaced or evicted
-    // payloads whose unlink did not happen before a crash.
+    if (report.temp_files_removed)
+        log("recovery removed " + std::to_string(report.temp_files_removed) + " temp files of interrupted saves");
+    if (!adopt.empty() || report.files_quarantined)
+        log("recovery re-indexed " + std::to_string(report.sessions_reindexed) + " sessions and " +
+            std::to_string(report.checkpoints_reindexed) + " checkpoints from payload files the index did not list" +
+            (report.files_quarantined ? ", and moved " + std::to_string(report.files_quarantined) +
+                                            " files it could not place to " + quarantine_dir
+                                      : std::string()));
+    if (report.temp_files_removed || report.entries_quarantined || report.files_quarantined || report.entries_evicted) {
+        if (const int r = io->fsync_dir(payload_dir)) log("fsync of " + payload_dir + ": " + strerror(-r));
+        if (const int r = io->fsync_dir(quarantine_dir)) log("fsync of " + quarantine_dir + ": " + strerror(-r));
+    }
+    return Status::ok();
+}
+
+Status Store::Impl::adopt_unindexed_files(const std::set<std::string> &referenced,
+                                          const std::set<std::string> &indexed, std::vector<Entry> *adopt) {
     std::vector<std::string> names;
-    if ((rc = io->list_dir(payload_dir, &names)) != 0) return io_status(rc, "recovery: listing " + payload_dir);
+    if (const int rc = io->list_dir(payload_dir, &names)) return io_status(rc, "recovery: listing " + payload_dir);
+    std::sort(names.begin(), names.end());
+    struct Found {
+        Entry e;
+        std::string file;
+        int64_t mtime_ns;
+    };
+    std::vector<Found> found;
+    AlignedBuffer buf;
     for (const std::string &n : names) {
-        uint64_t id = 0;
         const std::string path = payload_dir + "/" + n;
         if (is_temp_file_name(n)) {
             if (io->unlink(path) == 0) ++report.temp_files_removed;
-        } else if (parse_payload_file_name(n, &id)) {
-            if (!live.count(id) && io->unlink(path) == 0) ++report.orphan_files_removed;
-        } else {
-            log("ignoring unexpected file " + path);
+            continue;
         }
+        PayloadFileName pf;
+        if (!parse_payload_file_name(n, &pf)) {
+            log("ignoring unexpected file " + path);
+            continue;
+        }
+        if (referenced.count(n)) continue;
+        auto set_aside = [&](const std::string &why) {
+            move_to_quarantine(n, "unindexed file " + n, why, false);
+            ++report.files_quarantined;
+        };
+        if (pf.kind == FileKind::kBare) {
+            set_aside("no index entry refers to it and its name does not say which session it holds "
+                      "(written by an older ds4); rename it to <id>-<session>.dsv4 in payloads/ to restore it");
+            continue;
+        }
+        if (pf.kind == FileKind::kSession && !validate_session_name(pf.session)) {
+            set_aside("no index entry refers to it and the session name in its file name is not valid");
+            continue;
+        }
+        uint64_t sum = 0;
+        std::string why;
+        const Status rs = read_whole_file(path, nullptr, &buf, &sum, &why);
+        if (rs.code() == Code::kCorrupt) {
+            set_aside(why);
+            continue;
+        }
+        if (!rs) {
+            log("recovery could not read unindexed file " + path + " (left in place): " + rs.message());
+            continue;
+        }
+        payload::Header h;
+        std::vector<int32_t> tokens;
+        std::string err;
+        if (!payload::decode_payload(buf.data(), buf.size(), &h, &tokens, &err)) {
+            set_aside("no index entry refers to it and it is not a valid payload: " + err);
+            continue;
+        }
+        struct stat st;
+        if (lstat(path.c_str(), &st) != 0) continue;
+        Found f;
+        f.file = n;
+        f.mtime_ns = int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+        f.e.kind = pf.kind == FileKind::kSession ? EntryKind::kSession : EntryKind::kCheckpoint;
+        Record &r = f.e.rec;
+        r.file_id = pf.file_id;
+        r.named_file = true;
+        r.bytes = buf.size();
+        r.checksum = sum;
+        r.fingerprint = h.fingerprint;
+        r.n_tokens = h.n_tokens;
+        r.prefix_hash = token_prefix_hash(tokens.data(), tokens.size());
+        r.created_ms = r.last_used_ms = uint64_t(f.mtime_ns / 1000000);
+        f.e.key = f.e.kind == EntryKind::kSession ? pf.session
+                                                  : checkpoint_key(r.fingerprint, r.n_tokens, r.prefix_hash, r.file_id);
+        found.push_back(std::move(f));
     }
-    if (report.temp_files_removed || report.orphan_files_removed)
-        log("recovery removed " + std::to_string(report.temp_files_removed) + " temp and " +
-            std::to_string(report.orphan_files_removed) + " orphan payload files");
-    if (report.temp_files_removed || report.orphan_files_removed || report.entries_quarantined) {
-        if (const int r = io->fsync_dir(payload_dir)) log("fsync of " + payload_dir + ": " + strerror(-r));
+    // Newest first, so the first file seen for a session name is the one kept.
+    std::sort(found.begin(), found.end(), [](const Found &a, const Found &b) {
+        return a.mtime_ns != b.mtime_ns ? a.mtime_ns > b.mtime_ns : a.file > b.file;
+    });
+    std::set<std::string> taken = indexed;
+    for (Found &f : found) {
+        if (f.e.kind == EntryKind::kSession) {
+            if (taken.count(f.e.key)) {
+                // The index (or a newer file) holds this session: this is a replaced version
+                // whose unlink or a save whose commit a crash cut off. Kept aside, not lost.
+                move_to_quarantine(f.file, "session '" + f.e.key + "'",
+                                   "another version of this session is indexed (" +
+                                       std::string(indexed.count(f.e.key) ? "by the index" : "a newer file") +
+                                       "); this one is unreferenced",
+                                   false);
+                ++report.files_quarantined;
+                continue;
+            }
+            taken.insert(f.e.key);
+            ++report.sessions_reindexed;
+            log("recovery re-indexed session '" + f.e.key + "' from " + payload_dir + "/" + f.file + " (" +
+                std::to_string(f.e.rec.bytes) + " bytes, " + std::to_string(f.e.rec.n_tokens) + " tokens; unpinned)");
+        } else {
+            ++report.checkpoints_reindexed;
+        }
+        adopt->push_back(std::move(f.e));
     }
+    std::reverse(adopt->begin(), adopt->end());  // oldest first: the LRU order
     return Status::ok();
 }
 

@@ -259,18 +259,22 @@ TEST_F(StoreTest, ReadErrorDuringRecoveryIsNotTakenForCorruption) {
     expect_loads(*s, "a", a);  // the entry was kept and serves once the disk reads again
 }
 
-TEST_F(StoreTest, RecoveryRemovesTempAndOrphanFiles) {
+TEST_F(StoreTest, RecoveryRemovesTempFilesAndSetsOrphansAside) {
     const auto a = make_payload(1, 10, 5000);
     {
         auto s = open_store();
         ASSERT_TRUE(s->save("a", a.data(), a.size()));
     }
     testing::write_file(payloads() + "/.tmp-00000000000000aa.dsv4", "partial", 7);
+    // An unreferenced payload whose name does not say which session it is: quarantined,
+    // never deleted (tests/kvstore/recovery_test.cpp covers the cases).
     testing::write_file(payloads() + "/00000000000000bb.dsv4", a.data(), a.size());
     testing::write_file(payloads() + "/notes.txt", "keep", 4);
     auto s = open_store();
     EXPECT_EQ(s->recovery_report().temp_files_removed, 1);
-    EXPECT_EQ(s->recovery_report().orphan_files_removed, 1);
+    EXPECT_EQ(s->recovery_report().orphan_files_removed, 0);
+    EXPECT_EQ(s->recovery_report().files_quarantined, 1);
+    EXPECT_EQ(testing::read_file(quarantine() + "/00000000000000bb.dsv4"), a);
     const auto left = testing::list_files(payloads());
     EXPECT_EQ(left.size(), 2u);
     EXPECT_TRUE(std::find(left.begin(), left.end(), "notes.txt") != left.end()) << "unknown files are not ours";
