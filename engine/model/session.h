@@ -75,7 +75,7 @@ public:
     int sample(const SamplingParams &p, uint64_t *rng) const { return ds4::sample(logits(), p, rng); }
     std::vector<std::pair<int, float>> top_logprobs(int n) const { return ds4::top_logprobs(logits(), n); }
 
-    // The engine's part of a session payload (DESIGN.md §4): everything needed to continue
+    // The engine's part of a session payload (ARCHITECTURE.md §4): everything needed to continue
     // bit-exactly from pos(). Token ids are saved by the host alongside.
     std::vector<uint8_t> save_tail() const;
     // Validates the tail fully (sizes, counts) against this model and ctx before touching

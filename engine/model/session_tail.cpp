@@ -1,4 +1,4 @@
-// The engine's part of a session payload (DESIGN.md section 4), written and read through
+// The engine's part of a session payload (ARCHITECTURE.md §4), written and read through
 // SessionState::read/write so it does not depend on the backend that holds the caches.
 #include <algorithm>
 #include <cstring>

@@ -139,7 +139,7 @@ ModelWeights ModelWeights::bind(const gguf::Reader &r, const ModelConfig &c) {
                 if (L.tid2eid[i] < 0 || L.tid2eid[i] >= c.n_expert)
                     failf("tensor %s: expert id %d out of range at %lld", t.name.c_str(), L.tid2eid[i], (long long)i);
         } else {
-            // ds4's own files name the router bias exp_probs_b.bias; DESIGN.md's converter
+            // ds4's own files name the router bias exp_probs_b.bias; our converter (tools/convert)
             // writes ffn_exp_probs_b.weight. Accept both.
             std::string alias = "blk." + std::to_string(l) + ".exp_probs_b.bias";
             L.probs_b = b.vec(b.has(N("ffn_exp_probs_b")) ? N("ffn_exp_probs_b") : alias, {c.n_expert});

@@ -1,5 +1,5 @@
 // Converts every committed HF fixture and checks the GGUF against the safetensors source:
-// every tensor present under its DESIGN.md section-2 name (mapping written out here
+// every tensor present under its ARCHITECTURE.md section-2 name (mapping written out here
 // independently of the converter's table), GGML dims reversed, experts stacked, values
 // bit-exact for f32 and within format tolerance for f16/bf16/q8_0, and the metadata equal
 // to what config.json says.
@@ -26,7 +26,7 @@ struct Expect {
     int expert = -1;   // >= 0: slice of a stacked tensor
 };
 
-// DESIGN.md section 2, transcribed.
+// ARCHITECTURE.md §2, transcribed.
 Expect gguf_name_of(const std::string &hf) {
     static const std::map<std::string, std::string> global = {
         {"model.embed_tokens.weight", "token_embd"}, {"head.weight", "output"},

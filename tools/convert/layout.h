@@ -1,7 +1,7 @@
 // The tensor set of a DeepSeek-V4 model as a function of its ModelConfig: GGUF name,
 // checkpoint (transformers save_pretrained) name, GGML shape and role of every tensor.
 // The converter checks a checkpoint against it; the model generator fills it with random
-// data. One table, so both always produce the same layout (DESIGN.md section 2).
+// data. One table, so both always produce the same layout (ARCHITECTURE.md §2).
 #pragma once
 #include <cstdint>
 #include <string>

@@ -9,7 +9,7 @@ the CPU so it is deterministic. For each fixture spec it:
   2. saves it with save_pretrained (the converter's input format) and checks that reloading
      the saved directory gives the same logits;
   3. records the one-shot logits of a random token sequence;
-  4. refuses the fixture unless the reference is self-consistent (DESIGN.md section 6): every
+  4. refuses the fixture unless the reference is self-consistent (ARCHITECTURE.md §6): every
      prefix's logits equal the full run's, token-by-token decode with the cache equals the
      one-shot forward, and chunked prefill with the cache does too.
 
