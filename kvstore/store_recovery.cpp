@@ -190,6 +190,7 @@ Status Store::Impl::recover() {
     std::vector<Entry> condemned;
     std::set<std::string> referenced, indexed_sessions;
     std::set<uint64_t> live;
+    uint64_t oldest_live_seq = 0;  // 0: none
     for (const Entry &e : entries) {
         std::string why;
         const Status s = check_payload_file(e, opt.verify_checksums_on_open, &why);
@@ -206,6 +207,7 @@ Status Store::Impl::recover() {
             log("recovery could not check " + file_name(e) + ": " + s.message());
         }
         live.insert(e.rec.file_id);
+        if (oldest_live_seq == 0 || e.rec.last_used_seq < oldest_live_seq) oldest_live_seq = e.rec.last_used_seq;
         referenced.insert(file_name(e));
         if (e.kind == EntryKind::kSession) indexed_sessions.insert(e.key);
     }
@@ -240,9 +242,15 @@ Status Store::Impl::recover() {
                 MDB_val kv = mdb_val(k);
                 if ((r = mdb_del(txn, db.prefixes(), &kv, nullptr)) && r != MDB_NOTFOUND) return r;
             }
-            // Oldest first, so the LRU order follows the files' modification times.
-            for (Entry &e : adopt) {
-                e.rec.last_used_seq = next_seq();
+            // Oldest first, so the LRU order follows the files' modification times. Beside
+            // entries the index kept, re-indexed files rank below all of them: there they
+            // are leftovers (a remove or eviction cut off before its unlink), the first to
+            // go when over budget.
+            const uint64_t n = adopt.size();
+            for (uint64_t i = 0; i < n; ++i) {
+                Entry &e = adopt[size_t(i)];
+                if (oldest_live_seq == 0) e.rec.last_used_seq = next_seq();
+                else e.rec.last_used_seq = oldest_live_seq > n ? oldest_live_seq - n + i : 0;
                 const std::string rec = encode_record(e.rec);
                 MDB_val k = mdb_val(e.key), v = mdb_val(rec);
                 if (e.kind == EntryKind::kCheckpoint) {

@@ -171,6 +171,29 @@ TEST_F(RecoveryTest, RebuiltSessionsKeepTheirRecencyOrder) {
     EXPECT_EQ(i.created_ms, 2000000000u);
 }
 
+TEST_F(RecoveryTest, LeftoversBesideAnIntactIndexAreTheFirstToBeEvicted) {
+    // A remove cut off before its unlink: the file comes back at the next open, but ranks
+    // below every session the index kept, so a budget takes it first.
+    const auto keep = make_payload(1, 10, 50000), gone = make_payload(2, 10, 50000);
+    {
+        auto s = open_store();
+        ASSERT_TRUE(s->save("keep", keep.data(), keep.size()));
+        ASSERT_TRUE(s->save("gone", gone.data(), gone.size()));
+        const std::string f = file_of(*s, "gone");
+        const auto bytes = testing::read_file(f);
+        ASSERT_TRUE(s->remove("gone"));
+        testing::write_file(f, bytes.data(), bytes.size());
+    }
+    auto o = options();
+    o.budget_bytes = keep.size() + 100;
+    auto s = open_store(o);
+    EXPECT_EQ(s->recovery_report().sessions_reindexed, 1);
+    EXPECT_EQ(s->recovery_report().entries_evicted, 1);
+    LoadedPayload lp;
+    EXPECT_TRUE(s->load("keep", &lp));
+    EXPECT_EQ(s->load("gone", &lp).code(), Code::kNotFound);
+}
+
 TEST_F(RecoveryTest, TwoUnindexedVersionsOfASessionKeepTheNewerAndSetTheOtherAside) {
     const auto v1 = make_payload(1, 10, 5000), v2 = make_payload(2, 12, 5000);
     std::string f1;
