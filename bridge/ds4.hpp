@@ -1,17 +1,22 @@
 // C++ RAII layer over ds4_bridge.h: the only way the daemon and other hosts use the
-// engine. Errors become ds4::BridgeError; each handle's destructor is the only caller of
-// its *_free. Header-only over the C ABI, so it never sees engine types.
+// engine. Errors become ds4::bridge::BridgeError; each handle's destructor is the only
+// caller of its *_free. Header-only over the C ABI, so it never sees engine types.
+//
+// The namespace is ds4::bridge, not ds4: libds4 holds the engine's own ds4::Model and
+// ds4::Session, and wrappers of the same names would be a second definition of those
+// classes (their inline members and the engine's would share symbols).
 #pragma once
 #include <cstdint>
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "bridge/ds4_bridge.h"
 
-namespace ds4 {
+namespace ds4::bridge {
 
 struct BridgeError : std::runtime_error {
     using std::runtime_error::runtime_error;
@@ -53,7 +58,10 @@ public:
     Model(Model &&o) noexcept : m_(std::exchange(o.m_, nullptr)) {}
 
     ds4_bridge_model *handle() const { return m_; }
-    void boot_prewarm() { ds4_bridge_model_boot_prewarm(m_); }
+    void boot_prewarm() {
+        detail::Err e;
+        if (ds4_bridge_model_boot_prewarm(m_, e.buf, sizeof e.buf) != 0) e.raise("boot prewarm");
+    }
     int vocab_size() const { return ds4_bridge_model_vocab_size(m_); }
     uint64_t fingerprint() const { return ds4_bridge_model_fingerprint(m_); }
     ds4_bridge_model_info_t info() const {
@@ -67,13 +75,14 @@ public:
         ds4_bridge_memory_stats(m_, &mem);
         return mem;
     }
-    std::vector<int32_t> tokenize(const std::string &text, bool rendered_chat = false) const {
+    // Text is length-delimited: NUL bytes are tokenized like any other byte.
+    std::vector<int32_t> tokenize(std::string_view text, bool rendered_chat = false) const {
         std::vector<int32_t> out(text.size() + 16);
         for (;;) {
             int n = 0;
             detail::Err e;
-            int rc = rendered_chat ? ds4_bridge_tokenize_rendered_chat(m_, text.c_str(), out.data(), (int)out.size(), &n, e.buf, sizeof e.buf)
-                                   : ds4_bridge_tokenize_text(m_, text.c_str(), out.data(), (int)out.size(), &n, e.buf, sizeof e.buf);
+            int rc = rendered_chat ? ds4_bridge_tokenize_rendered_chat(m_, text.data(), text.size(), out.data(), (int)out.size(), &n, e.buf, sizeof e.buf)
+                                   : ds4_bridge_tokenize_text(m_, text.data(), text.size(), out.data(), (int)out.size(), &n, e.buf, sizeof e.buf);
             if (rc == 0) {
                 out.resize(n);
                 return out;
@@ -86,7 +95,7 @@ public:
         std::vector<ds4_bridge_chat_msg> m;
         size_t bytes = 16;
         for (const auto &[role, content] : msgs) {
-            m.push_back({role.c_str(), content.c_str()});
+            m.push_back({role.c_str(), content.data(), content.size()});
             bytes += content.size() + 16;
         }
         std::vector<int32_t> out(bytes);
@@ -148,9 +157,10 @@ public:
         if (t < 0) throw BridgeError("argmax: no logits");
         return t;
     }
-    int sample(float temperature, int top_k, float top_p, float min_p, uint64_t *rng) const {
-        int t = ds4_bridge_session_sample(s_, temperature, top_k, top_p, min_p, rng);
-        if (t < 0) throw BridgeError("sample: no logits or bad sampling parameters");
+    int32_t sample(float temperature, int top_k, float top_p, float min_p, uint64_t *rng) const {
+        int32_t t = -1;
+        detail::Err e;
+        if (ds4_bridge_session_sample(s_, temperature, top_k, top_p, min_p, rng, &t, e.buf, sizeof e.buf) != 0) e.raise("sample");
         return t;
     }
     std::vector<float> logits(int vocab) const {
@@ -161,7 +171,10 @@ public:
     }
     int pos() const { return ds4_bridge_session_pos(s_); }
     int ctx() const { return ds4_bridge_session_ctx(s_); }
-    void rewind(int p) { ds4_bridge_session_rewind(s_, p); }
+    void rewind(int p) {
+        detail::Err e;
+        if (ds4_bridge_session_rewind(s_, p, e.buf, sizeof e.buf) != 0) e.raise("rewind");
+    }
     void invalidate() { ds4_bridge_session_invalidate(s_); }
     uint64_t generation() const { return ds4_bridge_session_generation(s_); }
     int prefill_cap() const { return ds4_bridge_session_prefill_cap(s_); }
@@ -194,4 +207,4 @@ private:
     ds4_bridge_session *s_ = nullptr;
 };
 
-}  // namespace ds4
+}  // namespace ds4::bridge

@@ -14,8 +14,10 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "bridge/durable_file.h"
 #include "bridge/payload_header.h"
 #include "engine/common/error.h"
 #include "engine/gguf/gguf.h"
@@ -154,34 +156,6 @@ std::vector<uint8_t> read_range(const char *path, uint64_t offset, uint64_t leng
     return buf;
 }
 
-void write_file_durable(const char *path, const std::vector<uint8_t> &bytes) {
-    const std::string tmp = std::string(path) + ".tmp";
-    int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (fd < 0) throw ds4::Error("cannot create " + tmp + ": " + std::strerror(errno));
-    size_t done = 0;
-    while (done < bytes.size()) {
-        ssize_t w = ::write(fd, bytes.data() + done, bytes.size() - done);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) {
-            int e = errno;
-            ::close(fd);
-            ::unlink(tmp.c_str());
-            throw ds4::Error("writing " + tmp + " failed: " + std::strerror(e));
-        }
-        done += (size_t)w;
-    }
-    if (::fsync(fd) != 0 || ::close(fd) != 0) {
-        int e = errno;
-        ::unlink(tmp.c_str());
-        throw ds4::Error("fsync of " + tmp + " failed: " + std::strerror(e));
-    }
-    if (::rename(tmp.c_str(), path) != 0) {
-        int e = errno;
-        ::unlink(tmp.c_str());
-        throw ds4::Error(std::string("rename to ") + path + " failed: " + std::strerror(e));
-    }
-}
-
 int tokens_out(const std::vector<int32_t> &ids, int32_t *out, int cap, int *n_out, char *err, size_t errlen) {
     if (n_out) *n_out = (int)ids.size();
     if (cap < 0) return bad(err, errlen, "negative buffer capacity");
@@ -247,23 +221,25 @@ int ds4_bridge_model_open(ds4_bridge_model **out, const ds4_bridge_model_open_op
                 throw ds4::Error("drafter vocabulary (" + std::to_string(m->drafter->config().n_vocab) +
                                  ") differs from the model's (" + std::to_string(m->model->config().n_vocab) + ")");
         }
-        if (!opt->defer_boot_prewarm) ds4_bridge_model_boot_prewarm(m.get());
+        if (!opt->defer_boot_prewarm) {
+            char why[512] = {0};
+            if (ds4_bridge_model_boot_prewarm(m.get(), why, sizeof why) != 0) throw ds4::Error(std::string("boot prewarm: ") + why);
+        }
         *out = m.release();
         return 0;
     });
 }
 
-void ds4_bridge_model_boot_prewarm(ds4_bridge_model *m) {
-    if (!m) return;
-    try {
+int ds4_bridge_model_boot_prewarm(ds4_bridge_model *m, char *err, size_t errlen) {
+    NEED(m, "model is NULL");
+    return guarded(err, errlen, [&] {
         m->model->prewarm();
         // One dummy forward allocates the kernels' scratch and faults in code paths.
         ds4::Session s(*m->model, 4);
         const int32_t t = m->tok.bos() >= 0 && m->tok.bos() < m->model->config().n_vocab ? m->tok.bos() : 0;
         s.eval(t);
-    } catch (...) {
-        // Prewarming is an optimisation; a real problem shows on first use with a message.
-    }
+        return 0;
+    });
 }
 
 void ds4_bridge_model_free(ds4_bridge_model *m) { delete m; }
@@ -379,13 +355,15 @@ int ds4_bridge_session_argmax(ds4_bridge_session *s) {
     return s->s->argmax();
 }
 
-int ds4_bridge_session_sample(ds4_bridge_session *s, float temperature, int top_k, float top_p, float min_p, uint64_t *rng) {
-    if (!s || !s->s->has_logits()) return -1;
-    try {
-        return s->s->sample({temperature, top_k, top_p, min_p}, rng);
-    } catch (...) {
-        return -1;
-    }
+int ds4_bridge_session_sample(ds4_bridge_session *s, float temperature, int top_k, float top_p, float min_p,
+                              uint64_t *rng, int32_t *token_out, char *err, size_t errlen) {
+    NEED(s, "session is NULL");
+    NEED(token_out, "token_out is NULL");
+    NEED(s->s->has_logits(), "no logits: evaluate a token first");
+    return guarded(err, errlen, [&] {
+        *token_out = s->s->sample({temperature, top_k, top_p, min_p}, rng);
+        return 0;
+    });
 }
 
 int ds4_bridge_session_logits(ds4_bridge_session *s, float *out, int cap, char *err, size_t errlen) {
@@ -418,13 +396,18 @@ int ds4_bridge_session_top_logprobs(ds4_bridge_session *s, int n, int32_t *ids, 
 int ds4_bridge_session_pos(ds4_bridge_session *s) { return s ? s->s->pos() : -1; }
 int ds4_bridge_session_ctx(ds4_bridge_session *s) { return s ? s->s->ctx() : -1; }
 
-void ds4_bridge_session_rewind(ds4_bridge_session *s, int pos) {
-    if (!s || s->in_callback || pos < 0 || pos > s->s->pos()) return;
-    try {
-        s->s->rewind(pos);
-    } catch (...) {
-        // rewind only fails when rebuilding fails; the session is then invalidated.
+int ds4_bridge_session_rewind(ds4_bridge_session *s, int pos, char *err, size_t errlen) {
+    NEED_MUTABLE(s);
+    if (pos < 0 || pos > s->s->pos()) {
+        set_err(err, errlen, "rewind to " + std::to_string(pos) + ": position must be in 0.." + std::to_string(s->s->pos()) +
+                                 " (the session holds " + std::to_string(s->s->pos()) + " tokens)");
+        return -1;
     }
+    // The engine only fails here while rebuilding, and then it has invalidated the session.
+    return guarded(err, errlen, [&] {
+        s->s->rewind(pos);
+        return 0;
+    });
 }
 
 void ds4_bridge_session_invalidate(ds4_bridge_session *s) {
@@ -462,7 +445,7 @@ int ds4_bridge_session_save_payload(ds4_bridge_session *s, const char *path, cha
     NEED(s, "session is NULL");
     NEED(path && path[0], "path is empty");
     return guarded(err, errlen, [&] {
-        write_file_durable(path, encode_payload(s));
+        ds4::bridge_io::write_file_durable(path, encode_payload(s));
         return 0;
     });
 }
@@ -497,18 +480,22 @@ int ds4_bridge_session_load_payload(ds4_bridge_session *s, const char *path, cha
     });
 }
 
-int ds4_bridge_tokenize_text(ds4_bridge_model *m, const char *text, int32_t *out, int cap, int *n_out, char *err,
-                             size_t errlen) {
+int ds4_bridge_tokenize_text(ds4_bridge_model *m, const char *text, size_t text_len, int32_t *out, int cap, int *n_out,
+                             char *err, size_t errlen) {
     NEED(m, "model is NULL");
-    NEED(text, "text is NULL");
-    return guarded(err, errlen, [&] { return tokens_out(m->tok.encode(text), out, cap, n_out, err, errlen); });
+    NEED(text || text_len == 0, "text is NULL");
+    return guarded(err, errlen, [&] {
+        return tokens_out(m->tok.encode(std::string_view(text, text_len)), out, cap, n_out, err, errlen);
+    });
 }
 
-int ds4_bridge_tokenize_rendered_chat(ds4_bridge_model *m, const char *text, int32_t *out, int cap, int *n_out, char *err,
-                                      size_t errlen) {
+int ds4_bridge_tokenize_rendered_chat(ds4_bridge_model *m, const char *text, size_t text_len, int32_t *out, int cap,
+                                      int *n_out, char *err, size_t errlen) {
     NEED(m, "model is NULL");
-    NEED(text, "text is NULL");
-    return guarded(err, errlen, [&] { return tokens_out(m->tok.encode_special(text), out, cap, n_out, err, errlen); });
+    NEED(text || text_len == 0, "text is NULL");
+    return guarded(err, errlen, [&] {
+        return tokens_out(m->tok.encode_special(std::string_view(text, text_len)), out, cap, n_out, err, errlen);
+    });
 }
 
 int ds4_bridge_token_text(ds4_bridge_model *m, int32_t token, char *buf, size_t cap, size_t *len_out, char *err,
@@ -537,8 +524,10 @@ int ds4_bridge_render_chat(ds4_bridge_model *m, const ds4_bridge_chat_msg *msgs,
     return guarded(err, errlen, [&] {
         std::vector<ds4::tok::ChatMessage> conv;
         for (int i = 0; i < n_msgs; ++i) {
-            if (!msgs[i].role || !msgs[i].content) throw ds4::Error("message " + std::to_string(i) + " has a NULL role or content");
-            conv.push_back({ds4::tok::chat_role_from_name(msgs[i].role), msgs[i].content, ""});
+            const ds4_bridge_chat_msg &msg = msgs[i];
+            if (!msg.role) throw ds4::Error("message " + std::to_string(i) + " has a NULL role");
+            if (!msg.content && msg.content_len) throw ds4::Error("message " + std::to_string(i) + " has NULL content");
+            conv.push_back({ds4::tok::chat_role_from_name(msg.role), std::string(msg.content ? msg.content : "", msg.content_len), ""});
         }
         if (!add_generation_prompt && !conv.empty() && conv.back().role == ds4::tok::ChatRole::User)
             throw ds4::Error("a conversation ending with a user turn always ends with the assistant prefix");

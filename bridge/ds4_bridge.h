@@ -8,6 +8,9 @@
  *  - Every successful *_create / *_open has exactly one *_free (free(NULL) is a no-op).
  *  - Token arrays are borrowed for the call. Strings go into caller-owned buffers; when a
  *    buffer is too small the call fails and *len_out / *n_out says how much is needed.
+ *  - Text going in is length-delimited (`const char *text, size_t text_len`): it need not
+ *    be NUL-terminated and may contain NUL bytes, which are text like any other byte.
+ *    Paths and role names stay NUL-terminated C strings.
  *  - Handles are thread-affine: use a session from one thread at a time. A model may be
  *    shared by sessions on one thread; sessions of one model on different threads must
  *    not run concurrently (they share the model's thread pool).
@@ -65,16 +68,18 @@ typedef struct {
 } ds4_bridge_memory_t;
 
 typedef struct {
-    const char *role; /* "system" | "user" | "assistant" */
-    const char *content;
+    const char *role;    /* "system" | "user" | "assistant" (NUL-terminated) */
+    const char *content; /* content_len bytes, may contain NUL; NULL only when content_len is 0 */
+    size_t content_len;
 } ds4_bridge_chat_msg;
 
 /* --- models ------------------------------------------------------------------------ */
 DS4_BRIDGE_API void ds4_bridge_model_open_options_init(ds4_bridge_model_open_options *opt);
 DS4_BRIDGE_API int ds4_bridge_model_open(ds4_bridge_model **out, const ds4_bridge_model_open_options *opt, char *err,
                                          size_t errlen);
-/* Touches every weight page and runs one dummy forward (done by _open unless deferred). */
-DS4_BRIDGE_API void ds4_bridge_model_boot_prewarm(ds4_bridge_model *m);
+/* Touches every weight page and runs one dummy forward (done by _open unless deferred, and
+ * then a failure fails the open). */
+DS4_BRIDGE_API int ds4_bridge_model_boot_prewarm(ds4_bridge_model *m, char *err, size_t errlen);
 DS4_BRIDGE_API void ds4_bridge_model_free(ds4_bridge_model *m);
 /* 1 when the drafter was imported from another process, 0 when loaded privately or absent. */
 DS4_BRIDGE_API int ds4_bridge_drafter_shared(ds4_bridge_model *m);
@@ -92,15 +97,18 @@ DS4_BRIDGE_API int ds4_bridge_session_sync_cb(ds4_bridge_session *s, const int32
                                               ds4_bridge_prefill_fn progress, void *ud, char *err, size_t errlen);
 DS4_BRIDGE_API int ds4_bridge_eval(ds4_bridge_session *s, int32_t token, char *err, size_t errlen);
 DS4_BRIDGE_API int ds4_bridge_session_argmax(ds4_bridge_session *s); /* -1 on error */
-/* Greedy when temperature <= 0; top_k 0 = off, top_p 1 = off, min_p 0 = off. -1 on error. */
+/* Greedy when temperature <= 0 (rng may then be NULL); top_k 0 = off, top_p 1 = off,
+ * min_p 0 = off. *token_out gets the sampled token; rng advances. */
 DS4_BRIDGE_API int ds4_bridge_session_sample(ds4_bridge_session *s, float temperature, int top_k, float top_p,
-                                             float min_p, uint64_t *rng);
+                                             float min_p, uint64_t *rng, int32_t *token_out, char *err,
+                                             size_t errlen);
 /* Copies the last position's logits (cap >= vocab size). */
 DS4_BRIDGE_API int ds4_bridge_session_logits(ds4_bridge_session *s, float *out, int cap, char *err, size_t errlen);
 DS4_BRIDGE_API int ds4_bridge_session_pos(ds4_bridge_session *s); /* -1 for NULL */
 DS4_BRIDGE_API int ds4_bridge_session_ctx(ds4_bridge_session *s); /* -1 for NULL */
-/* Drops positions >= pos (no-op when pos is out of range or s is NULL). */
-DS4_BRIDGE_API void ds4_bridge_session_rewind(ds4_bridge_session *s, int pos);
+/* Drops positions >= pos; pos must be in 0..ds4_bridge_session_pos (pos == current is a
+ * no-op). Out of range is an error and leaves the session unchanged. */
+DS4_BRIDGE_API int ds4_bridge_session_rewind(ds4_bridge_session *s, int pos, char *err, size_t errlen);
 DS4_BRIDGE_API void ds4_bridge_session_invalidate(ds4_bridge_session *s);
 DS4_BRIDGE_API uint64_t ds4_bridge_session_generation(ds4_bridge_session *s); /* 0 for NULL */
 DS4_BRIDGE_API int ds4_bridge_session_prefill_cap(ds4_bridge_session *s);    /* -1 for NULL */
@@ -122,16 +130,19 @@ DS4_BRIDGE_API int ds4_bridge_session_load_payload_mem(ds4_bridge_session *s, co
 DS4_BRIDGE_API uint64_t ds4_bridge_model_fingerprint(ds4_bridge_model *m); /* 0 for NULL */
 
 /* --- tokenizer --------------------------------------------------------------------- */
-DS4_BRIDGE_API int ds4_bridge_tokenize_text(ds4_bridge_model *m, const char *text, int32_t *out, int cap, int *n_out,
-                                            char *err, size_t errlen);
-DS4_BRIDGE_API int ds4_bridge_tokenize_rendered_chat(ds4_bridge_model *m, const char *text, int32_t *out, int cap,
-                                                     int *n_out, char *err, size_t errlen);
+/* text: text_len bytes (NULL only when text_len is 0). Plain text never yields control
+ * tokens; rendered chat text matches them. */
+DS4_BRIDGE_API int ds4_bridge_tokenize_text(ds4_bridge_model *m, const char *text, size_t text_len, int32_t *out,
+                                            int cap, int *n_out, char *err, size_t errlen);
+DS4_BRIDGE_API int ds4_bridge_tokenize_rendered_chat(ds4_bridge_model *m, const char *text, size_t text_len,
+                                                     int32_t *out, int cap, int *n_out, char *err, size_t errlen);
 DS4_BRIDGE_API int ds4_bridge_token_text(ds4_bridge_model *m, int32_t token, char *buf, size_t cap, size_t *len_out,
                                          char *err, size_t errlen);
 DS4_BRIDGE_API int ds4_bridge_detokenize(ds4_bridge_model *m, const int32_t *tokens, int n, char *buf, size_t cap,
                                          size_t *len_out, char *err, size_t errlen);
 /* Renders messages with the DeepSeek-V4 chat template and tokenizes them on the special
- * path. add_generation_prompt: end with the assistant prefix; thinking: open <think>. */
+ * path. add_generation_prompt: end with the assistant prefix; thinking: open <think>.
+ * Message content is length-delimited (ds4_bridge_chat_msg.content_len). */
 DS4_BRIDGE_API int ds4_bridge_render_chat(ds4_bridge_model *m, const ds4_bridge_chat_msg *msgs, int n_msgs,
                                           int add_generation_prompt, int thinking, int32_t *out, int cap, int *n_out,
                                           char *err, size_t errlen);

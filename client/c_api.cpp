@@ -172,13 +172,14 @@ int ds4c_generate(ds4c_client *c, const ds4c_generate_options *opt, ds4c_chunk_f
         set_err(err, errlen, "ds4c_generate: give exactly one of text, tokens, chat messages");
         return DS4C_ERR_ARG;
     }
-    if ((opt->n_tokens && !opt->tokens) || (opt->n_chat && (!opt->chat_roles || !opt->chat_contents)) ||
+    if ((opt->text_len && !opt->text) || (opt->n_tokens && !opt->tokens) ||
+        (opt->n_chat && (!opt->chat_roles || !opt->chat_contents || !opt->chat_content_lens)) ||
         (opt->n_stop_strings && !opt->stop_strings) || (opt->n_stop_tokens && !opt->stop_tokens)) {
         set_err(err, errlen, "ds4c_generate: a count is set but its array is NULL");
         return DS4C_ERR_ARG;
     }
     for (size_t i = 0; i < opt->n_chat; ++i)
-        if (!opt->chat_roles[i] || !opt->chat_contents[i]) {
+        if (!opt->chat_roles[i] || (!opt->chat_contents[i] && opt->chat_content_lens[i])) {
             set_err(err, errlen, "ds4c_generate: NULL chat role or content");
             return DS4C_ERR_ARG;
         }
@@ -192,13 +193,16 @@ int ds4c_generate(ds4c_client *c, const ds4c_generate_options *opt, ds4c_chunk_f
         req.session = opt->session;
         if (opt->text) {
             req.kind = GenerateRequest::Prompt::Text;
-            req.text = opt->text;
+            req.text.assign(opt->text, opt->text_len);
         } else if (opt->n_tokens) {
             req.kind = GenerateRequest::Prompt::Tokens;
             req.tokens.assign(opt->tokens, opt->tokens + opt->n_tokens);
         } else {
             req.kind = GenerateRequest::Prompt::Chat;
-            for (size_t i = 0; i < opt->n_chat; ++i) req.messages.push_back({opt->chat_roles[i], opt->chat_contents[i]});
+            for (size_t i = 0; i < opt->n_chat; ++i) {
+                const size_t len = opt->chat_content_lens[i];
+                req.messages.push_back({opt->chat_roles[i], len ? std::string(opt->chat_contents[i], len) : std::string()});
+            }
         }
         req.temperature = opt->temperature;
         req.top_k = opt->top_k;
@@ -236,14 +240,15 @@ int ds4c_cancel(ds4c_client *c, uint64_t request_id, char *err, size_t errlen) {
     return guarded(c, err, errlen, [&] { c->client->cancel(request_id); });
 }
 
-int ds4c_tokenize(ds4c_client *c, const char *text, int32_t *out, size_t cap, size_t *n_out, char *err, size_t errlen) {
+int ds4c_tokenize(ds4c_client *c, const char *text, size_t text_len, int32_t *out, size_t cap, size_t *n_out,
+                  char *err, size_t errlen) {
     if (!check_client(c, err, errlen)) return DS4C_ERR_ARG;
-    if (!text || !n_out || (cap && !out)) {
+    if ((!text && text_len) || !n_out || (cap && !out)) {
         set_err(err, errlen, "ds4c_tokenize: NULL text, output or count");
         return DS4C_ERR_ARG;
     }
     std::vector<int32_t> toks;
-    int rc = guarded(c, err, errlen, [&] { toks = c->client->tokenize(text); });
+    int rc = guarded(c, err, errlen, [&] { toks = c->client->tokenize(text_len ? std::string(text, text_len) : std::string()); });
     if (rc != DS4C_OK) return rc;
     *n_out = toks.size();
     if (toks.size() > cap) {

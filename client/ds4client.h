@@ -66,12 +66,16 @@ typedef struct {
 
 typedef struct {
     uint64_t session;              /* 0: one-shot session */
-    /* Exactly one prompt form: text, or tokens (n_tokens > 0), or chat messages. */
+    /* Exactly one prompt form: text, or tokens (n_tokens > 0), or chat messages. Text is
+     * length-delimited: text_len bytes (need not end in NUL; NUL bytes are text), and
+     * chat_contents[i] is chat_content_lens[i] bytes. Roles are NUL-terminated. */
     const char *text;
+    size_t text_len;
     const int32_t *tokens;
     size_t n_tokens;
     const char *const *chat_roles;
     const char *const *chat_contents;
+    const size_t *chat_content_lens;
     size_t n_chat;
     float temperature;             /* 0: greedy */
     int32_t top_k;
@@ -127,8 +131,10 @@ int ds4c_generate(ds4c_client *c, const ds4c_generate_options *opt, ds4c_chunk_f
                   ds4c_done *done_out, char *err, size_t errlen);
 int ds4c_cancel(ds4c_client *c, uint64_t request_id, char *err, size_t errlen);
 
-/* *n_out gets the token count even when cap is too small (then DS4C_ERR_ARG). */
-int ds4c_tokenize(ds4c_client *c, const char *text, int32_t *out, size_t cap, size_t *n_out, char *err, size_t errlen);
+/* text: text_len bytes, may contain NUL (NULL only when text_len is 0). *n_out gets the
+ * token count even when cap is too small (then DS4C_ERR_ARG). */
+int ds4c_tokenize(ds4c_client *c, const char *text, size_t text_len, int32_t *out, size_t cap, size_t *n_out,
+                  char *err, size_t errlen);
 /* *len_out gets the text length (without NUL); buf needs len+1 bytes, else DS4C_ERR_ARG. */
 int ds4c_detokenize(ds4c_client *c, const int32_t *tokens, size_t n, char *buf, size_t cap, size_t *len_out, char *err,
                     size_t errlen);

@@ -10,13 +10,13 @@ std::string fixed_str(const char *p, size_t cap) { return std::string(p, strnlen
 }  // namespace
 
 BridgeModel::BridgeModel(const ModelOpenConfig &cfg) {
-    ds4::ModelOptions o;
+    ds4::bridge::ModelOptions o;
     o.model_path = cfg.model_path;
     o.mtp_path = cfg.mtp_path;
     o.backend = cfg.backend == ModelOpenConfig::Backend::Cuda ? DS4_BRIDGE_BACKEND_CUDA : DS4_BRIDGE_BACKEND_CPU;
     o.n_threads = cfg.threads;
     o.defer_boot_prewarm = false;  // open touches the weights and runs one dummy forward
-    m_ = std::make_unique<ds4::Model>(o);
+    m_ = std::make_unique<ds4::bridge::Model>(o);
     const ds4_bridge_model_info_t info = m_->info();
     summary_.family = fixed_str(info.family, sizeof info.family);
     summary_.name = fixed_str(info.name, sizeof info.name);
@@ -30,7 +30,7 @@ BridgeModel::BridgeModel(const ModelOpenConfig &cfg) {
     vocab_ = m_->vocab_size();
 }
 
-std::vector<int32_t> BridgeModel::tokenize(const std::string &text, bool special) { return m_->tokenize(text, special); }
+std::vector<int32_t> BridgeModel::tokenize(std::string_view text, bool special) { return m_->tokenize(text, special); }
 
 std::vector<int32_t> BridgeModel::render_chat(const std::vector<ChatTurn> &msgs, bool add_generation_prompt,
                                               bool thinking) {

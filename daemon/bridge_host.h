@@ -6,6 +6,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "bridge/ds4.hpp"
@@ -13,7 +14,7 @@
 
 namespace ds4::daemon {
 
-using BridgeFailure = ds4::BridgeError;
+using BridgeFailure = ds4::bridge::BridgeError;
 
 struct ModelSummary {
     std::string family, name, backend;
@@ -39,18 +40,18 @@ public:
     const ModelSummary &summary() const { return summary_; }
     int32_t vocab() const { return vocab_; }
 
-    std::vector<int32_t> tokenize(const std::string &text, bool special);
+    std::vector<int32_t> tokenize(std::string_view text, bool special);  // length-delimited: NULs are text
     std::vector<int32_t> render_chat(const std::vector<ChatTurn> &msgs, bool add_generation_prompt, bool thinking);
     std::string token_text(int32_t token);
     std::string detokenize(std::span<const int32_t> tokens);
     bool is_stop(int32_t token);
     MemorySnapshot memory();
 
-    ds4::Model &model() { return *m_; }
+    ds4::bridge::Model &model() { return *m_; }
     uint64_t fingerprint() const { return m_->fingerprint(); }
 
 private:
-    std::unique_ptr<ds4::Model> m_;
+    std::unique_ptr<ds4::bridge::Model> m_;
     ModelSummary summary_;
     int32_t vocab_ = 0;
 };
@@ -75,7 +76,7 @@ public:
     int ctx() const { return ctx_; }
 
 private:
-    ds4::Session s_;
+    ds4::bridge::Session s_;
     int ctx_ = 0;
 };
 

@@ -127,8 +127,8 @@ int main(int argc, char **argv) {
     opt.defer_boot_prewarm = 1;
     CHECK(ds4_bridge_model_open(&m, &opt, E) == 0);
     CHECK(m != NULL);
-    ds4_bridge_model_boot_prewarm(m);
-    ds4_bridge_model_boot_prewarm(NULL);
+    CHECK(ds4_bridge_model_boot_prewarm(m, E) == 0);
+    CHECK_ERR(ds4_bridge_model_boot_prewarm(NULL, err, errlen), "NULL");
     CHECK(ds4_bridge_drafter_shared(m) == 0);
 
     /* ---- model info ---- */
@@ -205,13 +205,16 @@ int main(int argc, char **argv) {
     for (int i = 0; i < V; ++i) CHECK(lg[i] <= lg[am]);
     CHECK(ds4_bridge_session_argmax(NULL) == -1);
     uint64_t rng = 99, rng2 = 99;
-    CHECK(ds4_bridge_session_sample(s, 0.f, 0, 1.f, 0.f, NULL) == am);
-    const int t1 = ds4_bridge_session_sample(s, 0.9f, 20, 0.95f, 0.01f, &rng);
-    CHECK(t1 >= 0 && t1 < V && t1 == ds4_bridge_session_sample(s, 0.9f, 20, 0.95f, 0.01f, &rng2));
-    CHECK(ds4_bridge_session_sample(s, 0.9f, 0, 1.f, 0.f, NULL) == -1);   /* needs rng */
-    CHECK(ds4_bridge_session_sample(s, 0.9f, 0, 0.f, 0.f, &rng) == -1);   /* bad top_p */
-    CHECK(ds4_bridge_session_sample(s, 0.9f, -1, 1.f, 0.f, &rng) == -1);  /* bad top_k */
-    CHECK(ds4_bridge_session_sample(NULL, 0.f, 0, 1.f, 0.f, &rng) == -1);
+    int32_t t1 = -1, t2 = -2;
+    CHECK(ds4_bridge_session_sample(s, 0.f, 0, 1.f, 0.f, NULL, &t1, E) == 0 && t1 == am);
+    CHECK(ds4_bridge_session_sample(s, 0.9f, 20, 0.95f, 0.01f, &rng, &t1, E) == 0);
+    CHECK(ds4_bridge_session_sample(s, 0.9f, 20, 0.95f, 0.01f, &rng2, &t2, E) == 0);
+    CHECK(t1 >= 0 && t1 < V && t1 == t2);
+    CHECK_ERR(ds4_bridge_session_sample(s, 0.9f, 0, 1.f, 0.f, NULL, &t1, err, errlen), "rng");
+    CHECK_ERR(ds4_bridge_session_sample(s, 0.9f, 0, 0.f, 0.f, &rng, &t1, err, errlen), "top_p");
+    CHECK_ERR(ds4_bridge_session_sample(s, 0.9f, -1, 1.f, 0.f, &rng, &t1, err, errlen), "top_k");
+    CHECK_ERR(ds4_bridge_session_sample(s, 0.f, 0, 1.f, 0.f, NULL, NULL, err, errlen), "NULL");
+    CHECK_ERR(ds4_bridge_session_sample(NULL, 0.f, 0, 1.f, 0.f, &rng, &t1, err, errlen), "NULL");
     int32_t ids[5];
     float lps[5];
     int n_top = 0;
@@ -221,15 +224,15 @@ int main(int argc, char **argv) {
     CHECK(ds4_bridge_eval(s, toks[20], E) == 0 && ds4_bridge_session_pos(s) == 21);
 
     /* ---- rewind / invalidate ---- */
-    ds4_bridge_session_rewind(s, 100);   /* out of range: no-op */
-    ds4_bridge_session_rewind(s, -1);
-    ds4_bridge_session_rewind(NULL, 3);
+    CHECK_ERR(ds4_bridge_session_rewind(s, 100, err, errlen), "0..21");   /* out of range: an error, no change */
+    CHECK_ERR(ds4_bridge_session_rewind(s, -1, err, errlen), "0..21");
+    CHECK_ERR(ds4_bridge_session_rewind(NULL, 3, err, errlen), "NULL");
     CHECK(ds4_bridge_session_pos(s) == 21);
-    ds4_bridge_session_rewind(s, 20);
+    CHECK(ds4_bridge_session_rewind(s, 20, E) == 0);
     CHECK(ds4_bridge_session_pos(s) == 20 && ds4_bridge_session_generation(s) > gen);
     CHECK(ds4_bridge_session_argmax(s) == -1);
     CHECK(ds4_bridge_eval(s, toks[20], E) == 0);
-    ds4_bridge_session_rewind(s, 20);
+    CHECK(ds4_bridge_session_rewind(s, 20, E) == 0);
     CHECK(ds4_bridge_session_sync(s, toks, 20, E) == 0);   /* re-derives position 19's logits */
     CHECK(ds4_bridge_session_logits(s, lg2, V, E) == 0 && same_floats(lg, lg2, V));
     const uint64_t g2 = ds4_bridge_session_generation(s);
@@ -369,7 +372,7 @@ int main(int argc, char **argv) {
     /* ---- tokenizer ---- */
     int32_t tk[256];
     int nt = 0;
-    CHECK(ds4_bridge_tokenize_text(m, "hello, world", tk, 256, &nt, E) == 0 && nt > 0);
+    CHECK(ds4_bridge_tokenize_text(m, "hello, world", 12, tk, 256, &nt, E) == 0 && nt > 0);
     char text[1024];
     size_t tl = 0;
     CHECK(ds4_bridge_detokenize(m, tk, nt, text, sizeof text, &tl, E) == 0 && strcmp(text, "hello, world") == 0 && tl == 12);
@@ -378,13 +381,14 @@ int main(int argc, char **argv) {
     CHECK_ERR(ds4_bridge_detokenize(m, NULL, 3, text, sizeof text, &tl, err, errlen), "NULL");
     int32_t bogus = V + 10;
     CHECK_ERR(ds4_bridge_detokenize(m, &bogus, 1, text, sizeof text, &tl, err, errlen), "");
-    CHECK_ERR(ds4_bridge_tokenize_text(m, "hello, world", tk, 1, &nt, err, errlen), "too small");
+    CHECK_ERR(ds4_bridge_tokenize_text(m, "hello, world", 12, tk, 1, &nt, err, errlen), "too small");
     CHECK(nt > 1);
-    CHECK_ERR(ds4_bridge_tokenize_text(NULL, "x", tk, 256, &nt, err, errlen), "NULL");
-    CHECK_ERR(ds4_bridge_tokenize_text(m, NULL, tk, 256, &nt, err, errlen), "NULL");
-    CHECK_ERR(ds4_bridge_tokenize_text(m, "x", tk, -1, &nt, err, errlen), "");
-    CHECK(ds4_bridge_tokenize_rendered_chat(m, "abc", tk, 256, &nt, E) == 0 && nt > 0);
-    CHECK_ERR(ds4_bridge_tokenize_rendered_chat(m, NULL, tk, 256, &nt, err, errlen), "NULL");
+    CHECK_ERR(ds4_bridge_tokenize_text(NULL, "x", 1, tk, 256, &nt, err, errlen), "NULL");
+    CHECK_ERR(ds4_bridge_tokenize_text(m, NULL, 1, tk, 256, &nt, err, errlen), "NULL");
+    CHECK(ds4_bridge_tokenize_text(m, NULL, 0, tk, 256, &nt, E) == 0 && nt == 0);
+    CHECK_ERR(ds4_bridge_tokenize_text(m, "x", 1, tk, -1, &nt, err, errlen), "");
+    CHECK(ds4_bridge_tokenize_rendered_chat(m, "abc", 3, tk, 256, &nt, E) == 0 && nt > 0);
+    CHECK_ERR(ds4_bridge_tokenize_rendered_chat(m, NULL, 3, tk, 256, &nt, err, errlen), "NULL");
     CHECK(ds4_bridge_token_text(m, tk[0], text, sizeof text, &tl, E) == 0 && tl > 0);
     CHECK_ERR(ds4_bridge_token_text(m, -1, text, sizeof text, &tl, err, errlen), "range");
     CHECK_ERR(ds4_bridge_token_text(m, V, text, sizeof text, &tl, err, errlen), "range");
@@ -392,9 +396,9 @@ int main(int argc, char **argv) {
     const int32_t eos = ds4_bridge_token_eos(m);
     CHECK(eos >= 0 && eos < V && ds4_bridge_token_eos(NULL) == -1);
     CHECK(ds4_bridge_token_is_stop(m, eos) == 1 && ds4_bridge_token_is_stop(NULL, eos) == -1);
-    ds4_bridge_chat_msg msgs[2] = {{"system", "be brief"}, {"user", "hi"}};
+    ds4_bridge_chat_msg msgs[2] = {{"system", "be brief", 8}, {"user", "hi", 2}};
     CHECK(ds4_bridge_render_chat(m, msgs, 2, 1, 0, tk, 256, &nt, E) == 0 && nt > 2);
-    ds4_bridge_chat_msg badm = {"robot", "x"};
+    ds4_bridge_chat_msg badm = {"robot", "x", 1};
     CHECK_ERR(ds4_bridge_render_chat(m, &badm, 1, 1, 0, tk, 256, &nt, err, errlen), "");
     CHECK_ERR(ds4_bridge_render_chat(m, NULL, 1, 1, 0, tk, 256, &nt, err, errlen), "NULL");
     CHECK_ERR(ds4_bridge_render_chat(NULL, msgs, 2, 1, 0, tk, 256, &nt, err, errlen), "NULL");

@@ -60,10 +60,10 @@ int main(int argc, char **argv) {
     /* Tokenize / detokenize round trip, and too-small buffers. */
     int32_t toks[64];
     size_t n = 0;
-    CHECK(ds4c_tokenize(c, "hello world", toks, 64, &n, err, sizeof err) == DS4C_OK, "%s", err);
+    CHECK(ds4c_tokenize(c, "hello world", 11, toks, 64, &n, err, sizeof err) == DS4C_OK, "%s", err);
     CHECK(n > 0, "no tokens");
     size_t need = 0;
-    CHECK(ds4c_tokenize(c, "hello world", toks, 1, &need, err, sizeof err) == (n > 1 ? DS4C_ERR_ARG : DS4C_OK), "small cap");
+    CHECK(ds4c_tokenize(c, "hello world", 11, toks, 1, &need, err, sizeof err) == (n > 1 ? DS4C_ERR_ARG : DS4C_OK), "small cap");
     CHECK(need == n, "needed %zu, have %zu", need, n);
     char text[256];
     size_t len = 0;
@@ -71,7 +71,18 @@ int main(int argc, char **argv) {
     CHECK(strcmp(text, "hello world") == 0, "round trip gave '%s'", text);
     CHECK(ds4c_detokenize(c, toks, n, text, 3, &len, err, sizeof err) == DS4C_ERR_ARG, "small buffer accepted");
     CHECK(len == strlen("hello world"), "len %zu", len);
-    CHECK(ds4c_tokenize(c, NULL, toks, 64, &n, err, sizeof err) == DS4C_ERR_ARG, "NULL text");
+    CHECK(ds4c_tokenize(c, NULL, 3, toks, 64, &n, err, sizeof err) == DS4C_ERR_ARG, "NULL text");
+    /* Text is length-delimited: a NUL byte is text, and what follows it is not dropped. */
+    {
+        int32_t a[64], b[64], ab[64];
+        size_t na = 0, nb = 0, nab = 0, nz = 9;
+        CHECK(ds4c_tokenize(c, "import os", 9, a, 64, &na, err, sizeof err) == DS4C_OK, "%s", err);
+        CHECK(ds4c_tokenize(c, "\0", 1, b, 64, &nb, err, sizeof err) == DS4C_OK, "%s", err);
+        CHECK(ds4c_tokenize(c, "import os\0import sys", 20, ab, 64, &nab, err, sizeof err) == DS4C_OK, "%s", err);
+        CHECK(nab > na + nb, "\"import os\\0import sys\" gave %zu tokens, \"import os\" %zu", nab, na);
+        CHECK(nab >= na && memcmp(ab, a, na * sizeof(int32_t)) == 0, "the text before the NUL tokenizes differently");
+        CHECK(ds4c_tokenize(c, NULL, 0, ab, 64, &nz, err, sizeof err) == DS4C_OK && nz == 0, "empty text: %s", err);
+    }
 
     /* Generation: greedy twice on fresh one-shot sessions gives the same tokens. */
     ds4c_generate_options opt;
@@ -108,6 +119,7 @@ int main(int argc, char **argv) {
     ds4c_generate_options_init(&bad);
     CHECK(ds4c_generate(c, &bad, NULL, NULL, NULL, err, sizeof err) == DS4C_ERR_ARG, "no prompt accepted");
     bad.text = "x";
+    bad.text_len = 1;
     bad.tokens = prompt;
     bad.n_tokens = 1;
     CHECK(ds4c_generate(c, &bad, NULL, NULL, NULL, err, sizeof err) == DS4C_ERR_ARG, "two prompts accepted");
@@ -129,12 +141,15 @@ int main(int argc, char **argv) {
     CHECK(sid != 0 && ntok == 0, "session %llu tokens %u", (unsigned long long)sid, ntok);
     const char *roles[1] = {"user"};
     const char *contents[1] = {"hi"};
+    const size_t content_lens[1] = {2};
     ds4c_generate_options chat;
     ds4c_generate_options_init(&chat);
     chat.session = sid;
     chat.chat_roles = roles;
     chat.chat_contents = contents;
     chat.n_chat = 1;
+    CHECK(ds4c_generate(c, &chat, NULL, NULL, &done, err, sizeof err) == DS4C_ERR_ARG, "chat without lengths accepted");
+    chat.chat_content_lens = content_lens;
     chat.max_tokens = 3;
     CHECK(ds4c_generate(c, &chat, NULL, NULL, &done, err, sizeof err) == DS4C_OK, "%s", err);
     CHECK(done.prompt_tokens > 2, "chat prompt of %u tokens", done.prompt_tokens);

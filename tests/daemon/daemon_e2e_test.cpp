@@ -40,7 +40,7 @@ constexpr int kChunk = 32;       // --prefill-chunk of the test daemons
 constexpr int kCtx = 4096;       // the tiny model's limit, ds4d's default context
 
 struct Ref {
-    std::unique_ptr<ds4::Session> s;
+    std::unique_ptr<ds4::bridge::Session> s;
     std::vector<int32_t> evaluated, history;
 };
 
@@ -63,7 +63,7 @@ protected:
     static inline TempDir *dir = nullptr;
     static inline std::string model_path;
     static inline Daemon *daemon = nullptr;
-    static inline ds4::Model *model = nullptr;
+    static inline ds4::bridge::Model *model = nullptr;
     static inline std::atomic<int> next_first{0};
     static inline std::vector<int32_t> reserved;  // first tokens of text prompts used anywhere
 
@@ -72,11 +72,11 @@ protected:
         model_path = dir->path + "/tiny.gguf";
         CmdResult mk = run_cmd({DS4_MAKE_MODEL_PATH, "--preset", "tiny", "--quiet", model_path}, dir->path);
         ASSERT_EQ(mk.rc, 0) << mk.err;
-        ds4::ModelOptions mo;
+        ds4::bridge::ModelOptions mo;
         mo.model_path = model_path;
         mo.n_threads = 1;
-        model = new ds4::Model(mo);
-        for (const char *t : {"Hello", "A short text prompt", "Bees", "Zebras", "hi"}) reserved.push_back(model->tokenize(t)[0]);
+        model = new ds4::bridge::Model(mo);
+        for (const char *t : {"Hello", "A short text prompt", "Bees", "Zebras", "hi", "Nul"}) reserved.push_back(model->tokenize(t)[0]);
         reserved.push_back(model->render_chat({{"user", "x"}})[0]);
         daemon = new Daemon;
         std::string err = daemon->start(DS4D_PATH, model_path, dir->path + "/ds4.sock", dir->path + "/ds4d.log",
@@ -119,7 +119,7 @@ protected:
 
     static Ref fresh() {
         Ref r;
-        r.s = std::make_unique<ds4::Session>(*model, kCtx);
+        r.s = std::make_unique<ds4::bridge::Session>(*model, kCtx);
         return r;
     }
 
@@ -296,6 +296,61 @@ TEST_F(DaemonE2E, TextPromptIsTokenizedLikeTheEngine) {
     EXPECT_EQ(g.done.prompt_tokens, toks.size());
     EXPECT_EQ(c.tokenize(text), toks);
     EXPECT_EQ(c.detokenize(want.tokens), model->detokenize(want.tokens));
+}
+
+// Text is length-delimited from the client to the engine: a NUL byte is text, and what
+// follows it is neither dropped nor cut (it used to be: "import os\0import sys" was
+// "import os" and a 100 KB tail after a NUL vanished).
+TEST_F(DaemonE2E, TextWithNulBytesReachesTheModelWhole) {
+    using namespace std::string_literals;
+    const std::string text = "Nul\0import sys"s;
+    const std::vector<int32_t> toks = model->tokenize(text);
+    ASSERT_GT(toks.size(), model->tokenize("Nul").size() + 1) << "the reference tokenizer cut the text";
+    Client c(sock());
+    EXPECT_EQ(c.tokenize(text), toks);
+    EXPECT_EQ(c.detokenize(c.tokenize(text)), text);
+    std::string tail;
+    while (tail.size() < 100 * 1024) tail += "a line of the tail " + std::to_string(tail.size()) + "\n";
+    const std::vector<int32_t> big = c.tokenize("Nul\0"s + tail);
+    EXPECT_GT(big.size(), tail.size() / 8);
+    EXPECT_TRUE(big == model->tokenize("Nul\0"s + tail));  // not EXPECT_EQ: 100 KB in a message
+    EXPECT_TRUE(c.detokenize(big) == "Nul\0"s + tail) << "the 100 KB after the NUL did not arrive whole";
+
+    // A text prompt: generated from all of it.
+    Ref r = fresh();
+    RefOut want = ref_generate(r, toks, 6, true);
+    GenerateRequest req;
+    req.kind = GenerateRequest::Prompt::Text;
+    req.text = text;
+    req.max_tokens = 6;
+    req.ignore_eos = true;
+    Got g = collect(c, req);
+    EXPECT_EQ(g.done.prompt_tokens, toks.size());
+    EXPECT_EQ(g.tokens, want.tokens);
+
+    // A chat message's content.
+    const std::string content = "Nul\0and then the rest of the question"s;
+    const std::vector<int32_t> chat = model->render_chat({{"user", content}});
+    ASSERT_GT(chat.size(), model->render_chat({{"user", "Nul"}}).size() + 1);
+    Ref rc = fresh();
+    RefOut want_chat = ref_generate(rc, chat, 4, true);
+    GenerateRequest creq;
+    creq.kind = GenerateRequest::Prompt::Chat;
+    creq.messages.push_back({"user", content});
+    creq.max_tokens = 4;
+    creq.ignore_eos = true;
+    Got gc = collect(c, creq);
+    EXPECT_EQ(gc.done.prompt_tokens, chat.size());
+    EXPECT_EQ(gc.tokens, want_chat.tokens);
+
+    // The ds4 command with the prompt on stdin.
+    Ref rr = fresh();
+    RefOut want_run = ref_generate(rr, toks, 6, false);
+    CmdResult run = run_cmd(cli({"--socket", sock(), "run", "--raw", "--ids", "--max-tokens", "6", "-"}), dir->path, text);
+    ASSERT_EQ(run.rc, 0) << run.err;
+    std::string ids;
+    for (size_t i = 0; i < want_run.tokens.size(); ++i) ids += (i ? " " : "") + std::to_string(want_run.tokens[i]);
+    EXPECT_EQ(run.out, ids + "\n");
 }
 
 TEST_F(DaemonE2E, NamedSessionContinuesFromItsKvState) {

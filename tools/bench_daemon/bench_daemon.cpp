@@ -217,10 +217,10 @@ int main(int argc, char **argv) {
             socket = own.socket;
         }
         ds4::client::Client client(socket, "ds4-bench-daemon");
-        ds4::ModelOptions mo;
+        ds4::bridge::ModelOptions mo;
         mo.model_path = a.model;
         mo.n_threads = a.threads;
-        ds4::Model model(mo);
+        ds4::bridge::Model model(mo);
         const int vocab = model.vocab_size();
         // The daemon's own context size, so both sides run the same session shape.
         const int ctx = int(client.server_info().default_ctx);
@@ -270,7 +270,7 @@ int main(int argc, char **argv) {
             const double d_cpu = own.pid > 0 ? proc_cpu_us(own.pid) - d_cpu0 : 0, c_cpu = self_cpu_us() - c_cpu0;
             if (got != size_t(a.tokens)) throw std::runtime_error("daemon streamed " + std::to_string(got) + " tokens");
 
-            ds4::Session s(model, ctx);
+            ds4::bridge::Session s(model, ctx);
             const double l_cpu0 = self_cpu_us();
             auto l0 = Clock::now();
             s.sync(prompt);

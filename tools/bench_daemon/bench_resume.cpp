@@ -79,10 +79,10 @@ int main(int argc, char **argv) {
     const bool own_dir = state_dir.empty();
     if (own_dir) state_dir = std::filesystem::temp_directory_path() / ("ds4-bench-resume-" + std::to_string(getpid()));
 
-    ds4::ModelOptions mo;
+    ds4::bridge::ModelOptions mo;
     mo.model_path = model_path;
     mo.n_threads = threads;
-    ds4::Model model(mo);
+    ds4::bridge::Model model(mo);
     const int ctx_max = model.info().n_ctx_max;
 
     ds4::kvstore::StoreOptions so;
@@ -116,7 +116,7 @@ int main(int argc, char **argv) {
         for (int i = 0; i < n; ++i) toks[size_t(i)] = 1 + (i * 7919) % (model.vocab_size() - 2);
         // Re-prefill: a fresh session, the whole prompt, first token.
         auto t0 = Clock::now();
-        ds4::Session s(model, ctx);
+        ds4::bridge::Session s(model, ctx);
         s.sync(toks);
         const int first = s.argmax();
         const double prefill_ms = ms_since(t0);
@@ -141,7 +141,7 @@ int main(int argc, char **argv) {
             t0 = Clock::now();
             if (auto st = store->load(name, &lp); !st) die("load: " + st.to_string());
             load.push_back(ms_since(t0));
-            ds4::Session r(model, ctx);
+            ds4::bridge::Session r(model, ctx);
             r.load_payload(std::span<const uint8_t>(lp.bytes.data(), lp.bytes.size()));
             same = same && r.argmax() == first;
             resume.push_back(ms_since(t0));
