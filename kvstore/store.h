@@ -38,11 +38,18 @@
 #include <vector>
 
 #include "bridge/payload_header.h"
-#include "kvstore/aligned_buffer.h"
-#include "kvstore/file_io.h"
+#include "io/aligned_buffer.h"
+#include "io/file_io.h"
+#include "io/uring_file_io.h"
 #include "kvstore/status.h"
 
 namespace ds4::kvstore {
+
+// Payload files move through ds4_io (io/); these names are part of the store's API.
+using io::AlignedBuffer;
+using io::FileIo;
+using io::make_uring_file_io;
+using io::UringOptions;
 
 struct StoreOptions {
     std::string state_dir;

@@ -4,9 +4,12 @@
 #include <memory>
 #include <mutex>
 
-#include "kvstore/file_io.h"
+#include "io/file_io.h"
 
 namespace ds4::kvstore::testing {
+
+using io::ChunkFn;
+using io::FileIo;
 
 enum class Op { kOpen, kClose, kPreallocate, kWrite, kRead, kFsync, kFileSize, kRename, kUnlink, kMkdir, kFsyncDir, kListDir, kCount };
 

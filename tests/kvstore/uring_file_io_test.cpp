@@ -2,20 +2,22 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#include "kvstore/aligned_buffer.h"
-#include "kvstore/file_io.h"
+#include "io/aligned_buffer.h"
+#include "io/uring_file_io.h"
 #include "tests/kvstore/test_util.h"
 
-namespace ds4::kvstore {
+// ds4_io's FileIo, exercised on real files (here beside the store's tests, which share
+// its scratch helpers).
+namespace ds4::io {
 namespace {
 
-using testing::TempDir;
+using kvstore::testing::TempDir;
 
 std::vector<uint8_t> pattern(size_t n, uint64_t seed) {
     std::vector<uint8_t> v(n);
     uint64_t s = seed;
     for (size_t i = 0; i < n; i += 8) {
-        const uint64_t x = testing::splitmix64(s);
+        const uint64_t x = kvstore::testing::splitmix64(s);
         memcpy(v.data() + i, &x, std::min<size_t>(8, n - i));
     }
     return v;
@@ -47,7 +49,7 @@ TEST_P(UringFileIoTest, WriteThenReadBackAnySize) {
         ASSERT_EQ(io->close(fd), 0);
         EXPECT_TRUE(std::equal(seen.begin(), seen.end(), src) && seen.size() == n) << "write chunks for " << n;
 
-        const auto onfile = testing::read_file(path);
+        const auto onfile = kvstore::testing::read_file(path);
         ASSERT_EQ(onfile.size(), n);
         EXPECT_TRUE(std::equal(onfile.begin(), onfile.end(), src)) << n;
 
@@ -71,7 +73,7 @@ TEST_P(UringFileIoTest, ReadOfAShorterFileReportsTheShortCount) {
     auto io = make_uring_file_io(small_chunks());
     const auto data = pattern(200000, 7);
     const std::string path = dir.sub("short");
-    testing::write_file(path, data.data(), data.size());
+    kvstore::testing::write_file(path, data.data(), data.size());
     const int fd = io->open(path, O_RDONLY | (GetParam() ? O_DIRECT : 0), 0);
     ASSERT_GE(fd, 0);
     AlignedBuffer buf(300000);
@@ -91,8 +93,8 @@ TEST(UringFileIo, DirectoryOperations) {
     auto io = make_uring_file_io();
     ASSERT_EQ(io->mkdir(dir.sub("d"), 0700), 0);
     EXPECT_EQ(io->mkdir(dir.sub("d"), 0700), -EEXIST);
-    testing::write_file(dir.sub("d/a"), "x", 1);
-    testing::write_file(dir.sub("d/b"), "y", 1);
+    kvstore::testing::write_file(dir.sub("d/a"), "x", 1);
+    kvstore::testing::write_file(dir.sub("d/b"), "y", 1);
     EXPECT_EQ(io->rename_noreplace(dir.sub("d/a"), dir.sub("d/b")), -EEXIST);
     EXPECT_EQ(io->rename_noreplace(dir.sub("d/a"), dir.sub("d/c")), 0);
     EXPECT_EQ(io->fsync_dir(dir.sub("d")), 0);
@@ -106,4 +108,4 @@ TEST(UringFileIo, DirectoryOperations) {
 }
 
 }  // namespace
-}  // namespace ds4::kvstore
+}  // namespace ds4::io

@@ -22,13 +22,15 @@
 #include <vector>
 
 #include "bridge/payload_header.h"
-#include "kvstore/aligned_buffer.h"
-#include "kvstore/file_io.h"
+#include "io/aligned_buffer.h"
+#include "io/uring_file_io.h"
 #include "kvstore/store.h"
 #include "kvstore/xxh64.h"
 #include "tools/bench_kvstore/raw_disk.h"
 
 using namespace ds4::kvstore;
+using ds4::io::AlignedBuffer;
+using ds4::io::UringOptions;
 using ds4::bench::median;
 using ds4::bench::mibs;
 using ds4::bench::now_s;

@@ -1,5 +1,7 @@
 // The default FileIo: io_uring transfers, O_DIRECT-aware, with a pread/pwrite fallback
 // when no ring can be created.
+#include "io/uring_file_io.h"
+
 #include <dirent.h>
 #include <fcntl.h>
 #include <liburing.h>
@@ -13,10 +15,7 @@
 #include <new>
 #include <vector>
 
-#include "kvstore/aligned_buffer.h"
-#include "kvstore/file_io.h"
-
-namespace ds4::kvstore {
+namespace ds4::io {
 namespace {
 
 int neg_errno() { return errno ? -errno : -EIO; }
@@ -399,4 +398,4 @@ bool uses_uring(const FileIo &io) {
     return u && u->ring_ok();
 }
 
-}  // namespace ds4::kvstore
+}  // namespace ds4::io

@@ -1,23 +1,19 @@
-// The store's I/O seam. Every file-system call the store makes goes through a FileIo, so
-// tests can wrap the real implementation and fail chosen calls (ENOSPC mid-write, EIO on
-// fsync, ...). Calls return 0 (or a descriptor >= 0) on success and -errno on failure;
-// they never throw.
+// A small file-system interface for bulk file transfers. Callers do every file-system
+// call through a FileIo, so tests can wrap the real implementation and fail chosen calls
+// (ENOSPC mid-write, EIO on fsync, ...). Calls return 0 (or a descriptor >= 0) on
+// success and -errno on failure; they never throw.
 //
-// The default implementation (make_uring_file_io) moves payload bytes with io_uring in
-// large aligned chunks with several requests in flight, using O_DIRECT when the
-// descriptor was opened with it and falling back to buffered I/O when the file system
-// refuses it (EINVAL). It is not thread-safe: one owner (the Store, under its mutex).
+// The real implementation is in io/uring_file_io.h.
 #pragma once
 #include <sys/types.h>
 
 #include <cstddef>
 #include <cstdint>
 #include <functional>
-#include <memory>
 #include <string>
 #include <vector>
 
-namespace ds4::kvstore {
+namespace ds4::io {
 
 // Called with consecutive pieces of the file contents, in file order, while the transfer
 // is still running (so a checksum overlaps the I/O).
@@ -50,20 +46,4 @@ public:
     virtual int list_dir(const std::string &path, std::vector<std::string> *names) = 0;
 };
 
-struct UringOptions {
-    size_t chunk_bytes = size_t(2) << 20;  // per request; a multiple of kIoAlign
-    unsigned queue_depth = 8;              // requests in flight
-    // Reads split a file into about 4 bunches of queue_depth requests, so checksumming one
-    // bunch overlaps the next one's transfer, but no request is smaller than this (the
-    // per-request cost shows below it). Capped by chunk_bytes.
-    size_t min_read_chunk = size_t(256) << 10;
-};
-
-// The real implementation. If io_uring cannot be set up (e.g. disabled by the kernel),
-// it transfers with pread/pwrite instead and says so through uses_uring().
-std::unique_ptr<FileIo> make_uring_file_io(const UringOptions &opt = {});
-
-// True when `io` is the real implementation and its ring is active.
-bool uses_uring(const FileIo &io);
-
-}  // namespace ds4::kvstore
+}  // namespace ds4::io
