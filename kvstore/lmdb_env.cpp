@@ -33,14 +33,17 @@ int LmdbEnv::open(const std::string &dir, uint64_t map_size, uint64_t max_map_si
         *err = lmdb_error(("cannot open LMDB index in " + dir).c_str(), rc);
         return rc;
     }
-    return write(
+    std::string werr;
+    rc = write(
         [&](MDB_txn *txn) {
             int r;
             if ((r = mdb_dbi_open(txn, "meta", MDB_CREATE, &meta_))) return r;
             if ((r = mdb_dbi_open(txn, "sessions", MDB_CREATE, &sessions_))) return r;
             return mdb_dbi_open(txn, "prefixes", MDB_CREATE, &prefixes_);
         },
-        err);
+        &werr);
+    if (rc) *err = "cannot open the tables of the LMDB index in " + dir + ": " + werr;
+    return rc;
 }
 
 uint64_t LmdbEnv::map_size() const {

@@ -136,6 +136,14 @@ TEST_F(RecoveryTest, DeletedIndexIsRebuiltFromThePayloadFiles) {
     expect_all_back(*s);
 }
 
+TEST_F(RecoveryTest, DeletedDataFileAloneIsRebuiltToo) {
+    populate();
+    ASSERT_EQ(unlink(index_file().c_str()), 0);  // lock.mdb stays
+    auto s = open_store();
+    EXPECT_EQ(s->recovery_report().sessions_reindexed, int(saved.size()));
+    expect_all_back(*s);
+}
+
 TEST_F(RecoveryTest, DeletedIndexFolderIsRebuiltToo) {
     populate();
     TempDir::remove_tree(dir.sub("state/index"));
@@ -284,13 +292,15 @@ TEST_F(RecoveryTest, UnplaceableFilesAreQuarantinedNeverDeleted) {
 // The index file after populate(), for the damage tests.
 class DamagedIndexTest : public RecoveryTest {
 protected:
-    void damage_and_reopen(const std::function<void(const std::string &)> &damage, bool expect_moved = true) {
+    void damage_and_reopen(const std::function<void(const std::string &)> &damage, bool expect_moved = true,
+                           const char *expect_logged = "index is damaged") {
         populate();
         damage(index_file());
         auto s = open_store();
         ASSERT_TRUE(s);
         const RecoveryReport &r = s->recovery_report();
         if (expect_moved) {
+            EXPECT_TRUE(logged(expect_logged)) << expect_logged;
             EXPECT_FALSE(r.index_moved_to.empty());
             EXPECT_TRUE(logged("index is damaged")) << (logs.empty() ? "" : logs.front());
             EXPECT_TRUE(logged("moved it to " + r.index_moved_to));
@@ -368,6 +378,25 @@ TEST_F(DamagedIndexTest, NewestMetaPointsPastTheEnd) {
             overwrite(f, page + 16 + 120, last);
         }
     });
+}
+
+TEST_F(DamagedIndexTest, TableRootPageZeroed) {
+    // Meta pages intact, the main table's root page wiped: the pre-check passes and LMDB
+    // itself reports MDB_CORRUPTED from mdb_dbi_open, which is handled the same way.
+    damage_and_reopen([](const std::string &f) {
+        const auto bytes = testing::read_file(f);
+        ASSERT_GE(bytes.size(), 2 * 4096u);
+        uint64_t best_txn = 0, root = 0;
+        for (const size_t page : {size_t(0), size_t(4096)}) {
+            uint64_t txn, r;
+            memcpy(&txn, bytes.data() + page + 16 + 128, 8);  // mm_txnid
+            memcpy(&r, bytes.data() + page + 16 + 24 + 48 + 40, 8);  // mm_dbs[MAIN_DBI].md_root
+            if (page == 0 || txn > best_txn) best_txn = txn, root = r;
+        }
+        ASSERT_GE(root, 2u);
+        ASSERT_LE((root + 1) * 4096, bytes.size());
+        overwrite(f, root * 4096, std::vector<uint8_t>(4096, 0));
+    }, true, "MDB_CORRUPTED");
 }
 
 TEST_F(DamagedIndexTest, ZeroedFile) {
