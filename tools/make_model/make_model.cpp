@@ -127,7 +127,8 @@ MakeModelResult make_model(const MakeModelOptions &opt, const std::string &out_p
     const ModelConfig &cfg = opt.cfg;
     cfg.validate();
     // Sparse and fast files never run the block quantisers on the matrices.
-    const convert::TypePolicy policy = convert::make_type_policy(opt.type, opt.expert_type, !opt.sparse && !opt.fast);
+    convert::TypePolicy policy = convert::make_type_policy(opt.type, opt.expert_type, !opt.sparse && !opt.fast);
+    for (const auto &[role, t] : opt.role_types) policy.by_role[role] = t;
     const int threads = opt.threads > 0 ? opt.threads : convert::default_threads();
     const std::vector<TensorSpec> layout = convert::model_layout(cfg);
 

@@ -4,10 +4,13 @@
 // real V4-Flash shape (~7 GB per layer at q8_0) never sits in memory.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
+#include "engine/gguf/gguf.h"
 #include "engine/model/config.h"
+#include "tools/convert/layout.h"
 
 namespace ds4::make_model {
 
@@ -23,6 +26,10 @@ struct MakeModelOptions {
     ModelConfig cfg;
     std::string type = "f32";   // --type (matrices)
     std::string expert_type;    // --expert-type
+    // Library only (tests): per-role types applied on top of type/expert_type, e.g. every
+    // matrix role as q4_k. A type whose block does not divide a tensor's rows still falls
+    // back as type_for() says (with a warning).
+    std::map<convert::Role, gguf::Type> role_types;
     uint64_t seed = 1;
     bool fast = false;          // hash-synthesised blocks instead of exact Gaussian values
     bool sparse = false;        // matrices left as holes (zeros; no disk)
