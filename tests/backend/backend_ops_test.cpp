@@ -19,10 +19,13 @@
 // positions that cross the sliding window (8) and the CSA (4) / HCA (8) window boundaries.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
@@ -34,7 +37,6 @@
 #include "engine/common/error.h"
 #include "engine/model/model.h"
 #include "engine/quant/quants.h"
-#include "tests/common/scratch.h"
 #include "tools/make_model/make_model.h"
 
 namespace ds4 {
@@ -75,33 +77,54 @@ ModelConfig op_config() {
     return c;
 }
 
-struct BuiltModel {
-    std::unique_ptr<ds4test::TempDir> dir;
-    std::unique_ptr<Model> model;
-};
+bool same_shape(const ModelConfig &a, const ModelConfig &b) {
+    return a.n_layer == b.n_layer && a.n_vocab == b.n_vocab && a.n_embd == b.n_embd && a.n_head == b.n_head &&
+           a.head_dim == b.head_dim && a.n_rot == b.n_rot && a.q_lora == b.q_lora && a.o_groups == b.o_groups &&
+           a.o_lora == b.o_lora && a.n_expert == b.n_expert && a.n_expert_used == b.n_expert_used &&
+           a.n_ff_exp == b.n_ff_exp && a.sliding_window == b.sliding_window && a.indexer_heads == b.indexer_heads &&
+           a.indexer_dim == b.indexer_dim && a.indexer_topk == b.indexer_topk && a.compress_ratio == b.compress_ratio &&
+           a.csa_ratio == b.csa_ratio && a.n_hash_layer == b.n_hash_layer && a.swiglu_limit == b.swiglu_limit &&
+           a.hc_mult == b.hc_mult && a.hc_iters == b.hc_iters && a.yarn == b.yarn;
+}
 
-// One model per weight type, every matrix role in that type (generated once per process).
+// One model per weight type, every matrix role in that type. ctest runs each test in its
+// own process, so the files are kept in the build tree (DS4_OPS_MODEL_DIR) and made once:
+// written under a temporary name and renamed, so parallel test processes never see a
+// partial file; a file of another shape or type (an older version of this test) is
+// replaced.
 const Model &model_for(Type t) {
-    static std::map<Type, BuiltModel> cache;
+    static std::map<Type, std::unique_ptr<Model>> cache;
     auto it = cache.find(t);
-    if (it != cache.end()) return *it->second.model;
-    BuiltModel b;
-    b.dir = std::make_unique<ds4test::TempDir>();
-    make_model::MakeModelOptions o;
-    o.cfg = op_config();
-    o.seed = 1000 + (uint64_t)t;
-    o.threads = 2;
-    o.progress = false;
-    using convert::Role;
-    for (Role r : {Role::Embedding, Role::Output, Role::AttnProj, Role::CompressorProj, Role::IndexerProj, Role::Router,
-                   Role::ExpertGate, Role::ExpertUp, Role::ExpertDown, Role::SharedExpert, Role::HcFn})
-        o.role_types[r] = t;
-    const std::string path = b.dir->file(std::string("ops-") + gguf::type_name(t) + ".gguf");
-    make_model::make_model(o, path);
-    b.model = Model::open(path);
-    const Model &m = *b.model;
-    cache.emplace(t, std::move(b));
-    return m;
+    if (it != cache.end()) return *it->second;
+    const ModelConfig want = op_config();
+    const std::string dir = DS4_OPS_MODEL_DIR;
+    std::filesystem::create_directories(dir);
+    const std::string path = dir + "/ops-" + gguf::type_name(t) + ".gguf";
+    std::unique_ptr<Model> m;
+    if (std::filesystem::exists(path)) {
+        try {
+            m = Model::open(path);
+            if (!same_shape(m->config(), want) || m->weights().layers[0].gate_exps.first.type != t) m.reset();
+        } catch (const std::exception &) {
+            m.reset();
+        }
+    }
+    if (!m) {
+        make_model::MakeModelOptions o;
+        o.cfg = want;
+        o.seed = 1000 + (uint64_t)t;
+        o.threads = 2;
+        o.progress = false;
+        using convert::Role;
+        for (Role r : {Role::Embedding, Role::Output, Role::AttnProj, Role::CompressorProj, Role::IndexerProj, Role::Router,
+                       Role::ExpertGate, Role::ExpertUp, Role::ExpertDown, Role::SharedExpert, Role::HcFn})
+            o.role_types[r] = t;
+        const std::string tmp = path + ".tmp." + std::to_string(getpid());
+        make_model::make_model(o, tmp);
+        std::filesystem::rename(tmp, path);
+        m = Model::open(path);
+    }
+    return *cache.emplace(t, std::move(m)).first->second;
 }
 
 // The backends under test. A device backend is added here and in backend_for().
