@@ -31,8 +31,8 @@ public:
     // at len afterwards). on_chunk sees every byte once, in order.
     virtual int write_all(int fd, const void *data, size_t len, const ChunkFn &on_chunk) = 0;
     // Reads up to len bytes from offset 0 into buf. With O_DIRECT, buf must be aligned to
-    // kIoAlign and hold round_up(len, kIoAlign) bytes (otherwise it falls back to buffered
-    // reads). Returns the byte count read (< len when the file is shorter) or -errno.
+    // kIoAlign and hold round_up(len, kIoAlign) bytes (io/aligned_buffer.h; otherwise it
+    // falls back to buffered reads). Returns the byte count read (< len when the file is shorter) or -errno.
     virtual int64_t read_all(int fd, void *buf, size_t len, const ChunkFn &on_chunk) = 0;
     virtual int fsync(int fd) = 0;
     virtual int file_size(int fd, uint64_t *size) = 0;

@@ -61,7 +61,7 @@ std::string parse_meta(const uint8_t *page, Meta *m) {
 }  // namespace
 
 Status check_lmdb_data_file(const std::string &path, LmdbMetaInfo *info) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);  // as LMDB opens it
     if (fd < 0) {
         if (errno == ENOENT) return Status::ok();
         return {Code::kIoError, "cannot open " + path + ": " + strerror(errno)};

@@ -203,7 +203,7 @@ Status Store::Impl::load_seq() {
             return r == MDB_NOTFOUND ? 0 : r;
         },
         &err);
-    if (rc) return db_status(rc, "reading the LRU clock: " + err);
+    if (rc) return index_status(rc, "reading the LRU clock: " + err);
     return Status::ok();
 }
 
@@ -678,10 +678,7 @@ Status Store::open(const StoreOptions &opt, std::unique_ptr<Store> *out) {
         impl->opt = opt;
         impl->io = opt.io ? opt.io : std::shared_ptr<FileIo>(make_uring_file_io(opt.io_options));
         if (Status s = impl->open_layout(); !s) return s;
-        if (Status s = impl->open_index(); !s) return s;
-        if (Status s = impl->check_schema(); !s) return s;
-        if (Status s = impl->load_seq(); !s) return s;
-        if (Status s = impl->recover(); !s) return s;
+        if (Status s = impl->open_and_recover(); !s) return s;
         out->reset(new Store(std::move(impl)));
         return Status::ok();
     });

@@ -50,12 +50,20 @@ struct Store::Impl {
     std::string describe(const Entry &e) const;
 
     Status open_layout();
+    // open_index, check_schema, load_seq, recover. When LMDB reports damage on the way
+    // (index_damaged), the index is moved aside and it all runs once more on a fresh one,
+    // which recovery fills from the payload files.
+    Status open_and_recover();
     // Opens the LMDB index. A data file that fails the meta-page check, or that LMDB
-    // refuses as corrupt, is moved aside and a fresh index created; recovery then
-    // rebuilds it from the payload files.
+    // refuses as corrupt, is moved aside and a fresh index created.
     Status open_index();
+    // Renames index/ to index.damaged-<UTC time> and creates an empty index/.
+    Status move_index_aside(const std::string &why);
     Status check_schema();
     Status recover();
+    // db_status, noting LMDB's damage codes in index_damaged (open-time reads only).
+    Status index_status(int rc, const std::string &msg);
+    bool index_damaged = false;
 
     // Writes a payload file durably (temp, fsync, rename, dir fsync) under the name an
     // entry of this kind and name gets. On failure nothing is left behind.

@@ -67,45 +67,65 @@ Status Store::Impl::open_layout() {
     return Status::ok();
 }
 
+Status Store::Impl::index_status(int rc, const std::string &msg) {
+    if (lmdb_damaged(rc)) index_damaged = true;
+    return db_status(rc, msg);
+}
+
+Status Store::Impl::move_index_aside(const std::string &why) {
+    // The whole folder (data and lock file) is moved, never deleted: it may still hold
+    // what a person wants back (pins, last-used times).
+    char ts[32];
+    const time_t t = time(nullptr);
+    struct tm tm;
+    gmtime_r(&t, &tm);
+    strftime(ts, sizeof ts, "%Y%m%dT%H%M%SZ", &tm);
+    std::string dst = root + "/index.damaged-" + ts;
+    int rc = io->rename_noreplace(index_dir, dst);
+    for (int i = 1; rc == -EEXIST && i < 100; ++i)
+        rc = io->rename_noreplace(index_dir, dst = root + "/index.damaged-" + ts + "-" + std::to_string(i));
+    if (rc) return io_status(rc, "the index in " + index_dir + " is damaged (" + why + ") and cannot be moved aside");
+    if (Status s = make_dir(*io, index_dir, false); !s) return s;
+    if (const int r = io->fsync_dir(root)) log("fsync of " + root + ": " + strerror(-r));
+    report.index_moved_to = dst;
+    log("index is damaged: " + why + "; moved it to " + dst + " and rebuilding the index from the payload files");
+    return Status::ok();
+}
+
 Status Store::Impl::open_index() {
-    // The whole index folder (data and lock file) is moved aside, never deleted: it may
-    // still hold what a person wants back (last-used times, pins).
-    auto set_aside = [&](const std::string &why) -> Status {
-        char ts[32];
-        const time_t t = time(nullptr);
-        struct tm tm;
-        gmtime_r(&t, &tm);
-        strftime(ts, sizeof ts, "%Y%m%dT%H%M%SZ", &tm);
-        std::string dst = root + "/index.damaged-" + ts;
-        int rc = io->rename_noreplace(index_dir, dst);
-        for (int i = 1; rc == -EEXIST && i < 100; ++i)
-            rc = io->rename_noreplace(index_dir, dst = root + "/index.damaged-" + ts + "-" + std::to_string(i));
-        if (rc) return io_status(rc, "the index in " + index_dir + " is damaged (" + why + ") and cannot be moved aside");
-        if (Status s = make_dir(*io, index_dir, false); !s) return s;
-        if (const int r = io->fsync_dir(root)) log("fsync of " + root + ": " + strerror(-r));
-        report.index_moved_to = dst;
-        log("index is damaged: " + why + "; moved it to " + dst + " and rebuilding the index from the payload files");
-        return Status::ok();
-    };
     LmdbMetaInfo meta;
     const Status c = check_lmdb_data_file(index_dir + "/data.mdb", &meta);
     if (c.code() == Code::kCorrupt) {
-        if (Status s = set_aside(c.message()); !s) return s;
+        if (Status s = move_index_aside(c.message()); !s) return s;
     } else if (!c) {
         return c;
     }
     std::string err;
     int rc = db.open(index_dir, opt.map_size, opt.max_map_size, &err);
     if (rc && lmdb_damaged(rc) && report.index_moved_to.empty()) {
-        // Damage the meta pages do not show (a table page that is not one, a lock file of
-        // another LMDB version): LMDB says so instead of crashing.
+        // Damage the meta pages do not show (e.g. a table root that is not a table page):
+        // LMDB reports it instead of crashing.
         db.close();
-        if (Status s = set_aside(err); !s) return s;
+        if (Status s = move_index_aside(err); !s) return s;
         err.clear();
         rc = db.open(index_dir, opt.map_size, opt.max_map_size, &err);
     }
     if (rc) return db_status(rc, err);
     return Status::ok();
+}
+
+Status Store::Impl::open_and_recover() {
+    for (int attempt = 0;; ++attempt) {
+        index_damaged = false;
+        Status s = open_index();
+        if (s) s = check_schema();
+        if (s) s = load_seq();
+        if (s) s = recover();
+        if (s || !index_damaged || attempt > 0 || !report.index_moved_to.empty()) return s;
+        // Damage deeper in the tree shows only when a read or write reaches it.
+        db.close();
+        if (Status m = move_index_aside(s.message()); !m) return m;
+    }
 }
 
 Status Store::Impl::check_schema() {
@@ -123,7 +143,7 @@ Status Store::Impl::check_schema() {
             return 0;
         },
         &err);
-    if (rc) return db_status(rc, "reading the index schema version: " + err);
+    if (rc) return index_status(rc, "reading the index schema version: " + err);
     if (bad) return {Code::kCorrupt, "state dir " + root + ": the index schema version record is malformed"};
     if (present) {
         if (version > kSchemaVersion)
@@ -142,7 +162,7 @@ Status Store::Impl::check_schema() {
             return mdb_put(txn, db.meta(), &k, &v, 0);
         },
         &err);
-    if (rc) return db_status(rc, "writing the index schema version: " + err);
+    if (rc) return index_status(rc, "writing the index schema version: " + err);
     return Status::ok();
 }
 
@@ -184,7 +204,7 @@ Status Store::Impl::recover() {
             return 0;
         },
         &err);
-    if (rc) return db_status(rc, "recovery: reading the index: " + err);
+    if (rc) return index_status(rc, "recovery: reading the index: " + err);
 
     // 2. Payload files of every entry.
     std::vector<Entry> condemned;
@@ -267,7 +287,7 @@ Status Store::Impl::recover() {
             return evict_to_budget(txn, std::string(), &evicted);
         },
         &err);
-    if (rc) return db_status(rc, "recovery: updating the index: " + err);
+    if (rc) return index_status(rc, "recovery: updating the index: " + err);
     report.entries_evicted = int(evicted.size());
     evictions += evicted.size();
     unlink_files(evicted, "evicted (over budget at start-up)");

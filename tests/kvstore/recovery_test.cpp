@@ -399,6 +399,23 @@ TEST_F(DamagedIndexTest, TableRootPageZeroed) {
     }, true, "MDB_CORRUPTED");
 }
 
+TEST_F(DamagedIndexTest, EveryPageButTheMetasAndMainRootZeroed) {
+    // The tables open (their records sit in the main root) but reading any of them
+    // fails: LMDB reports it on the first read, and that is handled the same way.
+    damage_and_reopen([](const std::string &f) {
+        const auto bytes = testing::read_file(f);
+        uint64_t best_txn = 0, root = 0;
+        for (const size_t page : {size_t(0), size_t(4096)}) {
+            uint64_t txn, r;
+            memcpy(&txn, bytes.data() + page + 16 + 128, 8);
+            memcpy(&r, bytes.data() + page + 16 + 24 + 48 + 40, 8);
+            if (page == 0 || txn > best_txn) best_txn = txn, root = r;
+        }
+        for (uint64_t p = 2; (p + 1) * 4096 <= bytes.size(); ++p)
+            if (p != root) overwrite(f, p * 4096, std::vector<uint8_t>(4096, 0));
+    });
+}
+
 TEST_F(DamagedIndexTest, ZeroedFile) {
     damage_and_reopen([](const std::string &f) { overwrite(f, 0, std::vector<uint8_t>(size_of(f), 0)); });
 }
