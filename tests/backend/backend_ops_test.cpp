@@ -8,8 +8,9 @@
 // kernels (kernels/ops, kernels/matmul, the CPU executor) are never called by the
 // reference; only quant::dequantize_row / quantize_row and the Rope tables are shared.
 //
-// Parameterised over (backend, weight type): a model with random weights is generated per
-// type by ds4-make-model's library with every matrix role stored in that type, and each
+// Parameterised over (backend, weights): a model with random weights is generated per
+// weight layout by ds4-make-model's library -- every matrix role in one type (F32, F16,
+// BF16, Q8_0, Q4_K, Q2_K, IQ2_XXS), or ds4's own mixed layouts ds4-q2 / ds4-q4 -- and each
 // backend in kBackends runs the same cases. A new backend (CUDA) is one more entry in
 // kBackends and one more branch in backend_for().
 //
@@ -37,6 +38,7 @@
 #include "engine/common/error.h"
 #include "engine/model/model.h"
 #include "engine/quant/quants.h"
+#include "tools/convert/type_policy.h"
 #include "tools/make_model/make_model.h"
 
 namespace ds4 {
@@ -87,24 +89,65 @@ bool same_shape(const ModelConfig &a, const ModelConfig &b) {
            a.hc_mult == b.hc_mult && a.hc_iters == b.hc_iters && a.yarn == b.yarn;
 }
 
-// One model per weight type, every matrix role in that type. ctest runs each test in its
+// The weight layouts under test: every matrix in one type (each type the engine reads), or
+// one of ds4's own mixed layouts (ds4-q2: experts gate/up IQ2_XXS and down Q2_K; ds4-q4: all
+// experts Q4_K; both with f16 compressor/indexer/router/hyper-connection matrices and q8_0
+// attention, shared experts and output).
+const std::vector<std::pair<std::string, Type>> kSingleTypes = {
+    {"f32", Type::F32},   {"f16", Type::F16},   {"bf16", Type::BF16},       {"q8_0", Type::Q8_0},
+    {"q4_k", Type::Q4_K}, {"q2_k", Type::Q2_K}, {"iq2_xxs", Type::IQ2_XXS}};
+const char *const kMixedLayouts[] = {"ds4-q2", "ds4-q4"};
+
+const std::vector<convert::Role> kMatrixRoles = {
+    convert::Role::Embedding,    convert::Role::Output,     convert::Role::AttnProj,   convert::Role::CompressorProj,
+    convert::Role::IndexerProj,  convert::Role::Router,     convert::Role::ExpertGate, convert::Role::ExpertUp,
+    convert::Role::ExpertDown,   convert::Role::SharedExpert, convert::Role::HcFn};
+
+// The type each matrix role gets in a layout.
+std::map<convert::Role, Type> role_types(const std::string &weights) {
+    std::map<convert::Role, Type> m;
+    for (const auto &[name, t] : kSingleTypes)
+        if (name == weights)
+            for (convert::Role r : kMatrixRoles) m[r] = t;
+    if (m.empty()) {
+        const convert::TypePolicy p = convert::make_type_policy("f32", weights, false);
+        for (convert::Role r : kMatrixRoles) m[r] = p.by_role.count(r) ? p.by_role.at(r) : p.matrix;
+    }
+    return m;
+}
+
+bool quantised(Type t) { return t != Type::F32 && t != Type::F16 && t != Type::BF16; }
+
+// Whether any product of the layout quantises its activations.
+bool quantised(const std::string &weights) {
+    for (const auto &[r, t] : role_types(weights))
+        if (quantised(t)) return true;
+    return false;
+}
+
+// One model per weight layout. ctest runs each test in its
 // own process, so the files are kept in the build tree (DS4_OPS_MODEL_DIR) and made once:
 // written under a temporary name and renamed, so parallel test processes never see a
 // partial file; a file of another shape or type (an older version of this test) is
 // replaced.
-const Model &model_for(Type t) {
-    static std::map<Type, std::unique_ptr<Model>> cache;
-    auto it = cache.find(t);
+const Model &model_for(const std::string &weights) {
+    static std::map<std::string, std::unique_ptr<Model>> cache;
+    auto it = cache.find(weights);
     if (it != cache.end()) return *it->second;
     const ModelConfig want = op_config();
     const std::string dir = DS4_OPS_MODEL_DIR;
     std::filesystem::create_directories(dir);
-    const std::string path = dir + "/ops-" + gguf::type_name(t) + ".gguf";
+    const std::string path = dir + "/ops-" + weights + ".gguf";
+    const std::map<convert::Role, Type> types = role_types(weights);
     std::unique_ptr<Model> m;
     if (std::filesystem::exists(path)) {
         try {
             m = Model::open(path);
-            if (!same_shape(m->config(), want) || m->weights().layers[0].gate_exps.first.type != t) m.reset();
+            const LayerWeights &L0 = m->weights().layers[0];
+            if (!same_shape(m->config(), want) || L0.gate_exps.first.type != types.at(convert::Role::ExpertGate) ||
+                L0.down_exps.first.type != types.at(convert::Role::ExpertDown) ||
+                L0.q_a.type != types.at(convert::Role::AttnProj) || L0.hc_attn_fn.type != types.at(convert::Role::HcFn))
+                m.reset();
         } catch (const std::exception &) {
             m.reset();
         }
@@ -112,19 +155,16 @@ const Model &model_for(Type t) {
     if (!m) {
         make_model::MakeModelOptions o;
         o.cfg = want;
-        o.seed = 1000 + (uint64_t)t;
+        o.seed = 1000 + std::hash<std::string>{}(weights) % 1000;
         o.threads = 2;
         o.progress = false;
-        using convert::Role;
-        for (Role r : {Role::Embedding, Role::Output, Role::AttnProj, Role::CompressorProj, Role::IndexerProj, Role::Router,
-                       Role::ExpertGate, Role::ExpertUp, Role::ExpertDown, Role::SharedExpert, Role::HcFn})
-            o.role_types[r] = t;
+        o.role_types = types;
         const std::string tmp = path + ".tmp." + std::to_string(getpid());
         make_model::make_model(o, tmp);
         std::filesystem::rename(tmp, path);
         m = Model::open(path);
     }
-    return *cache.emplace(t, std::move(m)).first->second;
+    return *cache.emplace(weights, std::move(m)).first->second;
 }
 
 // The backends under test. A device backend is added here and in backend_for().
@@ -137,8 +177,6 @@ const Backend &backend_for(const std::string &name, const Model &m) {
     }
     fail("backend_ops_test: unknown backend " + name);
 }
-
-bool quantised(Type t) { return t != Type::F32 && t != Type::F16 && t != Type::BF16; }
 
 // f32/f16/bf16 weights meet f32 activations: only float rounding separates the engine from
 // the double reference (observed: at most ~3e-7 of the largest output on these widths), so
@@ -164,18 +202,24 @@ constexpr double kTolQuantPlain = 5e-2;
 
 struct OpParam {
     std::string backend;
-    Type type;
+    std::string weights;   // a kSingleTypes name or a kMixedLayouts name
 };
 
+void PrintTo(const OpParam &p, std::ostream *os) { *os << p.backend << "/" << p.weights; }
+
 std::string param_name(const testing::TestParamInfo<OpParam> &p) {
-    return p.param.backend + "_" + gguf::type_name(p.param.type);
+    std::string n = p.param.backend + "_" + p.param.weights;
+    std::replace(n.begin(), n.end(), '-', '_');
+    return n;
 }
 
 std::vector<OpParam> all_params() {
     std::vector<OpParam> v;
     for (const char *b : kBackends)
-        for (Type t : {Type::F32, Type::F16, Type::BF16, Type::Q8_0, Type::Q4_K, Type::Q2_K, Type::IQ2_XXS})
-            v.push_back({b, t});
+    {
+        for (const auto &[name, t] : kSingleTypes) v.push_back({b, name});
+        for (const char *l : kMixedLayouts) v.push_back({b, l});
+    }
     return v;
 }
 
@@ -376,14 +420,14 @@ double rel_error(const Vec &ref, const std::vector<float> &got, double *max_ref)
 class BackendOps : public testing::TestWithParam<OpParam> {
 protected:
     void SetUp() override {
-        model_ = &model_for(GetParam().type);
+        model_ = &model_for(GetParam().weights);
         backend_ = &backend_for(GetParam().backend, *model_);
     }
     const Model &m() const { return *model_; }
     const ModelConfig &cfg() const { return model_->config(); }
     const ModelWeights &w() const { return model_->weights(); }
     std::unique_ptr<Executor> executor() const { return backend_->make_executor(2); }
-    Type type() const { return GetParam().type; }
+    const std::string &weights() const { return GetParam().weights; }
 
     // Compares each output with the reference computed with the activation rounding
     // modelled (ref(true)); for quantised types also with the plain math (ref(false))
@@ -392,7 +436,7 @@ protected:
                 const std::function<Outs(bool)> &ref, bool discrete = false) {
         const Outs e = ref(true);
         ASSERT_EQ(e.size(), got.size());
-        const bool q = quantised(type());
+        const bool q = quantised(weights());
         Outs p;
         if (q) p = ref(false);
         for (size_t i = 0; i < e.size(); ++i) {
@@ -411,7 +455,7 @@ protected:
             }
             if (std::getenv("DS4_OPS_VERBOSE"))   // one line per output: the numbers behind the tolerances
                 std::printf("  %-8s %-6s %-26s max|ref| %8.3g  rel.err %9.3g%s\n", GetParam().backend.c_str(),
-                        gguf::type_name(type()), (what + " " + names[i]).c_str(), mx, err,
+                        weights().c_str(), (what + " " + names[i]).c_str(), mx, err,
                         perr >= 0 ? (" (plain math " + std::to_string(perr) + ")").c_str() : "");
         }
     }
@@ -424,24 +468,33 @@ protected:
 // The model really stores its matrices in the type under test.
 
 TEST_P(BackendOps, ModelUsesType) {
-    const Type t = type();
-    EXPECT_EQ(w().token_embd.type, t);
-    EXPECT_EQ(w().output.type, t);
-    EXPECT_EQ(w().output_hc_fn.type, t);
+    using convert::Role;
+    const std::map<Role, Type> t = role_types(weights());
+    EXPECT_EQ(w().token_embd.type, t.at(Role::Embedding));
+    EXPECT_EQ(w().output.type, t.at(Role::Output));
+    EXPECT_EQ(w().output_hc_fn.type, t.at(Role::HcFn));
     for (const LayerWeights &L : w().layers) {
-        for (const WeightView *v : {&L.hc_attn_fn, &L.hc_ffn_fn, &L.q_a, &L.q_b, &L.kv, &L.o_a, &L.o_b, &L.gate_inp,
-                                    &L.gate_sh, &L.up_sh, &L.down_sh})
-        {
-            EXPECT_EQ(v->type, t);
+        for (const WeightView *v : {&L.hc_attn_fn, &L.hc_ffn_fn}) {
+            EXPECT_EQ(v->type, t.at(Role::HcFn));
         }
-        EXPECT_EQ(L.gate_exps.first.type, t);
-        EXPECT_EQ(L.up_exps.first.type, t);
-        EXPECT_EQ(L.down_exps.first.type, t);
+        for (const WeightView *v : {&L.q_a, &L.q_b, &L.kv, &L.o_a, &L.o_b}) {
+            EXPECT_EQ(v->type, t.at(Role::AttnProj));
+        }
+        for (const WeightView *v : {&L.gate_sh, &L.up_sh, &L.down_sh}) {
+            EXPECT_EQ(v->type, t.at(Role::SharedExpert));
+        }
+        EXPECT_EQ(L.gate_inp.type, t.at(Role::Router));
+        EXPECT_EQ(L.gate_exps.first.type, t.at(Role::ExpertGate));
+        EXPECT_EQ(L.up_exps.first.type, t.at(Role::ExpertUp));
+        EXPECT_EQ(L.down_exps.first.type, t.at(Role::ExpertDown));
         if (!L.comp.kv.empty()) {
-            EXPECT_EQ(L.comp.kv.type, t);
+            EXPECT_EQ(L.comp.kv.type, t.at(Role::CompressorProj));
+            EXPECT_EQ(L.comp.gate.type, t.at(Role::CompressorProj));
         }
         if (!L.i_q_b.empty()) {
-            EXPECT_EQ(L.i_q_b.type, t);
+            EXPECT_EQ(L.icomp.kv.type, t.at(Role::CompressorProj));
+            EXPECT_EQ(L.i_q_b.type, t.at(Role::IndexerProj));
+            EXPECT_EQ(L.i_proj.type, t.at(Role::IndexerProj));
         }
     }
 }
@@ -639,6 +692,7 @@ TEST_P(BackendOps, Compress) {
             ASSERT_EQ(wd, cw.width);
             // Per session: the ring rows the step's windows still need, and earlier entries.
             std::vector<std::map<int64_t, std::vector<float>>> kv_at(segs.size()), gate_at(segs.size());
+            std::vector<std::vector<float>> old_entries(segs.size());
             for (size_t s = 0; s < segs.size(); ++s) {
                 SessionState &ss = *st.states[s];
                 const int64_t n0 = segs[s].n0;
@@ -649,7 +703,8 @@ TEST_P(BackendOps, Compress) {
                     ss.write(cc.layer, cgate, p, 1, gate_at[s][p].data());
                 }
                 const int have = (int)(n0 / r);
-                if (have) ss.write(cc.layer, cent, 0, have, randn(rng, (size_t)have * dim).data());
+                old_entries[s] = randn(rng, (size_t)have * dim);
+                if (have) ss.write(cc.layer, cent, 0, have, old_entries[s].data());
                 ss.set_n_entries(cc.layer, cc.which, have);
             }
             const std::vector<float> XN = randn(rng, (size_t)st.R * D);
@@ -664,6 +719,11 @@ TEST_P(BackendOps, Compress) {
                 SessionState &ss = *st.states[s];
                 const int first = (int)(segs[s].n0 / r), last = (int)((segs[s].n0 + segs[s].n) / r);
                 EXPECT_EQ(ss.n_entries(cc.layer, cc.which), last);
+                if (first) {   // entries closed before the step are left alone
+                    std::vector<float> e((size_t)first * dim);
+                    ss.read(cc.layer, cent, 0, first, e.data());
+                    EXPECT_EQ(e, old_entries[s]) << "compress rewrote entries closed before the step";
+                }
                 std::vector<float> buf((size_t)segs[s].n * wd);
                 ss.read(cc.layer, ckv, segs[s].n0, segs[s].n, buf.data());
                 gkv.insert(gkv.end(), buf.begin(), buf.end());
