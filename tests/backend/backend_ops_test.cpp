@@ -246,8 +246,10 @@ struct Seg {
 };
 
 // Three sessions in one step (a prefill chunk crossing the window and ratio boundaries, a
-// fresh session from position 0, a later two-row chunk), and a single decode row.
-const std::vector<std::vector<Seg>> kLayouts = {{{13, 6}, {0, 5}, {42, 2}}, {{29, 1}}};
+// fresh session from position 0, a later two-row chunk); a single decode row; a full chunk
+// from a window boundary (closes two CSA entries and one HCA entry at once) next to a
+// decode row that closes the first CSA window (entry 0: no previous window to overlap).
+const std::vector<std::vector<Seg>> kLayouts = {{{13, 6}, {0, 5}, {42, 2}}, {{29, 1}}, {{8, 8}, {3, 1}}};
 
 struct Step {
     std::vector<std::unique_ptr<SessionState>> states;
