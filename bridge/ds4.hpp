@@ -72,7 +72,8 @@ public:
     }
     ds4_bridge_memory_t memory() const {
         ds4_bridge_memory_t mem{};
-        ds4_bridge_memory_stats(m_, &mem);
+        detail::Err e;
+        if (ds4_bridge_memory_stats(m_, &mem, e.buf, sizeof e.buf) != 0) e.raise("memory stats");
         return mem;
     }
     // Text is length-delimited: NUL bytes are tokenized like any other byte.
@@ -152,9 +153,10 @@ public:
         detail::Err e;
         if (ds4_bridge_eval(s_, t, e.buf, sizeof e.buf) != 0) e.raise("eval");
     }
-    int argmax() const {
-        int t = ds4_bridge_session_argmax(s_);
-        if (t < 0) throw BridgeError("argmax: no logits");
+    int32_t argmax() const {
+        int32_t t = -1;
+        detail::Err e;
+        if (ds4_bridge_session_argmax(s_, &t, e.buf, sizeof e.buf) != 0) e.raise("argmax");
         return t;
     }
     int32_t sample(float temperature, int top_k, float top_p, float min_p, uint64_t *rng) const {
@@ -175,7 +177,10 @@ public:
         detail::Err e;
         if (ds4_bridge_session_rewind(s_, p, e.buf, sizeof e.buf) != 0) e.raise("rewind");
     }
-    void invalidate() { ds4_bridge_session_invalidate(s_); }
+    void invalidate() {
+        detail::Err e;
+        if (ds4_bridge_session_invalidate(s_, e.buf, sizeof e.buf) != 0) e.raise("invalidate");
+    }
     uint64_t generation() const { return ds4_bridge_session_generation(s_); }
     int prefill_cap() const { return ds4_bridge_session_prefill_cap(s_); }
     std::vector<uint8_t> save_payload() const {

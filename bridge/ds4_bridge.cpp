@@ -277,8 +277,9 @@ int ds4_bridge_model_info(ds4_bridge_model *m, ds4_bridge_model_info_t *out, cha
     });
 }
 
-int ds4_bridge_memory_stats(ds4_bridge_model *m, ds4_bridge_memory_t *out) {
-    if (!m || !out) return -1;
+int ds4_bridge_memory_stats(ds4_bridge_model *m, ds4_bridge_memory_t *out, char *err, size_t errlen) {
+    NEED(m, "model is NULL");
+    NEED(out, "out is NULL");
     std::memset(out, 0, sizeof *out);
     const ds4::ModelWeights &w = m->model->weights();
     out->weights_bytes = w.mapped_bytes + w.owned_bytes;
@@ -350,9 +351,14 @@ int ds4_bridge_eval(ds4_bridge_session *s, int32_t token, char *err, size_t errl
     });
 }
 
-int ds4_bridge_session_argmax(ds4_bridge_session *s) {
-    if (!s || !s->s->has_logits()) return -1;
-    return s->s->argmax();
+int ds4_bridge_session_argmax(ds4_bridge_session *s, int32_t *token_out, char *err, size_t errlen) {
+    NEED(s, "session is NULL");
+    NEED(token_out, "token_out is NULL");
+    NEED(s->s->has_logits(), "no logits: evaluate a token first");
+    return guarded(err, errlen, [&] {
+        *token_out = s->s->argmax();
+        return 0;
+    });
 }
 
 int ds4_bridge_session_sample(ds4_bridge_session *s, float temperature, int top_k, float top_p, float min_p,
@@ -410,9 +416,12 @@ int ds4_bridge_session_rewind(ds4_bridge_session *s, int pos, char *err, size_t 
     });
 }
 
-void ds4_bridge_session_invalidate(ds4_bridge_session *s) {
-    if (!s || s->in_callback) return;
-    s->s->invalidate();
+int ds4_bridge_session_invalidate(ds4_bridge_session *s, char *err, size_t errlen) {
+    NEED_MUTABLE(s);
+    return guarded(err, errlen, [&] {
+        s->s->invalidate();
+        return 0;
+    });
 }
 
 uint64_t ds4_bridge_session_generation(ds4_bridge_session *s) { return s ? s->s->generation() : 0; }

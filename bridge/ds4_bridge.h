@@ -85,7 +85,7 @@ DS4_BRIDGE_API void ds4_bridge_model_free(ds4_bridge_model *m);
 DS4_BRIDGE_API int ds4_bridge_drafter_shared(ds4_bridge_model *m);
 DS4_BRIDGE_API int32_t ds4_bridge_model_vocab_size(ds4_bridge_model *m); /* -1 for NULL */
 DS4_BRIDGE_API int ds4_bridge_model_info(ds4_bridge_model *m, ds4_bridge_model_info_t *out, char *err, size_t errlen);
-DS4_BRIDGE_API int ds4_bridge_memory_stats(ds4_bridge_model *m, ds4_bridge_memory_t *out);
+DS4_BRIDGE_API int ds4_bridge_memory_stats(ds4_bridge_model *m, ds4_bridge_memory_t *out, char *err, size_t errlen);
 
 /* --- sessions ---------------------------------------------------------------------- */
 DS4_BRIDGE_API int ds4_bridge_session_create(ds4_bridge_session **out, ds4_bridge_model *m, int ctx_size, char *err,
@@ -96,7 +96,8 @@ DS4_BRIDGE_API int ds4_bridge_session_sync(ds4_bridge_session *s, const int32_t 
 DS4_BRIDGE_API int ds4_bridge_session_sync_cb(ds4_bridge_session *s, const int32_t *tokens, int n_tokens,
                                               ds4_bridge_prefill_fn progress, void *ud, char *err, size_t errlen);
 DS4_BRIDGE_API int ds4_bridge_eval(ds4_bridge_session *s, int32_t token, char *err, size_t errlen);
-DS4_BRIDGE_API int ds4_bridge_session_argmax(ds4_bridge_session *s); /* -1 on error */
+/* The most likely next token (lowest id on ties) into *token_out. */
+DS4_BRIDGE_API int ds4_bridge_session_argmax(ds4_bridge_session *s, int32_t *token_out, char *err, size_t errlen);
 /* Greedy when temperature <= 0 (rng may then be NULL); top_k 0 = off, top_p 1 = off,
  * min_p 0 = off. *token_out gets the sampled token; rng advances. */
 DS4_BRIDGE_API int ds4_bridge_session_sample(ds4_bridge_session *s, float temperature, int top_k, float top_p,
@@ -109,7 +110,8 @@ DS4_BRIDGE_API int ds4_bridge_session_ctx(ds4_bridge_session *s); /* -1 for NULL
 /* Drops positions >= pos; pos must be in 0..ds4_bridge_session_pos (pos == current is a
  * no-op). Out of range is an error and leaves the session unchanged. */
 DS4_BRIDGE_API int ds4_bridge_session_rewind(ds4_bridge_session *s, int pos, char *err, size_t errlen);
-DS4_BRIDGE_API void ds4_bridge_session_invalidate(ds4_bridge_session *s);
+/* Drops the whole state (pos becomes 0) and bumps the generation. */
+DS4_BRIDGE_API int ds4_bridge_session_invalidate(ds4_bridge_session *s, char *err, size_t errlen);
 DS4_BRIDGE_API uint64_t ds4_bridge_session_generation(ds4_bridge_session *s); /* 0 for NULL */
 DS4_BRIDGE_API int ds4_bridge_session_prefill_cap(ds4_bridge_session *s);    /* -1 for NULL */
 /* Top-n (token, logprob) of the last position; *n_out = entries written. */

@@ -143,8 +143,9 @@ int main(int argc, char **argv) {
     CHECK_ERR(ds4_bridge_model_info(NULL, &info, err, errlen), "NULL");
     CHECK_ERR(ds4_bridge_model_info(m, NULL, err, errlen), "NULL");
     ds4_bridge_memory_t mem;
-    CHECK(ds4_bridge_memory_stats(m, &mem) == 0 && mem.weights_bytes > 0 && mem.cache_bytes == 0);
-    CHECK(ds4_bridge_memory_stats(NULL, &mem) == -1 && ds4_bridge_memory_stats(m, NULL) == -1);
+    CHECK(ds4_bridge_memory_stats(m, &mem, E) == 0 && mem.weights_bytes > 0 && mem.cache_bytes == 0);
+    CHECK_ERR(ds4_bridge_memory_stats(NULL, &mem, err, errlen), "NULL");
+    CHECK_ERR(ds4_bridge_memory_stats(m, NULL, err, errlen), "NULL");
 
     /* ---- sessions: create errors ---- */
     ds4_bridge_session *s = NULL;
@@ -154,12 +155,13 @@ int main(int argc, char **argv) {
     CHECK_ERR(ds4_bridge_session_create(NULL, m, 64, err, errlen), "NULL");
     const int CTX = 700;
     CHECK(ds4_bridge_session_create(&s, m, CTX, E) == 0);
-    CHECK(ds4_bridge_memory_stats(m, &mem) == 0 && mem.cache_bytes > 0);
+    CHECK(ds4_bridge_memory_stats(m, &mem, E) == 0 && mem.cache_bytes > 0);
     CHECK(ds4_bridge_session_ctx(s) == CTX && ds4_bridge_session_pos(s) == 0);
     CHECK(ds4_bridge_session_ctx(NULL) == -1 && ds4_bridge_session_pos(NULL) == -1);
     CHECK(ds4_bridge_session_prefill_cap(s) > 0 && ds4_bridge_session_prefill_cap(NULL) == -1);
     CHECK(ds4_bridge_session_generation(NULL) == 0);
-    CHECK(ds4_bridge_session_argmax(s) == -1);   /* no logits yet */
+    int32_t am = -1;
+    CHECK_ERR(ds4_bridge_session_argmax(s, &am, err, errlen), "no logits");
     float *lg = xmalloc(sizeof(float) * (size_t)V), *lg2 = xmalloc(sizeof(float) * (size_t)V);
     CHECK_ERR(ds4_bridge_session_logits(s, lg, V, err, errlen), "no logits");
 
@@ -200,10 +202,11 @@ int main(int argc, char **argv) {
     CHECK_ERR(ds4_bridge_session_logits(s, lg2, V - 1, err, errlen), "too small");
     CHECK_ERR(ds4_bridge_session_logits(s, NULL, V, err, errlen), "NULL");
     CHECK_ERR(ds4_bridge_session_logits(NULL, lg2, V, err, errlen), "NULL");
-    const int am = ds4_bridge_session_argmax(s);
+    CHECK(ds4_bridge_session_argmax(s, &am, E) == 0);
     CHECK(am >= 0 && am < V);
     for (int i = 0; i < V; ++i) CHECK(lg[i] <= lg[am]);
-    CHECK(ds4_bridge_session_argmax(NULL) == -1);
+    CHECK_ERR(ds4_bridge_session_argmax(NULL, &am, err, errlen), "NULL");
+    CHECK_ERR(ds4_bridge_session_argmax(s, NULL, err, errlen), "NULL");
     uint64_t rng = 99, rng2 = 99;
     int32_t t1 = -1, t2 = -2;
     CHECK(ds4_bridge_session_sample(s, 0.f, 0, 1.f, 0.f, NULL, &t1, E) == 0 && t1 == am);
@@ -230,14 +233,14 @@ int main(int argc, char **argv) {
     CHECK(ds4_bridge_session_pos(s) == 21);
     CHECK(ds4_bridge_session_rewind(s, 20, E) == 0);
     CHECK(ds4_bridge_session_pos(s) == 20 && ds4_bridge_session_generation(s) > gen);
-    CHECK(ds4_bridge_session_argmax(s) == -1);
+    CHECK_ERR(ds4_bridge_session_argmax(s, &t1, err, errlen), "no logits");
     CHECK(ds4_bridge_eval(s, toks[20], E) == 0);
     CHECK(ds4_bridge_session_rewind(s, 20, E) == 0);
     CHECK(ds4_bridge_session_sync(s, toks, 20, E) == 0);   /* re-derives position 19's logits */
     CHECK(ds4_bridge_session_logits(s, lg2, V, E) == 0 && same_floats(lg, lg2, V));
     const uint64_t g2 = ds4_bridge_session_generation(s);
-    ds4_bridge_session_invalidate(s);
-    ds4_bridge_session_invalidate(NULL);
+    CHECK(ds4_bridge_session_invalidate(s, E) == 0);
+    CHECK_ERR(ds4_bridge_session_invalidate(NULL, err, errlen), "NULL");
     CHECK(ds4_bridge_session_pos(s) == 0 && ds4_bridge_session_generation(s) > g2);
 
     /* ---- sync_cb: progress at chunk frontiers, re-entry, checkpoint from the callback ---- */
@@ -279,7 +282,8 @@ int main(int argc, char **argv) {
         for (int i = at[k]; i < at[k] + 8 && i < 650; ++i) {
             CHECK(ds4_bridge_session_logits(a, lg, V, E) == 0 && ds4_bridge_session_logits(b, lg2, V, E) == 0);
             CHECK(same_floats(lg, lg2, V));
-            CHECK(ds4_bridge_session_argmax(a) == ds4_bridge_session_argmax(b));
+            int32_t ta = -1, tb = -2;
+            CHECK(ds4_bridge_session_argmax(a, &ta, E) == 0 && ds4_bridge_session_argmax(b, &tb, E) == 0 && ta == tb);
             CHECK(ds4_bridge_eval(a, toks[i], E) == 0 && ds4_bridge_eval(b, toks[i], E) == 0);
         }
         ds4_bridge_session_free(a);

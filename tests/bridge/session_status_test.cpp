@@ -90,6 +90,62 @@ TEST_F(SessionStatus, SampleReturnsTheTokenThroughAnOutParameterAndExplainsFailu
     }
 }
 
+TEST_F(SessionStatus, ArgmaxInvalidateAndMemoryStatsExplainFailures) {
+    Session s(*model, 64);
+    int32_t t = -7;
+    Err e;
+    EXPECT_NE(ds4_bridge_session_argmax(s.handle(), &t, e.buf, sizeof e.buf), 0);
+    EXPECT_TRUE(has(e.str(), "no logits"));
+    EXPECT_EQ(t, -7);
+    s.sync(tokens(9));
+    EXPECT_EQ(ds4_bridge_session_argmax(s.handle(), &t, e.buf, sizeof e.buf), 0) << e.str();
+    const std::vector<float> l = s.logits(model->vocab_size());
+    for (float x : l) EXPECT_LE(x, l[size_t(t)]);
+    EXPECT_NE(ds4_bridge_session_argmax(s.handle(), nullptr, e.buf, sizeof e.buf), 0);
+    EXPECT_TRUE(has(e.str(), "token_out"));
+    EXPECT_NE(ds4_bridge_session_argmax(nullptr, &t, e.buf, sizeof e.buf), 0);
+
+    const uint64_t gen = s.generation();
+    EXPECT_EQ(ds4_bridge_session_invalidate(s.handle(), e.buf, sizeof e.buf), 0) << e.str();
+    EXPECT_EQ(s.pos(), 0);
+    EXPECT_GT(s.generation(), gen);
+    EXPECT_NE(ds4_bridge_session_invalidate(nullptr, e.buf, sizeof e.buf), 0);
+    EXPECT_TRUE(has(e.str(), "NULL"));
+
+    ds4_bridge_memory_t mem;
+    EXPECT_EQ(ds4_bridge_memory_stats(model->handle(), &mem, e.buf, sizeof e.buf), 0) << e.str();
+    EXPECT_GT(mem.weights_bytes, 0u);
+    EXPECT_NE(ds4_bridge_memory_stats(nullptr, &mem, e.buf, sizeof e.buf), 0);
+    EXPECT_TRUE(has(e.str(), "NULL"));
+}
+
+// Rewind and invalidate from inside the session's own progress callback are re-entry: an
+// error with a message (invalidate used to ignore it silently), and nothing changes.
+TEST_F(SessionStatus, RewindAndInvalidateFromTheProgressCallbackAreErrors) {
+    struct State {
+        ds4_bridge_session *s = nullptr;
+        int calls = 0;
+        std::vector<std::string> errors;
+    } st;
+    Session s(*model, 64);
+    st.s = s.handle();
+    auto cb = [](void *ud, int32_t current, int32_t) {
+        auto *st = static_cast<State *>(ud);
+        ++st->calls;
+        char e[256] = {0};
+        if (ds4_bridge_session_rewind(st->s, current - 1, e, sizeof e) != 0) st->errors.push_back(e);
+        if (ds4_bridge_session_invalidate(st->s, e, sizeof e) != 0) st->errors.push_back(e);
+        if (ds4_bridge_session_pos(st->s) != current) st->errors.push_back("the session changed");
+    };
+    const auto toks = tokens(20);
+    Err e;
+    ASSERT_EQ(ds4_bridge_session_sync_cb(s.handle(), toks.data(), int(toks.size()), cb, &st, e.buf, sizeof e.buf), 0) << e.str();
+    ASSERT_GE(st.calls, 1);
+    ASSERT_EQ(st.errors.size(), size_t(2 * st.calls));
+    for (const std::string &x : st.errors) EXPECT_TRUE(has(x, "re-entered"));
+    EXPECT_EQ(s.pos(), 20);
+}
+
 TEST_F(SessionStatus, BootPrewarmReportsItsStatus) {
     ds4::bridge::ModelOptions o;
     o.model_path = DS4_TEST_MODEL;
