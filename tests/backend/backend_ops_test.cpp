@@ -424,11 +424,13 @@ protected:
     void SetUp() override {
         model_ = &model_for(GetParam().weights);
         backend_ = &backend_for(GetParam().backend, *model_);
+        // One executor per test, reused across its layouts and layers: a warm executor
+        // must not carry anything over from a previous step of another shape.
+        ex_ = backend_->make_executor(2);
     }
     const Model &m() const { return *model_; }
     const ModelConfig &cfg() const { return model_->config(); }
     const ModelWeights &w() const { return model_->weights(); }
-    std::unique_ptr<Executor> executor() const { return backend_->make_executor(2); }
     const std::string &weights() const { return GetParam().weights; }
 
     // Compares each output with the reference computed with the activation rounding
@@ -464,6 +466,7 @@ protected:
 
     const Model *model_ = nullptr;
     const Backend *backend_ = nullptr;
+    std::unique_ptr<Executor> ex_;
 };
 
 // ---------------------------------------------------------------------------------------
@@ -509,7 +512,7 @@ TEST_P(BackendOps, Embed) {
     std::mt19937 rng(11);
     for (const auto &segs : kLayouts) {
         Step st(*backend_, cfg(), segs, rng);
-        auto ex = executor();
+        Executor *ex = ex_.get();
         ex->begin(st.lay);
         ex->embed(w().token_embd);
         std::vector<float> H((size_t)st.R * hc * D);
@@ -541,7 +544,7 @@ TEST_P(BackendOps, HcPre) {
                 const float *scale = side ? L.hc_ffn_scale.data() : L.hc_attn_scale.data();
                 Step st(*backend_, cfg(), segs, rng);
                 const std::vector<float> H = randn(rng, (size_t)st.R * hc * D);
-                auto ex = executor();
+                Executor *ex = ex_.get();
                 ex->begin(st.lay);
                 ex->upload(Act::H, H.data(), H.size());
                 ex->hc_pre(fn, base, scale);
@@ -575,7 +578,7 @@ TEST_P(BackendOps, Norm) {
         Step st(*backend_, cfg(), segs, rng);
         const std::vector<float> X = randn(rng, (size_t)st.R * D, 0.3f, 0.1f);
         const float *nw = w().layers[1].ffn_norm.data();
-        auto ex = executor();
+        Executor *ex = ex_.get();
         ex->begin(st.lay);
         ex->upload(Act::X, X.data(), X.size());
         ex->norm(nw);
@@ -600,7 +603,7 @@ TEST_P(BackendOps, HcPost) {
         Step st(*backend_, cfg(), segs, rng);
         const std::vector<float> H = randn(rng, (size_t)st.R * hc * D), A = randn(rng, (size_t)st.R * D),
                                  P = randu(rng, (size_t)st.R * hc, 0.f, 2.f), C = randu(rng, (size_t)st.R * hc * hc, 0.f, 1.f);
-        auto ex = executor();
+        Executor *ex = ex_.get();
         ex->begin(st.lay);
         ex->upload(Act::H, H.data(), H.size());
         ex->upload(Act::A, A.data(), A.size());
@@ -637,7 +640,7 @@ TEST_P(BackendOps, QKv) {
             const Rope &rope = m().rope(c.compress_ratio[l] != 0);
             Step st(*backend_, c, segs, rng);
             const std::vector<float> XN = randn(rng, (size_t)st.R * D);
-            auto ex = executor();
+            Executor *ex = ex_.get();
             ex->begin(st.lay);
             ex->upload(Act::XN, XN.data(), XN.size());
             ex->q_kv(l, L, rope);
@@ -710,7 +713,7 @@ TEST_P(BackendOps, Compress) {
                 ss.set_n_entries(cc.layer, cc.which, have);
             }
             const std::vector<float> XN = randn(rng, (size_t)st.R * D);
-            auto ex = executor();
+            Executor *ex = ex_.get();
             ex->begin(st.lay);
             ex->upload(Act::XN, XN.data(), XN.size());
             ex->compress(cc.layer, cc.which, cw, rope);
@@ -808,7 +811,9 @@ struct AttnCaches {
     std::vector<int> n_ent, n_ient;
 };
 
-AttnCaches fill_attn_caches(Step &st, const ModelConfig &c, int layer, std::mt19937 &rng) {
+// ties: every indexer entry of a session equal, so every score ties and the indexer must
+// keep the lowest indices.
+AttnCaches fill_attn_caches(Step &st, const ModelConfig &c, int layer, std::mt19937 &rng, bool ties = false) {
     AttnCaches a;
     const int hd = c.head_dim, W = c.sliding_window, r = c.compress_ratio[layer];
     for (size_t s = 0; s < st.segv.size(); ++s) {
@@ -827,6 +832,9 @@ AttnCaches fill_attn_caches(Step &st, const ModelConfig &c, int layer, std::mt19
         const int ni = c.is_csa(layer) ? ne : 0;
         a.n_ient.push_back(ni);
         a.ient.push_back(randn(rng, (size_t)ni * c.indexer_dim));
+        if (ties)
+            for (int e = 1; e < ni; ++e)
+                std::copy(a.ient[s].begin(), a.ient[s].begin() + c.indexer_dim, a.ient[s].begin() + (size_t)e * c.indexer_dim);
         if (ni) ss.write(layer, Cache::IcompEntries, 0, ni, a.ient[s].data());
         if (c.is_csa(layer)) ss.set_n_entries(layer, 1, ni);
     }
@@ -879,7 +887,7 @@ TEST_P(BackendOps, Attend) {
             Step st(*backend_, c, segs, rng);
             const AttnCaches a = fill_attn_caches(st, c, l, rng);
             const std::vector<float> Q = randn(rng, (size_t)st.R * H * hd);
-            auto ex = executor();
+            Executor *ex = ex_.get();
             ex->begin(st.lay);
             ex->upload(Act::Q, Q.data(), Q.size());
             ex->attend(l, AttnSpec{W, r, false}, sinks, rope);
@@ -904,7 +912,8 @@ TEST_P(BackendOps, Attend) {
 // indexer_topk + attend on the CSA layer: the lightning indexer scores every visible
 // indexer entry by sum_h w_h ReLU(q_h . k) (queries rotated at the row's position), keeps
 // the top-k (ties to the lower index), and attention sees the window plus the main
-// compressor's entries at those indices. The selection is only observable through O.
+// compressor's entries at those indices. The selection is only observable through O. Run
+// twice: random indexer entries, and all entries of a session equal (every score ties).
 TEST_P(BackendOps, IndexerTopkAttend) {
     const ModelConfig &c = cfg();
     const int l = 1, D = c.n_embd, H = c.n_head, hd = c.head_dim, W = c.sliding_window, r = c.compress_ratio[l];
@@ -914,12 +923,13 @@ TEST_P(BackendOps, IndexerTopkAttend) {
     const Rope &rope = m().rope(true);
     std::mt19937 rng(18);
     int selective_rows = 0;   // rows where the indexer had more candidates than top-k
+    for (bool ties : {false, true})
     for (const auto &segs : kLayouts) {
         Step st(*backend_, c, segs, rng);
-        const AttnCaches a = fill_attn_caches(st, c, l, rng);
+        const AttnCaches a = fill_attn_caches(st, c, l, rng, ties);
         const std::vector<float> QR = randn(rng, (size_t)st.R * c.q_lora), XN = randn(rng, (size_t)st.R * D),
                                  Q = randn(rng, (size_t)st.R * H * hd);
-        auto ex = executor();
+        Executor *ex = ex_.get();
         ex->begin(st.lay);
         ex->upload(Act::QR, QR.data(), QR.size());
         ex->upload(Act::XN, XN.data(), XN.size());
@@ -929,7 +939,7 @@ TEST_P(BackendOps, IndexerTopkAttend) {
         std::vector<float> O(Q.size());
         ex->download(Act::O, O.data(), O.size());
         for (int t = 0; t < st.R; ++t) selective_rows += std::min<int>(a.n_ient[st.seg[t]], (int)((st.pos[t] + 1) / r)) > K;
-        verify("indexer_topk+attend l1", {"O"}, {O},
+        verify(ties ? "indexer_topk+attend l1 ties" : "indexer_topk+attend l1", {"O"}, {O},
                [&](bool emu) {
                    Ref rf{c, emu};
                    Vec o;
@@ -977,7 +987,7 @@ TEST_P(BackendOps, OutProj) {
             const LayerWeights &L = w().layers[l];
             Step st(*backend_, c, segs, rng);
             const std::vector<float> O = randn(rng, (size_t)st.R * H * hd);
-            auto ex = executor();
+            Executor *ex = ex_.get();
             ex->begin(st.lay);
             ex->upload(Act::O, O.data(), O.size());
             ex->out_proj(L);
@@ -1016,7 +1026,7 @@ TEST_P(BackendOps, RouteExperts) {
             const bool hash = c.is_hash(l);
             Step st(*backend_, c, segs, rng);
             const std::vector<float> XN = randn(rng, (size_t)st.R * D), A0 = randn(rng, (size_t)st.R * D);
-            auto ex = executor();
+            Executor *ex = ex_.get();
             ex->begin(st.lay);
             ex->upload(Act::XN, XN.data(), XN.size());
             ex->upload(Act::A, A0.data(), A0.size());
@@ -1072,7 +1082,7 @@ TEST_P(BackendOps, SharedExpert) {
             const LayerWeights &L = w().layers[l];
             Step st(*backend_, c, segs, rng);
             const std::vector<float> XN = randn(rng, (size_t)st.R * D), A0 = randn(rng, (size_t)st.R * D, 0.5f);
-            auto ex = executor();
+            Executor *ex = ex_.get();
             ex->begin(st.lay);
             ex->upload(Act::XN, XN.data(), XN.size());
             ex->upload(Act::A, A0.data(), A0.size());
@@ -1104,7 +1114,7 @@ TEST_P(BackendOps, Head) {
         const std::vector<float> H = randn(rng, (size_t)st.R * hc * D);
         std::vector<int> rows = {st.R - 1};
         if (st.R > 2) rows = {st.R - 1, 0, 2};
-        auto ex = executor();
+        Executor *ex = ex_.get();
         ex->begin(st.lay);
         ex->upload(Act::H, H.data(), H.size());
         std::vector<float> logits(rows.size() * V);
