@@ -4,6 +4,9 @@
 
 #include "engine/common/error.h"
 #include "engine/cpu/cpu_backend.h"
+#ifdef DS4_HAVE_CUDA
+#include "cuda/cuda_backend.h"
+#endif
 
 namespace ds4 {
 
@@ -49,7 +52,15 @@ std::unique_ptr<Model> Model::open(const std::string &path, const ModelOptions &
     m->w_ = ModelWeights::bind(*m->reader_, m->cfg_);
     m->rope_main_ = Rope::for_layer_kind(m->cfg_, false);
     m->rope_compress_ = Rope::for_layer_kind(m->cfg_, true);
-    m->backend_ = make_cpu_backend(m->cfg_);
+    if (opt.backend == BackendKind::Cuda) {
+#ifdef DS4_HAVE_CUDA
+        m->backend_ = cuda::make_cuda_backend(m->cfg_, *m->reader_, m->w_, m->rope_main_, m->rope_compress_);
+#else
+        fail("this build of ds4 has no CUDA backend (configure with a CUDA compiler, DS4_CUDA=ON)");
+#endif
+    } else {
+        m->backend_ = make_cpu_backend(m->cfg_);
+    }
     m->experts_ = std::make_unique<ResidentExperts>(m->w_);
     m->default_threads_ = opt.n_threads;
     m->fingerprint_ = compute_fingerprint(*m->reader_);

@@ -15,8 +15,11 @@
 
 namespace ds4 {
 
+enum class BackendKind { Cpu, Cuda };
+
 struct ModelOptions {
     int n_threads = 0;   // default for executors made by make_executor(): 0 = all cores
+    BackendKind backend = BackendKind::Cpu;
 };
 
 class Model {

@@ -15,10 +15,12 @@
 namespace {
 
 const char *kUsage =
-    "usage: ds4-bench -m MODEL.gguf [--prompt-tokens N] [--gen-tokens N] [--threads N] [--json]\n"
+    "usage: ds4-bench -m MODEL.gguf [--prompt-tokens N] [--gen-tokens N] [--threads N] [--backend cpu|cuda] [--json]\n"
     "  --prompt-tokens N   tokens prefilled before decoding (default 128)\n"
     "  --gen-tokens N      tokens decoded greedily after the prompt (default 32)\n"
     "  --threads N         engine threads (default: all cores)\n"
+    "  --backend B         cpu (default) or cuda; with cuda the bandwidth measured is the\n"
+    "                      host's, not the device's (achieved GB/s is still the device's)\n"
     "  --json              one JSON object instead of text\n"
     "Reports prefill tok/s, decode tok/s, weight bytes streamed per decoded token, the\n"
     "achieved GB/s and the machine's read bandwidth measured in the same run.\n";
@@ -31,6 +33,7 @@ int main(int argc, char **argv) {
     std::string model;
     int prompt = 128, gen = 32, threads = 0;
     bool json = false;
+    ds4::BackendKind backend = ds4::BackendKind::Cpu;
     for (int i = 1; i < argc; ++i) {
         std::string a = argv[i];
         auto val = [&]() -> const char * {
@@ -45,6 +48,15 @@ int main(int argc, char **argv) {
         else if (a == "--gen-tokens") gen = std::atoi(val());
         else if (a == "--threads") threads = std::atoi(val());
         else if (a == "--json") json = true;
+        else if (a == "--backend") {
+            const std::string b = val();
+            if (b == "cpu") backend = ds4::BackendKind::Cpu;
+            else if (b == "cuda") backend = ds4::BackendKind::Cuda;
+            else {
+                std::fprintf(stderr, "ds4-bench: --backend must be cpu or cuda (got %s)\n", b.c_str());
+                return 2;
+            }
+        }
         else if (a == "-h" || a == "--help") {
             std::fputs(kUsage, stdout);
             return 0;
@@ -59,7 +71,10 @@ int main(int argc, char **argv) {
     }
     try {
         const double t_open = now();
-        auto m = ds4::Model::open(model, {threads});
+        ds4::ModelOptions mo;
+        mo.n_threads = threads;
+        mo.backend = backend;
+        auto m = ds4::Model::open(model, mo);
         m->prewarm();
         const double open_s = now() - t_open;
         const ds4::ModelConfig &c = m->config();
@@ -91,13 +106,14 @@ int main(int argc, char **argv) {
         const double dec_tps = n_dec > 0 ? n_dec / decode_s : 0;
         const double achieved = bytes_per_tok * dec_tps;
         if (json) {
-            std::printf("{\"model\":\"%s\",\"threads\":%d,\"open_s\":%.3f,\"prompt_tokens\":%d,\"gen_tokens\":%d,"
+            std::printf("{\"model\":\"%s\",\"backend\":\"%s\",\"threads\":%d,\"open_s\":%.3f,\"prompt_tokens\":%d,\"gen_tokens\":%d,"
                         "\"prefill_tok_s\":%.3f,\"decode_tok_s\":%.3f,\"bytes_per_token\":%.0f,\"achieved_gb_s\":%.3f,"
                         "\"machine_read_gb_s\":%.3f,\"fraction_of_bandwidth\":%.4f}\n",
-                        model.c_str(), n_threads, open_s, prompt, gen, prompt / prefill_s, dec_tps, bytes_per_tok,
+                        model.c_str(), m->backend().name().c_str(), n_threads, open_s, prompt, gen, prompt / prefill_s, dec_tps, bytes_per_tok,
                         achieved / 1e9, bw / 1e9, achieved / bw);
         } else {
             std::printf("model            %s\n                 %s\n", model.c_str(), c.summary().c_str());
+            std::printf("backend          %s\n", m->backend().name().c_str());
             std::printf("threads          %d\n", n_threads);
             std::printf("open + prewarm   %.2f s\n", open_s);
             std::printf("prefill          %d tokens in %.3f s = %.2f tok/s\n", prompt, prefill_s, prompt / prefill_s);

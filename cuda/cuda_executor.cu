@@ -1,0 +1,375 @@
+// The CUDA executor: the backend operations (engine/backend/backend.h) on one stream, over
+// weights placed in device memory in their GGUF encodings and session caches in device
+// memory. Per-row tables (positions, ring addresses, attention descriptors) are built on
+// the host per operation and uploaded; routed experts are grouped on the host after the
+// router's choices come back. Capturing a step as one graph is separate work.
+#include <cstring>
+
+#include "cuda/cuda_backend.h"
+#include "cuda/cuda_buffer.h"
+#include "cuda/cuda_kernels.h"
+#include "cuda/cuda_state.h"
+#include "cuda/cuda_weights.h"
+
+namespace ds4::cuda {
+
+namespace {
+
+template <class T>
+T *to_device(DeviceBuffer<T> &buf, const std::vector<T> &v, cudaStream_t s) {
+    T *d = buf.need(std::max<size_t>(1, v.size()));
+    if (!v.empty()) DS4_CUDA_CHECK(cudaMemcpyAsync(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice, s));
+    return d;
+}
+
+class CudaExecutor final : public Executor {
+public:
+    CudaExecutor(const ModelConfig &c, const DeviceWeights &dw) : c_(c), dw_(dw) {
+        DS4_CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking));
+    }
+    ~CudaExecutor() override { cudaStreamDestroy(s_); }
+
+    void begin(const StepLayout &lay) override {
+        lay_ = lay;
+        R_ = lay.rows();
+        const size_t R = R_, D = c_.n_embd, hc = c_.hc_mult, hq = (size_t)c_.n_head * c_.head_dim;
+        H_.need(R * hc * D), X_.need(R * D), XN_.need(R * D), A_.need(R * D);
+        post_.need(R * hc), comb_.need(R * hc * hc), qr_.need(R * c_.q_lora), q_.need(R * hq), o_.need(R * hq);
+        h_tokens_.assign(lay.tokens.begin(), lay.tokens.end());
+        h_pos_.assign(lay.pos.begin(), lay.pos.end());
+        tokens_ = to_device(tokens_buf_, h_tokens_, s_);
+        pos_ = to_device(pos_buf_, h_pos_, s_);
+        ++stats_.steps;
+        stats_.rows += R;
+    }
+
+    void embed(const WeightView &te) override {
+        const int D = c_.n_embd, hc = c_.hc_mult;
+        dequant_rows(s_, te.type, dw_.device(te.data), te.row_bytes, D, tokens_, R_, H_.get(), (int64_t)hc * D);
+        for (int k = 1; k < hc; ++k)
+            DS4_CUDA_CHECK(cudaMemcpy2DAsync(H_.get() + (size_t)k * D, sizeof(float) * hc * D, H_.get(), sizeof(float) * hc * D,
+                                             sizeof(float) * D, R_, cudaMemcpyDeviceToDevice, s_));
+    }
+
+    void hc_pre(const WeightView &fn, const float *base, const float *scale) override {
+        const int hc = c_.hc_mult, D = c_.n_embd, nmix = (2 + hc) * hc;
+        float *flat = flat_.need((size_t)R_ * hc * D), *mix = mix_.need((size_t)R_ * nmix);
+        rmsnorm_rows(s_, H_.get(), (int64_t)hc * D, nullptr, (int64_t)hc * D, nullptr, c_.rms_eps, flat, (int64_t)hc * D, R_);
+        mm(fn, flat, R_, (int64_t)hc * D, mix, nmix);
+        hc_pre_mix(s_, mix, dw_.device(base), dw_.device(scale), H_.get(), hc, D, c_.hc_iters, c_.hc_eps, post_.get(),
+                   comb_.get(), X_.get(), R_);
+    }
+
+    void norm(const float *w) override {
+        rmsnorm_rows(s_, X_.get(), c_.n_embd, nullptr, c_.n_embd, dw_.device(w), c_.rms_eps, XN_.get(), c_.n_embd, R_);
+    }
+
+    void hc_post() override { cuda::hc_post(s_, H_.get(), A_.get(), post_.get(), comb_.get(), c_.hc_mult, c_.n_embd, R_); }
+
+    void q_kv(int layer, const LayerWeights &L, const Rope &rope) override {
+        const ModelConfig &c = c_;
+        const int H = c.n_head, hd = c.head_dim, D = c.n_embd;
+        mm(L.q_a, XN_.get(), R_, D, qr_.get(), c.q_lora);
+        rmsnorm_rows(s_, qr_.get(), c.q_lora, nullptr, c.q_lora, dw_.device(L.q_a_norm.data()), c.rms_eps, qr_.get(), c.q_lora, R_);
+        mm(L.q_b, qr_.get(), R_, c.q_lora, q_.get(), (int64_t)H * hd);
+        float *kvb = kvb_.need((size_t)R_ * hd);
+        mm(L.kv, XN_.get(), R_, D, kvb, hd);
+        const float *inv = dw_.device(rope.inv_freq.data());
+        norm_rope_heads(s_, q_.get(), H, hd, true, nullptr, c.rms_eps, pos_, inv, rope.n_pairs, 1.f, R_);
+        norm_rope_heads(s_, kvb, 1, hd, true, dw_.device(L.kv_norm.data()), c.rms_eps, pos_, inv, rope.n_pairs, 1.f, R_);
+        h_ptrs_.resize(R_);
+        for (const StepSegment &sg : lay_.segs) {
+            DevLayer &dl = st(sg).layers[layer];
+            st(sg).will_write(dl.kv.get(), dl.cap_kv, hd, sg.n0, sg.n, s_);
+            for (int i = 0; i < sg.n; ++i) h_ptrs_[sg.row0 + i] = dl.kv.get() + ((sg.n0 + i) % dl.cap_kv) * hd;
+        }
+        scatter_rows(s_, kvb, hd, to_device(ptrs_buf_, h_ptrs_, s_), R_);
+    }
+
+    void compress(int layer, int which, const CompressorWeights &cw, const Rope &rope) override {
+        const int wd = cw.width;
+        float *p1 = p1_.need((size_t)R_ * wd), *p2 = p2_.need((size_t)R_ * wd);
+        mm(cw.kv, XN_.get(), R_, c_.n_embd, p1, wd);
+        mm(cw.gate, XN_.get(), R_, c_.n_embd, p2, wd);
+        for (const StepSegment &sg : lay_.segs) {
+            CudaSessionState &ss = st(sg);
+            DevComp &cs = which ? ss.layers[layer].icomp : ss.layers[layer].comp;
+            const CompGeometry &g = cs.g;
+            if (g.width != wd || g.dim != cw.dim) fail("internal: compressor shape differs from the session's");
+            ss.will_write(cs.kv.get(), g.cap, wd, sg.n0, sg.n, s_);
+            ss.will_write(cs.gate.get(), g.cap, wd, sg.n0, sg.n, s_);
+            comp_ring_write(s_, p1, p2, sg.row0, dw_.device(cw.ape.data()), wd, g.ratio, sg.n0, sg.n, cs.kv.get(), cs.gate.get(),
+                            g.cap);
+            const int first = ss.n_entries(layer, which), last = (int)((sg.n0 + sg.n) / g.ratio);
+            if (last > g.max_entries) failf("internal: compressed entries exceed capacity (%d > %d)", last, g.max_entries);
+            comp_emit(s_, cs.kv.get(), cs.gate.get(), g.cap, wd, g.dim, g.ratio, g.overlap, first, last, cs.entries.get(),
+                      dw_.device(cw.norm.data()), c_.rms_eps, dw_.device(rope.inv_freq.data()), rope.n_pairs);
+            ss.set_n_entries(layer, which, last);
+        }
+    }
+
+    void indexer_topk(int layer, const LayerWeights &L, const Rope &rope, int topk) override {
+        const ModelConfig &c = c_;
+        const int IH = c.indexer_heads, Id = c.indexer_dim;
+        float *iq = iq_.need((size_t)R_ * IH * Id), *iw = iw_.need((size_t)R_ * IH);
+        mm(L.i_q_b, qr_.get(), R_, c.q_lora, iq, (int64_t)IH * Id);
+        mm(L.i_proj, XN_.get(), R_, c.n_embd, iw, IH);
+        norm_rope_heads(s_, iq, IH, Id, false, nullptr, 0.f, pos_, dw_.device(rope.inv_freq.data()), rope.n_pairs, 1.f, R_);
+        h_cptrs_.resize(R_);
+        h_nvis_.resize(R_);
+        int most = 1;
+        for (int r = 0; r < R_; ++r) {
+            const StepSegment &sg = lay_.segs[lay_.seg[r]];
+            const DevComp &ic = st(sg).layers[layer].icomp;
+            h_cptrs_[r] = ic.entries.get();
+            h_nvis_[r] = std::min<int>(sg.state->n_entries(layer, 1), (int)((lay_.pos[r] + 1) / ic.g.ratio));
+            most = std::max(most, h_nvis_[r]);
+        }
+        const int *nvis = to_device(nvis_buf_, h_nvis_, s_);
+        float *scores = scores_.need((size_t)R_ * most);
+        indexer_scores(s_, iq, iw, IH, Id, to_device(cptrs_buf_, h_cptrs_, s_), nvis, most, scores, R_);
+        topk_ = topk;
+        topk_rows(s_, scores, most, nvis, topk, sel_.need((size_t)R_ * topk), nsel_.need(R_), R_);
+        h_nsel_.resize(R_);
+        for (int r = 0; r < R_; ++r) h_nsel_[r] = std::min(topk, h_nvis_[r]);
+    }
+
+    void attend(int layer, const AttnSpec &spec, const float *sinks, const Rope &rope) override {
+        const int H = c_.n_head, hd = c_.head_dim;
+        h_desc_.resize(R_);
+        int max_keys = 1;
+        for (int r = 0; r < R_; ++r) {
+            const StepSegment &sg = lay_.segs[lay_.seg[r]];
+            const DevLayer &dl = st(sg).layers[layer];
+            AttnRow d{dl.kv.get(), nullptr, nullptr, lay_.pos[r], dl.cap_kv, 0};
+            if (spec.ratio) {
+                d.entries = dl.comp.entries.get();
+                if (spec.indexed) {
+                    d.sel = sel_.get() + (size_t)r * topk_;
+                    d.n_ent = h_nsel_[r];
+                } else {
+                    d.n_ent = std::min<int>(sg.state->n_entries(layer, 0), (int)((lay_.pos[r] + 1) / spec.ratio));
+                }
+            }
+            h_desc_[r] = d;
+            max_keys = std::max<int>(max_keys, (int)std::min<int64_t>(spec.window, lay_.pos[r] + 1) + d.n_ent);
+        }
+        float *scratch = attn_scratch_.need((size_t)R_ * H * max_keys);
+        cuda::attend(s_, q_.get(), to_device(desc_buf_, h_desc_, s_), H, hd, spec.window, dw_.device(sinks), scratch, max_keys,
+                     o_.get(), R_);
+        norm_rope_heads(s_, o_.get(), H, hd, false, nullptr, 0.f, pos_, dw_.device(rope.inv_freq.data()), rope.n_pairs, -1.f, R_);
+    }
+
+    void out_proj(const LayerWeights &L) override {
+        const ModelConfig &c = c_;
+        const int H = c.n_head, hd = c.head_dim, G = c.o_groups, gin = H * hd / G, gl = c.o_lora;
+        float *oa = oa_.need((size_t)R_ * G * gl);
+        for (int g = 0; g < G; ++g)
+            mm(L.o_a.rows((int64_t)g * gl, gl), o_.get() + (size_t)g * gin, R_, (int64_t)H * hd, oa + (size_t)g * gl,
+               (int64_t)G * gl);
+        mm(L.o_b, oa, R_, (int64_t)G * gl, A_.get(), c.n_embd);
+    }
+
+    void route(int layer, const LayerWeights &L, bool hash_routed) override {
+        const int E = c_.n_expert, K = c_.n_expert_used;
+        float *lg = router_.need((size_t)R_ * E);
+        mm(L.gate_inp, XN_.get(), R_, c_.n_embd, lg, E);
+        int *ids = ids_.need((size_t)R_ * K);
+        float *w = wts_.need((size_t)R_ * K);
+        cuda::route(s_, lg, E, K, hash_routed ? dw_.device(L.tid2eid) : nullptr, tokens_,
+                    hash_routed ? nullptr : dw_.device(L.probs_b.data()), c_.expert_scale, ids, w, R_);
+        h_ids_.resize((size_t)R_ * K);
+        h_wts_.resize((size_t)R_ * K);
+        DS4_CUDA_CHECK(cudaMemcpyAsync(h_ids_.data(), ids, h_ids_.size() * sizeof(int), cudaMemcpyDeviceToHost, s_));
+        DS4_CUDA_CHECK(cudaMemcpyAsync(h_wts_.data(), w, h_wts_.size() * sizeof(float), cudaMemcpyDeviceToHost, s_));
+        DS4_CUDA_CHECK(cudaStreamSynchronize(s_));
+        for (int id : h_ids_)
+            if (id < 0 || id >= E) failf("router chose expert %d (layer %d has %d)", id, layer, E);
+    }
+
+    void routed_experts(int layer, const LayerWeights &L, ExpertSource &experts) override {
+        const int D = c_.n_embd, E = c_.n_expert, K = c_.n_expert_used;
+        // Group rows by expert on the host: each expert's weights are read once per step.
+        by_e_.assign(E, {});
+        for (int t = 0; t < R_; ++t)
+            for (int k = 0; k < K; ++k) by_e_[h_ids_[(size_t)t * K + k]].push_back(t * K + k);
+        used_.clear();
+        h_rows_.clear();
+        h_rw_.clear();
+        off_.clear();
+        for (int e = 0; e < E; ++e) {
+            if (by_e_[e].empty()) continue;
+            used_.push_back(e);
+            off_.push_back((int)h_rows_.size());
+            for (int tk : by_e_[e]) h_rows_.push_back(tk / K), h_rw_.push_back(h_wts_[tk]);
+        }
+        off_.push_back((int)h_rows_.size());
+        views_.resize(used_.size());
+        experts.acquire(layer, used_, views_.data());
+        const int *rows = to_device(rows_buf_, h_rows_, s_);
+        const float *rw = to_device(rw_buf_, h_rw_, s_);
+        DS4_CUDA_CHECK(cudaMemsetAsync(A_.get(), 0, sizeof(float) * R_ * D, s_));
+        for (size_t u = 0; u < used_.size(); ++u) {
+            const int m = off_[u + 1] - off_[u];
+            float *ein = ein_.need((size_t)m * D), *eout = eout_.need((size_t)std::max(m, R_) * D);
+            gather_rows(s_, XN_.get(), D, rows + off_[u], ein, m);
+            ffn(views_[u].gate, views_[u].up, views_[u].down, ein, m, eout, c_.swiglu_limit[layer]);
+            scatter_add_rows(s_, eout, D, rows + off_[u], rw + off_[u], A_.get(), m);
+        }
+    }
+
+    void shared_expert(int layer, const LayerWeights &L) override {
+        float *eout = eout_.need((size_t)R_ * c_.n_embd);
+        ffn(L.gate_sh, L.up_sh, L.down_sh, XN_.get(), R_, eout, c_.swiglu_limit[layer]);
+        add(s_, A_.get(), eout, (int64_t)R_ * c_.n_embd);
+    }
+
+    void head(const ModelWeights &w, std::span<const int> rows, float *logits) override {
+        const int hc = c_.hc_mult, D = c_.n_embd, nt = (int)rows.size(), V = c_.n_vocab;
+        if (nt == 0) return;
+        h_idx_.assign(rows.begin(), rows.end());
+        const int32_t *idx = to_device(idx_buf_, h_idx_, s_);
+        float *flat = flat_.need((size_t)nt * hc * D), *mix = mix_.need((size_t)nt * hc), *y = head_.need((size_t)nt * D);
+        rmsnorm_rows(s_, H_.get(), (int64_t)hc * D, idx, (int64_t)hc * D, nullptr, c_.rms_eps, flat, (int64_t)hc * D, nt);
+        mm(w.output_hc_fn, flat, nt, (int64_t)hc * D, mix, hc);
+        hyper_head(s_, H_.get(), idx, mix, dw_.device(w.output_hc_base.data()), dw_.device(w.output_hc_scale.data()), hc, D,
+                   c_.hc_eps, dw_.device(w.output_norm.data()), c_.rms_eps, y, nt);
+        float *lg = logits_.need((size_t)nt * V);
+        mm(w.output, y, nt, D, lg, V);
+        DS4_CUDA_CHECK(cudaMemcpyAsync(logits, lg, sizeof(float) * nt * V, cudaMemcpyDeviceToHost, s_));
+        DS4_CUDA_CHECK(cudaStreamSynchronize(s_));
+    }
+
+    void upload(Act a, const float *src, size_t n) override {
+        if (n != width(a) * R_) failf("upload: %zu floats given, the step holds %zu", n, width(a) * R_);
+        DS4_CUDA_CHECK(cudaMemcpyAsync(act(a).get(), src, n * sizeof(float), cudaMemcpyHostToDevice, s_));
+        DS4_CUDA_CHECK(cudaStreamSynchronize(s_));
+    }
+    void download(Act a, float *dst, size_t n) const override {
+        if (n != width(a) * R_) failf("download: %zu floats asked, the step holds %zu", n, width(a) * R_);
+        DS4_CUDA_CHECK(cudaMemcpyAsync(dst, const_cast<CudaExecutor *>(this)->act(a).get(), n * sizeof(float),
+                                       cudaMemcpyDeviceToHost, s_));
+        DS4_CUDA_CHECK(cudaStreamSynchronize(s_));
+    }
+    const ExecutorStats &stats() const override { return stats_; }
+    uint64_t scratch_bytes() const override {
+        uint64_t b = 0;
+        for (const DeviceBuffer<float> *v : {&H_, &X_, &XN_, &A_, &post_, &comb_, &qr_, &q_, &o_, &flat_, &mix_, &kvb_, &p1_,
+                                             &p2_, &iq_, &iw_, &scores_, &attn_scratch_, &oa_, &router_, &wts_, &ein_, &eout_,
+                                             &g_, &u_, &head_, &logits_, &rw_buf_})
+            b += v->bytes();
+        return b;
+    }
+
+private:
+    static CudaSessionState &st(const StepSegment &sg) { return *static_cast<CudaSessionState *>(sg.state); }
+
+    void mm(const WeightView &w, const float *x, int64_t n_tok, int64_t xs, float *y, int64_t ys) {
+        if (w.empty()) fail("matmul: weight not bound");
+        cuda::matmul(s_, w.type, dw_.device(w.data), w.in, w.out, w.row_bytes, x, n_tok, xs, y, ys);
+        stats_.weight_bytes += w.bytes();
+    }
+
+    void ffn(const WeightView &gate, const WeightView &up, const WeightView &down, const float *in, int m, float *out, float lim) {
+        const int D = c_.n_embd, F = (int)gate.out;
+        float *g = g_.need((size_t)m * F), *u = u_.need((size_t)m * F);
+        mm(gate, in, m, D, g, F);
+        mm(up, in, m, D, u, F);
+        swiglu(s_, g, u, (int64_t)m * F, lim);
+        mm(down, g, m, F, out, D);
+    }
+
+    DeviceBuffer<float> &act(Act a) {
+        switch (a) {
+        case Act::H: return H_;
+        case Act::X: return X_;
+        case Act::XN: return XN_;
+        case Act::A: return A_;
+        case Act::Post: return post_;
+        case Act::Comb: return comb_;
+        case Act::QR: return qr_;
+        case Act::Q: return q_;
+        case Act::O: return o_;
+        }
+        fail("internal: unknown activation");
+    }
+    size_t width(Act a) const {
+        const size_t D = c_.n_embd, hc = c_.hc_mult, hq = (size_t)c_.n_head * c_.head_dim;
+        switch (a) {
+        case Act::H: return hc * D;
+        case Act::X: case Act::XN: case Act::A: return D;
+        case Act::Post: return hc;
+        case Act::Comb: return hc * hc;
+        case Act::QR: return c_.q_lora;
+        case Act::Q: case Act::O: return hq;
+        }
+        fail("internal: unknown activation");
+    }
+
+    const ModelConfig &c_;
+    const DeviceWeights &dw_;
+    cudaStream_t s_ = nullptr;
+    ExecutorStats stats_;
+    StepLayout lay_;
+    int R_ = 0, topk_ = 0;
+    const int32_t *tokens_ = nullptr;
+    const int64_t *pos_ = nullptr;
+
+    DeviceBuffer<float> H_, X_, XN_, A_, post_, comb_, qr_, q_, o_, flat_, mix_, kvb_, p1_, p2_, iq_, iw_, scores_,
+        attn_scratch_, oa_, router_, wts_, ein_, eout_, g_, u_, head_, logits_, rw_buf_;
+    DeviceBuffer<int32_t> tokens_buf_, idx_buf_;
+    DeviceBuffer<int64_t> pos_buf_;
+    DeviceBuffer<int> nvis_buf_, sel_, nsel_, ids_, rows_buf_;
+    DeviceBuffer<float *> ptrs_buf_;
+    DeviceBuffer<const float *> cptrs_buf_;
+    DeviceBuffer<AttnRow> desc_buf_;
+    std::vector<int32_t> h_tokens_, h_idx_;
+    std::vector<int64_t> h_pos_;
+    std::vector<float *> h_ptrs_;
+    std::vector<const float *> h_cptrs_;
+    std::vector<int> h_nvis_, h_nsel_, h_ids_, h_rows_, used_, off_;
+    std::vector<float> h_wts_, h_rw_;
+    std::vector<AttnRow> h_desc_;
+    std::vector<std::vector<int>> by_e_;
+    std::vector<ExpertView> views_;
+};
+
+class CudaBackend final : public Backend {
+public:
+    CudaBackend(const ModelConfig &c, const gguf::Reader &r, const ModelWeights &w, const Rope &main, const Rope &comp)
+        : c_(c), dw_(r, w) {
+        dw_.place(main.inv_freq.data(), main.inv_freq.size() * sizeof(float));
+        dw_.place(comp.inv_freq.data(), comp.inv_freq.size() * sizeof(float));
+        init_quant_tables();
+    }
+    std::string name() const override { return "cuda"; }
+    std::unique_ptr<SessionState> make_state(const CacheGeometry &g) const override {
+        return std::make_unique<CudaSessionState>(g);
+    }
+    std::unique_ptr<Executor> make_executor(int) const override { return std::make_unique<CudaExecutor>(c_, dw_); }
+
+private:
+    const ModelConfig &c_;
+    DeviceWeights dw_;
+};
+
+}  // namespace
+
+bool cuda_device_available(std::string *why) {
+    int n = 0;
+    const cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0) {
+        if (why) *why = e != cudaSuccess ? cudaGetErrorString(e) : "no CUDA device";
+        return false;
+    }
+    return true;
+}
+
+std::unique_ptr<Backend> make_cuda_backend(const ModelConfig &c, const gguf::Reader &r, const ModelWeights &w,
+                                           const Rope &rope_main, const Rope &rope_compress) {
+    std::string why;
+    if (!cuda_device_available(&why)) fail("CUDA backend: " + why);
+    return std::make_unique<CudaBackend>(c, r, w, rope_main, rope_compress);
+}
+
+}  // namespace ds4::cuda

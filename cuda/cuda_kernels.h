@@ -1,0 +1,75 @@
+// Host-side launchers of the CUDA backend's kernels (all asynchronous on stream s). Device
+// pointers throughout; shapes as in the CPU executor (engine/cpu).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "engine/gguf/gguf.h"
+
+namespace ds4::cuda {
+
+void init_quant_tables();
+
+// y[t*ys + o] = sum_i W[o, i] * x[t*xs + i], W in its GGUF encoding.
+void matmul(cudaStream_t s, gguf::Type type, const void *w, int64_t in, int64_t out, uint64_t row_bytes, const float *x,
+            int64_t n_tok, int64_t x_stride, float *y, int64_t y_stride);
+// out[r*os + i] = W[ids[r], i] decoded, for r < rows.
+void dequant_rows(cudaStream_t s, gguf::Type type, const void *w, uint64_t row_bytes, int64_t n, const int32_t *ids,
+                  int64_t rows, float *out, int64_t out_stride);
+
+// Per-row RMSNorm (sum of squares in double). w may be null. Rows are x + r*xs (or, when
+// idx is given, x + idx[r]*xs); out may alias x.
+void rmsnorm_rows(cudaStream_t s, const float *x, int64_t xs, const int32_t *idx, int64_t n, const float *w, float eps,
+                  float *out, int64_t os, int rows);
+// H[rows][hc][D] -> X, post, comb from the mixed projections mix[rows][(2+hc)*hc].
+void hc_pre_mix(cudaStream_t s, const float *mix, const float *base, const float *scale, const float *H, int hc, int D,
+                int iters, float eps, float *post, float *comb, float *X, int rows);
+void hc_post(cudaStream_t s, float *H, const float *A, const float *post, const float *comb, int hc, int D, int rows);
+// Per (row, head): optional RMSNorm (weight w or none) then interleaved-pair RoPE of the
+// trailing 2*n_pairs channels at pos[row] (sign -1 rotates back).
+void norm_rope_heads(cudaStream_t s, float *x, int n_heads, int hd, bool norm, const float *w, float eps,
+                     const int64_t *pos, const float *inv_freq, int n_pairs, float sign, int rows);
+// dst[r] = src row r (width floats) for r < rows.
+void scatter_rows(cudaStream_t s, const float *src, int width, float *const *dst, int rows);
+
+// Compressor ring update for n rows of one segment starting at absolute position n0.
+void comp_ring_write(cudaStream_t s, const float *p_kv, const float *p_gate, int row0, const float *ape, int width,
+                     int ratio, int64_t n0, int n, float *kv_ring, float *gate_ring, int cap);
+// Entries [first, last) of one compressor, from its rings.
+void comp_emit(cudaStream_t s, const float *kv_ring, const float *gate_ring, int cap, int width, int dim, int ratio,
+               bool overlap, int first, int last, float *entries, const float *norm_w, float eps, const float *inv_freq,
+               int n_pairs);
+
+// Lightning indexer: scores[r][s] = sum_h w_h/sqrt(IH) * ReLU(q_h . e_s)/sqrt(Id) for
+// s < n_vis[r]; then the top-k indices (ties: lower first) into sel[r][topk], count in nsel.
+void indexer_scores(cudaStream_t s, const float *iq, const float *iw, int IH, int Id, const float *const *entries,
+                    const int *n_vis, int max_vis, float *scores, int rows);
+void topk_rows(cudaStream_t s, float *scores, int stride, const int *n_vis, int k, int *sel, int *nsel, int rows);
+
+struct AttnRow {
+    const float *kv;        // the session's window ring for this layer
+    const float *entries;   // its compressed entries (null: none)
+    const int *sel;         // CSA: selected entry indices (null: entries 0..n_ent-1)
+    int64_t pos;
+    int cap;
+    int n_ent;              // selected count (CSA) or visible count (HCA)
+};
+void attend(cudaStream_t s, const float *q, const AttnRow *rows_desc, int H, int hd, int window, const float *sinks,
+            float *scratch, int max_keys, float *o, int rows);
+
+// Router: scores sqrt(softplus(logit)); ids by hash table (tid2eid[token]) or top-k of
+// score + bias; weights renormalised and scaled.
+void route(cudaStream_t s, const float *logits, int E, int K, const int32_t *tid2eid, const int32_t *tokens,
+           const float *bias, float scale, int *ids, float *wts, int rows);
+void gather_rows(cudaStream_t s, const float *src, int width, const int *idx, float *dst, int rows);
+// g = silu(min(g, lim)) * clamp(u, -lim, lim)
+void swiglu(cudaStream_t s, float *g, const float *u, int64_t n, float lim);
+// dst[idx[r]] += w[r] * src[r]
+void scatter_add_rows(cudaStream_t s, const float *src, int width, const int *idx, const float *w, float *dst, int rows);
+void add(cudaStream_t s, float *y, const float *x, int64_t n);
+// y[r] = RMSNorm(sum_k (sigmoid(mix[r][k]*scale0 + base[k]) + eps) * H[idx[r]][k]) * norm_w
+void hyper_head(cudaStream_t s, const float *H, const int32_t *idx, const float *mix, const float *base, const float *scale,
+                int hc, int D, float hc_eps, const float *norm_w, float rms_eps, float *y, int rows);
+
+}  // namespace ds4::cuda

@@ -1,0 +1,202 @@
+// Matrix products against weights kept in their GGUF encoding in device memory. Each warp
+// owns one output row and walks it in chunks of 8 consecutive elements (always inside one
+// block of any supported format), decoding them in registers and applying them to a tile
+// of up to 8 tokens; grid.y walks the token tiles. Decode (one token) is therefore one
+// pass over the weights at full width. Prefill re-reads each row once per 8 tokens (from
+// L2 when it fits); the tensor-core path for long chunks is separate work.
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "cuda/cuda_check.h"
+#include "cuda/cuda_kernels.h"
+#include "engine/quant/blocks.h"
+#include "engine/quant/iq2xxs_tables.h"
+
+namespace ds4::cuda {
+
+namespace {
+
+__constant__ uint64_t c_iq2xxs_grid[256];
+
+__device__ __forceinline__ float h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+__device__ __forceinline__ float bf2f(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
+__device__ __forceinline__ uint16_t ld16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+
+// Elements [8c, 8c + 8) of a row.
+template <int T> __device__ __forceinline__ void deq8(const uint8_t *row, int64_t c, float *w);
+
+template <> __device__ __forceinline__ void deq8<0>(const uint8_t *row, int64_t c, float *w) {   // F32
+    const float4 *p = reinterpret_cast<const float4 *>(row) + 2 * c;
+    const float4 a = p[0], b = p[1];
+    w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
+}
+
+template <> __device__ __forceinline__ void deq8<1>(const uint8_t *row, int64_t c, float *w) {   // F16
+    const uint4 v = reinterpret_cast<const uint4 *>(row)[c];
+    const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) w[2 * i] = h2f(u[i] & 0xFFFF), w[2 * i + 1] = h2f(u[i] >> 16);
+}
+
+template <> __device__ __forceinline__ void deq8<30>(const uint8_t *row, int64_t c, float *w) {  // BF16
+    const uint4 v = reinterpret_cast<const uint4 *>(row)[c];
+    const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) w[2 * i] = bf2f(u[i] & 0xFFFF), w[2 * i + 1] = bf2f(u[i] >> 16);
+}
+
+template <> __device__ __forceinline__ void deq8<8>(const uint8_t *row, int64_t c, float *w) {   // Q8_0
+    const uint8_t *b = row + (c >> 2) * sizeof(quant::BlockQ8_0);
+    const float d = h2f(ld16(b));
+    const int8_t *q = reinterpret_cast<const int8_t *>(b + 2) + (c & 3) * 8;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) w[i] = d * (float)q[i];
+}
+
+template <> __device__ __forceinline__ void deq8<10>(const uint8_t *row, int64_t c, float *w) {  // Q2_K
+    const quant::BlockQ2_K *b = reinterpret_cast<const quant::BlockQ2_K *>(row) + (c >> 5);
+    const int e0 = (int)(c & 31) * 8, half = e0 >> 7, r = e0 & 127, shift = 2 * (r >> 5), l0 = r & 31;
+    const uint8_t sc = b->scales[e0 >> 4];
+    const float dl = h2f(b->d) * (float)(sc & 15), ml = h2f(b->dmin) * (float)(sc >> 4);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) w[i] = dl * (float)((b->qs[32 * half + l0 + i] >> shift) & 3) - ml;
+}
+
+template <> __device__ __forceinline__ void deq8<12>(const uint8_t *row, int64_t c, float *w) {  // Q4_K
+    const quant::BlockQ4_K *b = reinterpret_cast<const quant::BlockQ4_K *>(row) + (c >> 5);
+    const int e0 = (int)(c & 31) * 8, chunk = e0 >> 6, r = e0 & 63, hi = r >> 5, l0 = r & 31, j = e0 >> 5;
+    const uint8_t *s = b->scales;
+    uint8_t sc, m;
+    if (j < 4) {
+        sc = s[j] & 63, m = s[j + 4] & 63;
+    } else {
+        sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+        m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+    const float dl = h2f(b->d) * (float)sc, ml = h2f(b->dmin) * (float)m;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const uint8_t byte = b->qs[32 * chunk + l0 + i];
+        w[i] = dl * (float)(hi ? byte >> 4 : byte & 15) - ml;
+    }
+}
+
+template <> __device__ __forceinline__ void deq8<16>(const uint8_t *row, int64_t c, float *w) {  // IQ2_XXS
+    const quant::BlockIQ2_XXS *b = reinterpret_cast<const quant::BlockIQ2_XXS *>(row) + (c >> 5);
+    const int e0 = (int)(c & 31) * 8, g = e0 >> 5, l = (e0 & 31) >> 3;
+    const uint32_t a0 = b->qs[4 * g] | ((uint32_t)b->qs[4 * g + 1] << 16);
+    const uint32_t a1 = b->qs[4 * g + 2] | ((uint32_t)b->qs[4 * g + 3] << 16);
+    const uint64_t grid = c_iq2xxs_grid[(a0 >> (8 * l)) & 255];
+    uint32_t s7 = (a1 >> (7 * l)) & 127;
+    const uint32_t signs = s7 | ((__popc(s7) & 1u) << 7);
+    const float db = h2f(b->d) * (0.5f + (float)(a1 >> 28)) * 0.25f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) w[i] = db * (float)((grid >> (8 * i)) & 255) * ((signs >> i) & 1 ? -1.f : 1.f);
+}
+
+constexpr int kTileTok = 8, kWarps = 4;
+
+template <int T>
+__global__ void __launch_bounds__(32 * kWarps) matmul_kernel(const uint8_t *__restrict__ w, int64_t in, int64_t out,
+                                                             uint64_t row_bytes, const float *__restrict__ x, int64_t n_tok,
+                                                             int64_t x_stride, float *__restrict__ y, int64_t y_stride) {
+    const int lane = threadIdx.x & 31;
+    const int64_t o = (int64_t)blockIdx.x * kWarps + (threadIdx.x >> 5);
+    if (o >= out) return;
+    const int64_t t0 = (int64_t)blockIdx.y * kTileTok;
+    const int nt = (int)(n_tok - t0 < kTileTok ? n_tok - t0 : kTileTok);
+    const uint8_t *row = w + (uint64_t)o * row_bytes;
+    float acc[kTileTok];
+#pragma unroll
+    for (int t = 0; t < kTileTok; ++t) acc[t] = 0.f;
+    const int64_t chunks = in >> 3;
+    for (int64_t c = lane; c < chunks; c += 32) {
+        float wv[8];
+        deq8<T>(row, c, wv);
+#pragma unroll
+        for (int t = 0; t < kTileTok; ++t) {
+            if (t < nt) {
+                const float *xr = x + (t0 + t) * x_stride + 8 * c;
+                float s = 0.f;
+#pragma unroll
+                for (int i = 0; i < 8; ++i) s = fmaf(wv[i], xr[i], s);
+                acc[t] += s;
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < kTileTok; ++t) {
+        float v = acc[t];
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+        if (lane == 0 && t < nt) y[(t0 + t) * y_stride + o] = v;
+    }
+}
+
+// One row of a weight (embedding lookup), decoded to f32.
+template <int T>
+__global__ void dequant_rows_kernel(const uint8_t *__restrict__ w, uint64_t row_bytes, int64_t n, const int32_t *__restrict__ ids,
+                                    float *__restrict__ out, int64_t out_stride) {
+    const int64_t r = blockIdx.x;
+    const uint8_t *row = w + (uint64_t)ids[r] * row_bytes;
+    for (int64_t c = threadIdx.x; c < (n >> 3); c += blockDim.x) {
+        float v[8];
+        deq8<T>(row, c, v);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) out[r * out_stride + 8 * c + i] = v[i];
+    }
+}
+
+template <template <int> class F, class... A>
+void by_type(gguf::Type t, A &&...a) {
+    switch (t) {
+    case gguf::Type::F32: F<0>::run(a...); return;
+    case gguf::Type::F16: F<1>::run(a...); return;
+    case gguf::Type::BF16: F<30>::run(a...); return;
+    case gguf::Type::Q8_0: F<8>::run(a...); return;
+    case gguf::Type::Q2_K: F<10>::run(a...); return;
+    case gguf::Type::Q4_K: F<12>::run(a...); return;
+    case gguf::Type::IQ2_XXS: F<16>::run(a...); return;
+    default: failf("CUDA backend: tensor type %s is not supported", gguf::type_name(t));
+    }
+}
+
+template <int T> struct MatmulLaunch {
+    static void run(cudaStream_t s, const uint8_t *w, int64_t in, int64_t out, uint64_t rb, const float *x, int64_t n_tok,
+                    int64_t xs, float *y, int64_t ys) {
+        const dim3 grid((unsigned)((out + kWarps - 1) / kWarps), (unsigned)((n_tok + kTileTok - 1) / kTileTok));
+        matmul_kernel<T><<<grid, 32 * kWarps, 0, s>>>(w, in, out, rb, x, n_tok, xs, y, ys);
+        DS4_CUDA_LAUNCHED();
+    }
+};
+
+template <int T> struct DequantLaunch {
+    static void run(cudaStream_t s, const uint8_t *w, uint64_t rb, int64_t n, const int32_t *ids, int64_t rows, float *out,
+                    int64_t os) {
+        dequant_rows_kernel<T><<<(unsigned)rows, 128, 0, s>>>(w, rb, n, ids, out, os);
+        DS4_CUDA_LAUNCHED();
+    }
+};
+
+}  // namespace
+
+void init_quant_tables() {
+    DS4_CUDA_CHECK(cudaMemcpyToSymbol(c_iq2xxs_grid, quant::kIq2xxsGrid, sizeof(c_iq2xxs_grid)));
+}
+
+void matmul(cudaStream_t s, gguf::Type type, const void *w, int64_t in, int64_t out, uint64_t row_bytes, const float *x,
+            int64_t n_tok, int64_t x_stride, float *y, int64_t y_stride) {
+    if (n_tok <= 0 || out <= 0) return;
+    if (in % 8) failf("CUDA backend: rows of %lld elements are not a multiple of 8", (long long)in);
+    by_type<MatmulLaunch>(type, s, static_cast<const uint8_t *>(w), in, out, row_bytes, x, n_tok, x_stride, y, y_stride);
+}
+
+void dequant_rows(cudaStream_t s, gguf::Type type, const void *w, uint64_t row_bytes, int64_t n, const int32_t *ids,
+                  int64_t rows, float *out, int64_t out_stride) {
+    if (rows <= 0) return;
+    if (n % 8) failf("CUDA backend: rows of %lld elements are not a multiple of 8", (long long)n);
+    by_type<DequantLaunch>(type, s, static_cast<const uint8_t *>(w), row_bytes, n, ids, rows, out, out_stride);
+}
+
+}  // namespace ds4::cuda

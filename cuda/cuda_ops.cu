@@ -1,0 +1,477 @@
+// The CUDA backend's element-wise, normalisation, attention and routing kernels. Written
+// for clarity first: one block per row (or per row and head), reductions in shared memory.
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+
+#include "cuda/cuda_check.h"
+#include "cuda/cuda_kernels.h"
+
+namespace ds4::cuda {
+
+namespace {
+
+constexpr int kBlock = 256;
+
+// Block-wide sum/max; every thread gets the result. sh: kBlock/32 slots.
+template <class T>
+__device__ T block_sum(T v, T *sh) {
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    const int w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) sh[w] = v;
+    __syncthreads();
+    T r = 0;
+    for (int i = 0; i < nw; ++i) r += sh[i];
+    return r;
+}
+
+__device__ float block_max(float v, float *sh) {
+    for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+    const int w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) sh[w] = v;
+    __syncthreads();
+    float r = -INFINITY;
+    for (int i = 0; i < nw; ++i) r = fmaxf(r, sh[i]);
+    return r;
+}
+
+__device__ __forceinline__ float sigmoidf(float x) { return 1.f / (1.f + expf(-x)); }
+
+// Same rounding as the CPU tables: float angle, double cos/sin.
+__device__ __forceinline__ void rope_pair(float *r, int i, const float *inv_freq, int64_t pos, float sign) {
+    const float a = inv_freq[i] * (float)pos;
+    const float c = (float)cos((double)a), sn = sign * (float)sin((double)a);
+    const float x0 = r[2 * i], x1 = r[2 * i + 1];
+    r[2 * i] = x0 * c - x1 * sn;
+    r[2 * i + 1] = x1 * c + x0 * sn;
+}
+
+__global__ void rmsnorm_kernel(const float *x, int64_t xs, const int32_t *idx, int64_t n, const float *w, float eps,
+                               float *out, int64_t os) {
+    __shared__ double sh[kBlock / 32];
+    const int r = blockIdx.x;
+    const float *xr = x + (idx ? (int64_t)idx[r] : (int64_t)r) * xs;
+    double ss = 0;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += (double)xr[i] * xr[i];
+    ss = block_sum(ss, sh);
+    const float inv = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
+    float *o = out + (int64_t)r * os;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) o[i] = w ? xr[i] * inv * w[i] : xr[i] * inv;
+}
+
+__global__ void hc_pre_kernel(const float *mix, const float *base, const float *scale, const float *H, int hc, int D,
+                              int iters, float eps, float *post, float *comb, float *X) {
+    __shared__ float pre[16];
+    const int t = blockIdx.x, nmix = (2 + hc) * hc;
+    if (threadIdx.x == 0) {
+        const float *m = mix + (int64_t)t * nmix;
+        for (int k = 0; k < hc; ++k) {
+            pre[k] = sigmoidf(m[k] * scale[0] + base[k]) + eps;
+            post[t * hc + k] = 2.f * sigmoidf(m[hc + k] * scale[1] + base[hc + k]);
+        }
+        float *cb = comb + (int64_t)t * hc * hc;
+        for (int j = 0; j < hc; ++j) {
+            float mx = -INFINITY;
+            for (int k = 0; k < hc; ++k) {
+                cb[j * hc + k] = m[2 * hc + j * hc + k] * scale[2] + base[2 * hc + j * hc + k];
+                mx = fmaxf(mx, cb[j * hc + k]);
+            }
+            double s = 0;
+            for (int k = 0; k < hc; ++k) s += cb[j * hc + k] = expf(cb[j * hc + k] - mx);
+            const float inv = (float)(1.0 / s);
+            for (int k = 0; k < hc; ++k) cb[j * hc + k] = cb[j * hc + k] * inv + eps;
+        }
+        // Sinkhorn: columns, then (rows, columns) for the remaining iterations.
+        for (int it = 0; it < iters; ++it) {
+            if (it > 0)
+                for (int j = 0; j < hc; ++j) {
+                    float s = 0;
+                    for (int k = 0; k < hc; ++k) s += cb[j * hc + k];
+                    for (int k = 0; k < hc; ++k) cb[j * hc + k] /= s + eps;
+                }
+            for (int k = 0; k < hc; ++k) {
+                float s = 0;
+                for (int j = 0; j < hc; ++j) s += cb[j * hc + k];
+                for (int j = 0; j < hc; ++j) cb[j * hc + k] /= s + eps;
+            }
+        }
+    }
+    __syncthreads();
+    const float *h = H + (int64_t)t * hc * D;
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+        float v = 0;
+        for (int k = 0; k < hc; ++k) v += pre[k] * h[(int64_t)k * D + d];
+        X[(int64_t)t * D + d] = v;
+    }
+}
+
+__global__ void hc_post_kernel(float *H, const float *A, const float *post, const float *comb, int hc, int D) {
+    const int t = blockIdx.y;
+    const int d = blockIdx.x * blockDim.x + threadIdx.x;
+    if (d >= D) return;
+    float *h = H + (int64_t)t * hc * D;
+    float old[16];
+    for (int j = 0; j < hc; ++j) old[j] = h[(int64_t)j * D + d];
+    const float *cb = comb + (int64_t)t * hc * hc;
+    const float o = A[(int64_t)t * D + d];
+    for (int k = 0; k < hc; ++k) {
+        float v = post[t * hc + k] * o;
+        for (int j = 0; j < hc; ++j) v += cb[j * hc + k] * old[j];
+        h[(int64_t)k * D + d] = v;
+    }
+}
+
+__global__ void norm_rope_kernel(float *x, int n_heads, int hd, bool norm, const float *w, float eps, const int64_t *pos,
+                                 const float *inv_freq, int n_pairs, float sign) {
+    __shared__ double sh[kBlock / 32];
+    const int r = blockIdx.x / n_heads, h = blockIdx.x % n_heads;
+    float *v = x + ((int64_t)r * n_heads + h) * hd;
+    if (norm) {
+        double ss = 0;
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) ss += (double)v[i] * v[i];
+        ss = block_sum(ss, sh);
+        const float inv = (float)(1.0 / sqrt(ss / (double)hd + (double)eps));
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) v[i] = w ? v[i] * inv * w[i] : v[i] * inv;
+        __syncthreads();
+    }
+    float *rp = v + hd - 2 * n_pairs;
+    for (int i = threadIdx.x; i < n_pairs; i += blockDim.x) rope_pair(rp, i, inv_freq, pos[r], sign);
+}
+
+__global__ void scatter_rows_kernel(const float *src, int width, float *const *dst) {
+    const int r = blockIdx.x;
+    for (int i = threadIdx.x; i < width; i += blockDim.x) dst[r][i] = src[(int64_t)r * width + i];
+}
+
+__global__ void comp_ring_kernel(const float *p_kv, const float *p_gate, int row0, const float *ape, int width, int ratio,
+                                 int64_t n0, float *kv_ring, float *gate_ring, int cap) {
+    const int i = blockIdx.x;
+    const int64_t pos = n0 + i;
+    const float *kv = p_kv + (int64_t)(row0 + i) * width, *g = p_gate + (int64_t)(row0 + i) * width;
+    const float *a = ape + (pos % ratio) * width;
+    float *kd = kv_ring + (pos % cap) * width, *gd = gate_ring + (pos % cap) * width;
+    for (int k = threadIdx.x; k < width; k += blockDim.x) {
+        kd[k] = kv[k];
+        gd[k] = g[k] + a[k];
+    }
+}
+
+__global__ void comp_emit_kernel(const float *kv_ring, const float *gate_ring, int cap, int width, int dim, int ratio,
+                                 bool overlap, int first, float *entries, const float *norm_w, float eps,
+                                 const float *inv_freq, int n_pairs) {
+    __shared__ double sh[kBlock / 32];
+    const int wi = first + blockIdx.x;
+    const int64_t start = (int64_t)wi * ratio;
+    const bool prev = overlap && wi > 0;
+    const int off = overlap ? dim : 0;
+    float *out = entries + (int64_t)wi * dim;
+    double ss = 0;
+    for (int ch = threadIdx.x; ch < dim; ch += blockDim.x) {
+        float mx = -INFINITY;
+        if (prev)
+            for (int j = 0; j < ratio; ++j) mx = fmaxf(mx, gate_ring[((start - ratio + j) % cap) * width + ch]);
+        for (int j = 0; j < ratio; ++j) mx = fmaxf(mx, gate_ring[((start + j) % cap) * width + off + ch]);
+        double den = 0, acc = 0;
+        if (prev)
+            for (int j = 0; j < ratio; ++j) {
+                const int64_t row = ((start - ratio + j) % cap) * width;
+                const float e = expf(gate_ring[row + ch] - mx);
+                den += e;
+                acc += (double)e * kv_ring[row + ch];
+            }
+        for (int j = 0; j < ratio; ++j) {
+            const int64_t row = ((start + j) % cap) * width;
+            const float e = expf(gate_ring[row + off + ch] - mx);
+            den += e;
+            acc += (double)e * kv_ring[row + off + ch];
+        }
+        const float v = (float)(acc / den);
+        out[ch] = v;
+        ss += (double)v * v;
+    }
+    ss = block_sum(ss, sh);
+    const float inv = (float)(1.0 / sqrt(ss / (double)dim + (double)eps));
+    for (int ch = threadIdx.x; ch < dim; ch += blockDim.x) out[ch] = out[ch] * inv * norm_w[ch];
+    __syncthreads();
+    float *rp = out + dim - 2 * n_pairs;
+    for (int i = threadIdx.x; i < n_pairs; i += blockDim.x) rope_pair(rp, i, inv_freq, start, 1.f);
+}
+
+__global__ void indexer_scores_kernel(const float *iq, const float *iw, int IH, int Id, const float *const *entries,
+                                      const int *n_vis, int max_vis, float *scores) {
+    const int r = blockIdx.y;
+    const int s = blockIdx.x * blockDim.x + threadIdx.x;
+    if (s >= n_vis[r]) return;
+    const float qscale = 1.f / sqrtf((float)Id), wscale = 1.f / sqrtf((float)IH);
+    const float *k = entries[r] + (int64_t)s * Id;
+    const float *q = iq + (int64_t)r * IH * Id;
+    const float *w = iw + (int64_t)r * IH;
+    float score = 0;
+    for (int h = 0; h < IH; ++h) {
+        float d = 0;
+        for (int i = 0; i < Id; ++i) d = fmaf(q[(int64_t)h * Id + i], k[i], d);
+        score += (d > 0 ? d * qscale : 0.f) * (w[h] * wscale);
+    }
+    scores[(int64_t)r * max_vis + s] = score;
+}
+
+// k rounds of a block-wide argmax (ties: lower index), each pick knocked out with -inf.
+__global__ void topk_kernel(float *scores, int stride, const int *n_vis, int k, int *sel, int *nsel) {
+    __shared__ float sv[kBlock];
+    __shared__ int si[kBlock];
+    const int r = blockIdx.x, n = n_vis[r], kk = min(k, n);
+    float *sc = scores + (int64_t)r * stride;
+    for (int round = 0; round < kk; ++round) {
+        float best = -INFINITY;
+        int bi = INT_MAX;
+        for (int i = threadIdx.x; i < n; i += blockDim.x) {
+            const float v = sc[i];
+            if (v > best || (v == best && i < bi)) best = v, bi = i;
+        }
+        sv[threadIdx.x] = best, si[threadIdx.x] = bi;
+        __syncthreads();
+        for (int step = blockDim.x / 2; step > 0; step >>= 1) {
+            if (threadIdx.x < step) {
+                const float v = sv[threadIdx.x + step];
+                const int i = si[threadIdx.x + step];
+                if (v > sv[threadIdx.x] || (v == sv[threadIdx.x] && i < si[threadIdx.x])) sv[threadIdx.x] = v, si[threadIdx.x] = i;
+            }
+            __syncthreads();
+        }
+        if (threadIdx.x == 0) {
+            sel[(int64_t)r * k + round] = si[0];
+            sc[si[0]] = -INFINITY;
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) nsel[r] = kk;
+}
+
+__global__ void attend_kernel(const float *q, const AttnRow *desc, int H, int hd, int window, const float *sinks,
+                              float *scratch, int max_keys, float *o) {
+    __shared__ float shf[kBlock / 32];
+    __shared__ double shd[kBlock / 32];
+    const int r = blockIdx.x / H, h = blockIdx.x % H;
+    const AttnRow d = desc[r];
+    const float *qv = q + ((int64_t)r * H + h) * hd;
+    const int64_t w0 = d.pos - window + 1 > 0 ? d.pos - window + 1 : 0;
+    const int n_win = (int)(d.pos - w0 + 1), n_keys = n_win + (d.entries ? d.n_ent : 0);
+    float *lg = scratch + (int64_t)blockIdx.x * max_keys;
+    const float scale = 1.f / sqrtf((float)hd);
+    auto key = [&](int k) -> const float * {
+        if (k < n_win) return d.kv + ((w0 + k) % d.cap) * hd;
+        const int e = k - n_win;
+        return d.entries + (int64_t)(d.sel ? d.sel[e] : e) * hd;
+    };
+    float mx = sinks[h];
+    for (int k = threadIdx.x; k < n_keys; k += blockDim.x) {
+        const float *kv = key(k);
+        float s = 0;
+        for (int i = 0; i < hd; ++i) s = fmaf(qv[i], kv[i], s);
+        lg[k] = s * scale;
+        mx = fmaxf(mx, lg[k]);
+    }
+    mx = block_max(mx, shf);
+    double den = 0;
+    for (int k = threadIdx.x; k < n_keys; k += blockDim.x) den += lg[k] = expf(lg[k] - mx);
+    den = block_sum(den, shd) + exp((double)sinks[h] - mx);
+    const float inv = (float)(1.0 / den);
+    __syncthreads();
+    float *ov = o + ((int64_t)r * H + h) * hd;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        float acc = 0;
+        for (int k = 0; k < n_keys; ++k) acc = fmaf(lg[k] * inv, key(k)[i], acc);
+        ov[i] = acc;
+    }
+}
+
+__global__ void route_rows_kernel(const float *logits, int E, int K, const int32_t *tid2eid, const int32_t *tokens,
+                                  const float *bias, float scale, int *ids, float *wts, float *sc, int rows) {
+    const int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= rows) return;
+    const float *lg = logits + (int64_t)t * E;
+    float *s = sc + (int64_t)t * E;
+    for (int e = 0; e < E; ++e) {
+        const float x = lg[e];
+        s[e] = sqrtf(x > 20.f ? x : log1pf(expf(x)));
+    }
+    int *id = ids + (int64_t)t * K;
+    if (tid2eid) {
+        for (int k = 0; k < K; ++k) id[k] = tid2eid[(int64_t)tokens[t] * K + k];
+    } else {
+        // K rounds of argmax over score + bias (ties: lower expert), excluding earlier picks.
+        for (int k = 0; k < K; ++k) {
+            int best = -1;
+            float bv = -INFINITY;
+            for (int e = 0; e < E; ++e) {
+                bool taken = false;
+                for (int j = 0; j < k; ++j) taken |= id[j] == e;
+                if (taken) continue;
+                const float v = s[e] + bias[e];
+                if (best < 0 || v > bv) best = e, bv = v;
+            }
+            id[k] = best;
+        }
+    }
+    double sum = 0;
+    for (int k = 0; k < K; ++k) sum += s[id[k]];
+    for (int k = 0; k < K; ++k) wts[(int64_t)t * K + k] = (float)(s[id[k]] / (sum + 1e-20) * scale);
+}
+
+__global__ void gather_kernel(const float *src, int width, const int *idx, float *dst) {
+    const int r = blockIdx.x;
+    for (int i = threadIdx.x; i < width; i += blockDim.x) dst[(int64_t)r * width + i] = src[(int64_t)idx[r] * width + i];
+}
+
+__global__ void swiglu_kernel(float *g, const float *u, int64_t n, float lim) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const float a = fminf(g[i], lim), b = fminf(fmaxf(u[i], -lim), lim);
+    g[i] = a / (1.f + expf(-a)) * b;
+}
+
+__global__ void scatter_add_kernel(const float *src, int width, const int *idx, const float *w, float *dst) {
+    const int r = blockIdx.x;
+    for (int i = threadIdx.x; i < width; i += blockDim.x) dst[(int64_t)idx[r] * width + i] += w[r] * src[(int64_t)r * width + i];
+}
+
+__global__ void add_kernel(float *y, const float *x, int64_t n) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] += x[i];
+}
+
+__global__ void hyper_head_kernel(const float *H, const int32_t *idx, const float *mix, const float *base, const float *scale,
+                                  int hc, int D, float hc_eps, const float *norm_w, float rms_eps, float *y) {
+    __shared__ double sh[kBlock / 32];
+    const int r = blockIdx.x;
+    const float *h = H + (int64_t)idx[r] * hc * D;
+    float *yr = y + (int64_t)r * D;
+    double ss = 0;
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+        float v = 0;
+        for (int k = 0; k < hc; ++k) v += (sigmoidf(mix[r * hc + k] * scale[0] + base[k]) + hc_eps) * h[(int64_t)k * D + d];
+        yr[d] = v;
+        ss += (double)v * v;
+    }
+    ss = block_sum(ss, sh);
+    const float inv = (float)(1.0 / sqrt(ss / (double)D + (double)rms_eps));
+    for (int d = threadIdx.x; d < D; d += blockDim.x) yr[d] = yr[d] * inv * norm_w[d];
+}
+
+unsigned blocks_for(int64_t n, int per) { return (unsigned)((n + per - 1) / per); }
+
+}  // namespace
+
+void rmsnorm_rows(cudaStream_t s, const float *x, int64_t xs, const int32_t *idx, int64_t n, const float *w, float eps,
+                  float *out, int64_t os, int rows) {
+    if (rows <= 0) return;
+    rmsnorm_kernel<<<rows, kBlock, 0, s>>>(x, xs, idx, n, w, eps, out, os);
+    DS4_CUDA_LAUNCHED();
+}
+
+void hc_pre_mix(cudaStream_t s, const float *mix, const float *base, const float *scale, const float *H, int hc, int D,
+                int iters, float eps, float *post, float *comb, float *X, int rows) {
+    if (hc > 16) fail("CUDA backend: more than 16 hyper-connection streams");
+    if (rows <= 0) return;
+    hc_pre_kernel<<<rows, kBlock, 0, s>>>(mix, base, scale, H, hc, D, iters, eps, post, comb, X);
+    DS4_CUDA_LAUNCHED();
+}
+
+void hc_post(cudaStream_t s, float *H, const float *A, const float *post, const float *comb, int hc, int D, int rows) {
+    if (rows <= 0) return;
+    hc_post_kernel<<<dim3(blocks_for(D, kBlock), rows), kBlock, 0, s>>>(H, A, post, comb, hc, D);
+    DS4_CUDA_LAUNCHED();
+}
+
+void norm_rope_heads(cudaStream_t s, float *x, int n_heads, int hd, bool norm, const float *w, float eps, const int64_t *pos,
+                     const float *inv_freq, int n_pairs, float sign, int rows) {
+    if (rows <= 0) return;
+    norm_rope_kernel<<<rows * n_heads, 128, 0, s>>>(x, n_heads, hd, norm, w, eps, pos, inv_freq, n_pairs, sign);
+    DS4_CUDA_LAUNCHED();
+}
+
+void scatter_rows(cudaStream_t s, const float *src, int width, float *const *dst, int rows) {
+    if (rows <= 0) return;
+    scatter_rows_kernel<<<rows, 128, 0, s>>>(src, width, dst);
+    DS4_CUDA_LAUNCHED();
+}
+
+void comp_ring_write(cudaStream_t s, const float *p_kv, const float *p_gate, int row0, const float *ape, int width, int ratio,
+                     int64_t n0, int n, float *kv_ring, float *gate_ring, int cap) {
+    if (n <= 0) return;
+    comp_ring_kernel<<<n, 128, 0, s>>>(p_kv, p_gate, row0, ape, width, ratio, n0, kv_ring, gate_ring, cap);
+    DS4_CUDA_LAUNCHED();
+}
+
+void comp_emit(cudaStream_t s, const float *kv_ring, const float *gate_ring, int cap, int width, int dim, int ratio,
+               bool overlap, int first, int last, float *entries, const float *norm_w, float eps, const float *inv_freq,
+               int n_pairs) {
+    if (last <= first) return;
+    comp_emit_kernel<<<last - first, 128, 0, s>>>(kv_ring, gate_ring, cap, width, dim, ratio, overlap, first, entries, norm_w,
+                                                  eps, inv_freq, n_pairs);
+    DS4_CUDA_LAUNCHED();
+}
+
+void indexer_scores(cudaStream_t s, const float *iq, const float *iw, int IH, int Id, const float *const *entries,
+                    const int *n_vis, int max_vis, float *scores, int rows) {
+    if (rows <= 0 || max_vis <= 0) return;
+    indexer_scores_kernel<<<dim3(blocks_for(max_vis, 128), rows), 128, 0, s>>>(iq, iw, IH, Id, entries, n_vis, max_vis, scores);
+    DS4_CUDA_LAUNCHED();
+}
+
+void topk_rows(cudaStream_t s, float *scores, int stride, const int *n_vis, int k, int *sel, int *nsel, int rows) {
+    if (rows <= 0) return;
+    topk_kernel<<<rows, kBlock, 0, s>>>(scores, stride, n_vis, k, sel, nsel);
+    DS4_CUDA_LAUNCHED();
+}
+
+void attend(cudaStream_t s, const float *q, const AttnRow *desc, int H, int hd, int window, const float *sinks, float *scratch,
+            int max_keys, float *o, int rows) {
+    if (rows <= 0) return;
+    attend_kernel<<<rows * H, 128, 0, s>>>(q, desc, H, hd, window, sinks, scratch, max_keys, o);
+    DS4_CUDA_LAUNCHED();
+}
+
+void route(cudaStream_t s, const float *logits, int E, int K, const int32_t *tid2eid, const int32_t *tokens, const float *bias,
+           float scale, int *ids, float *wts, int rows) {
+    // The scores overwrite the logits in place (one thread owns a row).
+    if (rows <= 0) return;
+    route_rows_kernel<<<blocks_for(rows, 64), 64, 0, s>>>(logits, E, K, tid2eid, tokens, bias, scale, ids, wts,
+                                                         const_cast<float *>(logits), rows);
+    DS4_CUDA_LAUNCHED();
+}
+
+void gather_rows(cudaStream_t s, const float *src, int width, const int *idx, float *dst, int rows) {
+    if (rows <= 0) return;
+    gather_kernel<<<rows, 128, 0, s>>>(src, width, idx, dst);
+    DS4_CUDA_LAUNCHED();
+}
+
+void swiglu(cudaStream_t s, float *g, const float *u, int64_t n, float lim) {
+    if (n <= 0) return;
+    swiglu_kernel<<<blocks_for(n, kBlock), kBlock, 0, s>>>(g, u, n, lim);
+    DS4_CUDA_LAUNCHED();
+}
+
+void scatter_add_rows(cudaStream_t s, const float *src, int width, const int *idx, const float *w, float *dst, int rows) {
+    if (rows <= 0) return;
+    scatter_add_kernel<<<rows, 128, 0, s>>>(src, width, idx, w, dst);
+    DS4_CUDA_LAUNCHED();
+}
+
+void add(cudaStream_t s, float *y, const float *x, int64_t n) {
+    if (n <= 0) return;
+    add_kernel<<<blocks_for(n, kBlock), kBlock, 0, s>>>(y, x, n);
+    DS4_CUDA_LAUNCHED();
+}
+
+void hyper_head(cudaStream_t s, const float *H, const int32_t *idx, const float *mix, const float *base, const float *scale,
+                int hc, int D, float hc_eps, const float *norm_w, float rms_eps, float *y, int rows) {
+    if (rows <= 0) return;
+    hyper_head_kernel<<<rows, kBlock, 0, s>>>(H, idx, mix, base, scale, hc, D, hc_eps, norm_w, rms_eps, y);
+    DS4_CUDA_LAUNCHED();
+}
+
+}  // namespace ds4::cuda

@@ -1,0 +1,232 @@
+// The CUDA backend end to end: HF reference parity on float32 fixtures (every mode), every
+// tensor type against the CPU backend on the same file, batch-first steps, trial/commit,
+// and payload tails that move between backends. Skips when no CUDA device is present.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <unistd.h>
+
+#include "cuda/cuda_backend.h"
+#include "engine/model/model.h"
+#include "engine/model/session.h"
+#include "engine/quant/quants.h"
+#include "tests/engine/fixture.h"
+
+using namespace ds4;
+using namespace ds4test;
+
+namespace {
+
+#define NEED_DEVICE()                                                          \
+    do {                                                                       \
+        std::string why;                                                       \
+        if (!cuda::cuda_device_available(&why)) GTEST_SKIP() << "no CUDA device: " << why; \
+    } while (0)
+
+std::unique_ptr<Model> open(const std::string &path, BackendKind b) {
+    ModelOptions o;
+    o.n_threads = 2;
+    o.backend = b;
+    return Model::open(path, o);
+}
+
+std::vector<float> run_mode(const Model &m, const std::vector<int32_t> &toks, const std::string &mode, int cap = 0) {
+    Session s(m, (int)toks.size(), cap);
+    std::vector<float> all, part;
+    if (mode == "prefill") {
+        s.sync(toks, {}, &all);
+    } else if (mode == "decode") {
+        s.sync(std::span<const int32_t>(toks).first(1));
+        all = s.logits();
+        for (size_t i = 1; i < toks.size(); ++i) {
+            s.eval(toks[i]);
+            all.insert(all.end(), s.logits().begin(), s.logits().end());
+        }
+    } else {
+        const size_t n = std::stoul(mode);
+        for (size_t end = std::min(n, toks.size());; end = std::min(end + n, toks.size())) {
+            s.sync(std::span<const int32_t>(toks).first(end), {}, &part);
+            all.insert(all.end(), part.begin(), part.end());
+            if (end == toks.size()) break;
+        }
+    }
+    return all;
+}
+
+double rel(const std::vector<float> &ref, const std::vector<float> &got) {
+    EXPECT_EQ(ref.size(), got.size());
+    float mx = 0, d = 0;
+    for (size_t i = 0; i < ref.size() && i < got.size(); ++i) {
+        if (!std::isfinite(got[i])) return INFINITY;
+        mx = std::max(mx, std::fabs(ref[i]));
+        d = std::max(d, std::fabs(ref[i] - got[i]));
+    }
+    return mx > 0 ? d / mx : d;
+}
+
+class CudaParity : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CudaParity, F32AllModesMatchReference) {
+    NEED_DEVICE();
+    RefFixture fx = load_fixture(GetParam());
+    auto m = open(converted_gguf(fx.name, "f32"), BackendKind::Cuda);
+    for (const char *mode : {"prefill", "decode", "5", "16"}) {
+        std::vector<float> got = run_mode(*m, fx.tokens, mode);
+        ASSERT_EQ(got.size(), fx.logits.size()) << mode;
+        const double e = rel_error(fx.logits, got, fx.vocab);
+        EXPECT_LE(e, 1e-4) << fx.name << " mode " << mode;
+        std::printf("[cuda parity] %s f32 %-7s rel %.3g\n", fx.name.c_str(), mode, e);
+    }
+    std::vector<float> got = run_mode(*m, fx.tokens, "prefill", 7);
+    EXPECT_LE(rel_error(fx.logits, got, fx.vocab), 1e-4) << fx.name << " prefill cap 7";
+}
+
+// Converted half / bf16 / q8_0 files: the GPU (f32 activations) must be at least as close to
+// the reference as the CPU (q8 activations for q8_0 weights) on the same file.
+TEST_P(CudaParity, ConvertedTypesAsCloseAsTheCpu) {
+    NEED_DEVICE();
+    RefFixture fx = load_fixture(GetParam());
+    for (const char *type : {"f16", "bf16", "q8_0"}) {
+        const std::string path = converted_gguf(fx.name, type);
+        auto cpu = open(path, BackendKind::Cpu), gpu = open(path, BackendKind::Cuda);
+        for (const char *mode : {"prefill", "decode"}) {
+            const double ec = rel_error(fx.logits, run_mode(*cpu, fx.tokens, mode), fx.vocab);
+            const double eg = rel_error(fx.logits, run_mode(*gpu, fx.tokens, mode), fx.vocab);
+            std::printf("[cuda parity] %s %-5s %-7s vs HF: cpu %.3g gpu %.3g\n", fx.name.c_str(), type, mode, ec, eg);
+            EXPECT_LE(eg, std::max(1.2 * ec, 1e-4)) << fx.name << " " << type << " " << mode;
+        }
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaParity, ::testing::Values("mix", "flashlike", "wide"));
+
+// Every tensor type: a random model from ds4-make-model stored in that type, on the GPU,
+// against the CPU running the same weights decoded to f32 (so both do the same math: the
+// GPU keeps activations in f32, while the CPU quantises them for block-format weights, an
+// error a random model amplifies past any useful bound).
+std::string decode_to_f32(const std::string &path) {
+    auto r = gguf::Reader::open(path);
+    gguf::Writer w;
+    for (const auto &[k, v] : r->metadata()) w.set(k, v);
+    std::vector<float> f;
+    for (const gguf::TensorInfo &t : r->tensors()) {
+        if (t.type == gguf::Type::F32 || t.type == gguf::Type::I32) {
+            w.add_tensor(t.name, t.type, t.ne, t.data, t.nbytes);
+            continue;
+        }
+        f.resize((size_t)t.nelements());
+        quant::dequantize_row(t.type, t.data, f.data(), t.nelements());
+        w.add_tensor(t.name, gguf::Type::F32, t.ne, f.data(), f.size() * sizeof(float));
+    }
+    const std::string out = path + ".f32.gguf";
+    w.write(out);
+    return out;
+}
+
+class CudaTypes : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CudaTypes, MatchesCpuOnTheDecodedWeights) {
+    NEED_DEVICE();
+    const std::string type = GetParam();   // "--type:--expert-type"
+    const std::string t = type.substr(0, type.find(':')), et = type.substr(type.find(':') + 1);
+    char dir[] = "/tmp/ds4-cuda-types-XXXXXX";
+    ASSERT_TRUE(mkdtemp(dir));
+    const std::string path = std::string(dir) + "/m.gguf";
+    const std::string cmd = std::string(DS4_MAKE_MODEL_BIN) + " --preset tiny --embd 256 --expert-ff 256 --type " + t +
+                            " --expert-type " + et + " --quiet " + path;
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    const std::string plain = decode_to_f32(path);
+    auto cpu = open(plain, BackendKind::Cpu), gpu = open(path, BackendKind::Cuda), cpu_q = open(path, BackendKind::Cpu);
+    std::vector<int32_t> toks;
+    for (int i = 0; i < 40; ++i) toks.push_back((i * 37 + 11) % cpu->config().n_vocab);
+    for (const char *mode : {"prefill", "decode"}) {
+        const std::vector<float> c = run_mode(*cpu, toks, mode), g = run_mode(*gpu, toks, mode);
+        const double e = rel(c, g), eq = rel(run_mode(*cpu_q, toks, mode), g);
+        std::printf("[cuda types] %-12s %-7s gpu vs cpu(decoded f32) %.3g   (vs cpu on the file itself %.3g)\n",
+                    type.c_str(), mode, e, eq);
+        EXPECT_LE(e, 1e-4) << type << " " << mode;
+    }
+    std::remove(path.c_str());
+    std::remove(plain.c_str());
+    rmdir(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, CudaTypes, ::testing::Values("f32:f32", "f16:f16", "bf16:bf16", "q8_0:q8_0", "f32:q4_k", "f32:q2_k",
+                                                   "f32:iq2_xxs", "f32:ds4-q2", "f32:ds4-q4"));
+
+struct CudaSessions : ::testing::Test {
+    void SetUp() override {
+        std::string why;
+        if (!cuda::cuda_device_available(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+        fx = load_fixture("mix");
+        gpu = open(converted_gguf("mix", "f32"), BackendKind::Cuda);
+        cpu = open(converted_gguf("mix", "f32"), BackendKind::Cpu);
+    }
+    RefFixture fx;
+    std::unique_ptr<Model> gpu, cpu;
+    std::span<const int32_t> toks(size_t off, size_t n) const { return std::span<const int32_t>(fx.tokens).subspan(off, n); }
+};
+
+TEST_F(CudaSessions, EightSessionsInOneStepMatchEachAlone) {
+    auto ex = gpu->make_executor();
+    std::vector<std::unique_ptr<Session>> together, alone;
+    for (int i = 0; i < 8; ++i) {
+        together.push_back(std::make_unique<Session>(*gpu, *ex, 96));
+        alone.push_back(std::make_unique<Session>(*gpu, 96));
+        together[i]->sync(toks(i, 3 + 5 * i));
+        alone[i]->sync(toks(i, 3 + 5 * i));
+    }
+    for (int k = 0; k < 10; ++k) {
+        std::vector<BatchRow> rows;
+        for (int i = 0; i < 8; ++i) {
+            const int32_t t = fx.tokens[(11 * i + 3 * k + 1) % fx.tokens.size()];
+            rows.push_back({together[i].get(), t, together[i]->pos(), true});
+            alone[i]->eval(t);
+        }
+        forward_batch(*ex, rows, nullptr);
+        for (int i = 0; i < 8; ++i) EXPECT_LE(rel(alone[i]->logits(), together[i]->logits()), 1e-5) << i << " step " << k;
+    }
+}
+
+TEST_F(CudaSessions, TrialCommitEqualsASessionThatOnlySawThePrefix) {
+    const int V = fx.vocab;
+    for (int n0 : {0, 5, 8, 13, 21}) {
+        for (int j : {0, 2, 6}) {
+            Session t(*gpu, 64, 8, 0), r(*gpu, 64, 8, 0);
+            if (n0) t.sync(toks(0, n0));
+            t.trial(toks(n0, 6), nullptr);
+            t.commit(j);
+            if (n0 + j) r.sync(toks(0, n0 + j));
+            ASSERT_EQ(t.tokens(), r.tokens());
+            if (r.has_logits()) {
+                EXPECT_LE(rel(r.logits(), t.logits()), 1e-5) << n0 << " " << j;
+            }
+            for (int s = 0; s < 4; ++s) {
+                t.eval(fx.tokens[40 + s]);
+                r.eval(fx.tokens[40 + s]);
+                EXPECT_LE(rel(r.logits(), t.logits()), 1e-5) << n0 << " " << j << " continue " << s;
+            }
+            (void)V;
+        }
+    }
+}
+
+TEST_F(CudaSessions, PayloadTailsMoveBetweenBackends) {
+    for (auto [from, to] : {std::pair{gpu.get(), cpu.get()}, std::pair{cpu.get(), gpu.get()}}) {
+        Session a(*from, 96), b(*to, 96), ref(*to, 96);
+        a.sync(toks(0, 37));
+        const std::vector<uint8_t> tail = a.save_tail();
+        b.load_tail(tail.data(), tail.size(), a.tokens());
+        ref.sync(toks(0, 37));
+        EXPECT_EQ(b.logits(), a.logits());   // the saved logits themselves
+        for (int s = 0; s < 6; ++s) {
+            b.eval(fx.tokens[50 + s]);
+            ref.eval(fx.tokens[50 + s]);
+            EXPECT_LE(rel(ref.logits(), b.logits()), 1e-4) << from->backend().name() << " -> " << to->backend().name();
+        }
+    }
+}
+
+}  // namespace
