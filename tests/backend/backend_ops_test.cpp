@@ -12,7 +12,7 @@
 // weight layout by ds4-make-model's library -- every matrix role in one type (F32, F16,
 // BF16, Q8_0, Q4_K, Q2_K, IQ2_XXS), or ds4's own mixed layouts ds4-q2 / ds4-q4 -- and each
 // backend in kBackends runs the same cases. A new backend (CUDA) is one more entry in
-// kBackends and one more branch in backend_for().
+// kBackends and one more branch in options_for() / backend_for().
 //
 // Shapes are tiny but every matrix row is a multiple of 256 elements so the 256-block
 // types (Q4_K, Q2_K, IQ2_XXS) apply to every matrix. 16 indexer heads and top-k 2 make
@@ -125,50 +125,14 @@ bool quantised(const std::string &weights) {
     return false;
 }
 
-// One model per weight layout. ctest runs each test in its
-// own process, so the files are kept in the build tree (DS4_OPS_MODEL_DIR) and made once:
-// written under a temporary name and renamed, so parallel test processes never see a
-// partial file; a file of another shape or type (an older version of this test) is
-// replaced.
-const Model &model_for(const std::string &weights) {
-    static std::map<std::string, std::unique_ptr<Model>> cache;
-    auto it = cache.find(weights);
-    if (it != cache.end()) return *it->second;
-    const ModelConfig want = op_config();
-    const std::string dir = DS4_OPS_MODEL_DIR;
-    std::filesystem::create_directories(dir);
-    const std::string path = dir + "/ops-" + weights + ".gguf";
-    const std::map<convert::Role, Type> types = role_types(weights);
-    std::unique_ptr<Model> m;
-    if (std::filesystem::exists(path)) {
-        try {
-            m = Model::open(path);
-            const LayerWeights &L0 = m->weights().layers[0];
-            if (!same_shape(m->config(), want) || L0.gate_exps.first.type != types.at(convert::Role::ExpertGate) ||
-                L0.down_exps.first.type != types.at(convert::Role::ExpertDown) ||
-                L0.q_a.type != types.at(convert::Role::AttnProj) || L0.hc_attn_fn.type != types.at(convert::Role::HcFn))
-                m.reset();
-        } catch (const std::exception &) {
-            m.reset();
-        }
-    }
-    if (!m) {
-        make_model::MakeModelOptions o;
-        o.cfg = want;
-        o.seed = 1000 + std::hash<std::string>{}(weights) % 1000;
-        o.threads = 2;
-        o.progress = false;
-        o.role_types = types;
-        const std::string tmp = path + ".tmp." + std::to_string(getpid());
-        make_model::make_model(o, tmp);
-        std::filesystem::rename(tmp, path);
-        m = Model::open(path);
-    }
-    return *cache.emplace(weights, std::move(m)).first->second;
-}
-
-// The backends under test. A device backend is added here and in backend_for().
+// The backends under test. A device backend is one more name here, its ModelOptions in
+// options_for() and its branch in backend_for().
 const char *const kBackends[] = {"cpu"};
+
+ModelOptions options_for(const std::string &backend) {
+    if (backend == "cpu") return ModelOptions{};
+    fail("backend_ops_test: unknown backend " + backend);
+}
 
 const Backend &backend_for(const std::string &name, const Model &m) {
     if (name == "cpu") {
@@ -176,6 +140,50 @@ const Backend &backend_for(const std::string &name, const Model &m) {
         return m.backend();
     }
     fail("backend_ops_test: unknown backend " + name);
+}
+
+// The model file of a weight layout. ctest runs each test in its own process, so the files
+// are kept in the build tree (DS4_OPS_MODEL_DIR) and made once: written under a temporary
+// name and renamed, so parallel test processes never see a partial file; a file of another
+// shape or type (an older version of this test) is replaced.
+std::string model_file(const std::string &weights) {
+    const ModelConfig want = op_config();
+    const std::string dir = DS4_OPS_MODEL_DIR;
+    std::filesystem::create_directories(dir);
+    const std::string path = dir + "/ops-" + weights + ".gguf";
+    const std::map<convert::Role, Type> types = role_types(weights);
+    if (std::filesystem::exists(path)) {
+        try {
+            std::unique_ptr<Model> m = Model::open(path);
+            const LayerWeights &L0 = m->weights().layers[0];
+            if (same_shape(m->config(), want) && L0.gate_exps.first.type == types.at(convert::Role::ExpertGate) &&
+                L0.down_exps.first.type == types.at(convert::Role::ExpertDown) &&
+                L0.q_a.type == types.at(convert::Role::AttnProj) && L0.hc_attn_fn.type == types.at(convert::Role::HcFn))
+                return path;
+        } catch (const std::exception &) {
+        }
+    }
+    make_model::MakeModelOptions o;
+    o.cfg = want;
+    uint64_t seed = 1000;
+    for (char ch : weights) seed = seed * 31 + (unsigned char)ch;
+    o.seed = seed;
+    o.threads = 2;
+    o.progress = false;
+    o.role_types = types;
+    const std::string tmp = path + ".tmp." + std::to_string(getpid());
+    make_model::make_model(o, tmp);
+    std::filesystem::rename(tmp, path);
+    return path;
+}
+
+// One opened model per (backend, weight layout), kept for the process.
+const Model &model_for(const std::string &backend, const std::string &weights) {
+    static std::map<std::string, std::unique_ptr<Model>> cache;
+    const std::string key = backend + "/" + weights;
+    auto it = cache.find(key);
+    if (it == cache.end()) it = cache.emplace(key, Model::open(model_file(weights), options_for(backend))).first;
+    return *it->second;
 }
 
 // f32/f16/bf16 weights meet f32 activations: only float rounding separates the engine from
@@ -422,7 +430,7 @@ double rel_error(const Vec &ref, const std::vector<float> &got, double *max_ref)
 class BackendOps : public testing::TestWithParam<OpParam> {
 protected:
     void SetUp() override {
-        model_ = &model_for(GetParam().weights);
+        model_ = &model_for(GetParam().backend, GetParam().weights);
         backend_ = &backend_for(GetParam().backend, *model_);
         // One executor per test, reused across its layouts and layers: a warm executor
         // must not carry anything over from a previous step of another shape.
