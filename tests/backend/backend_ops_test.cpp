@@ -931,54 +931,55 @@ TEST_P(BackendOps, IndexerTopkAttend) {
     const Rope &rope = m().rope(true);
     std::mt19937 rng(18);
     int selective_rows = 0;   // rows where the indexer had more candidates than top-k
-    for (bool ties : {false, true})
-    for (const auto &segs : kLayouts) {
-        Step st(*backend_, c, segs, rng);
-        const AttnCaches a = fill_attn_caches(st, c, l, rng, ties);
-        const std::vector<float> QR = randn(rng, (size_t)st.R * c.q_lora), XN = randn(rng, (size_t)st.R * D),
-                                 Q = randn(rng, (size_t)st.R * H * hd);
-        Executor *ex = ex_.get();
-        ex->begin(st.lay);
-        ex->upload(Act::QR, QR.data(), QR.size());
-        ex->upload(Act::XN, XN.data(), XN.size());
-        ex->upload(Act::Q, Q.data(), Q.size());
-        ex->indexer_topk(l, L, rope, K);
-        ex->attend(l, AttnSpec{W, r, true}, L.sinks.data(), rope);
-        std::vector<float> O(Q.size());
-        ex->download(Act::O, O.data(), O.size());
-        for (int t = 0; t < st.R; ++t) selective_rows += std::min<int>(a.n_ient[st.seg[t]], (int)((st.pos[t] + 1) / r)) > K;
-        verify(ties ? "indexer_topk+attend l1 ties" : "indexer_topk+attend l1", {"O"}, {O},
-               [&](bool emu) {
-                   Ref rf{c, emu};
-                   Vec o;
-                   for (int t = 0; t < st.R; ++t) {
-                       const int s = st.seg[t];
-                       const int64_t pos = st.pos[t];
-                       const Vec iq = rf.mv(L.i_q_b, row_of(QR, t, c.q_lora));
-                       const Vec iw = rf.mv(L.i_proj, row_of(XN, t, D));
-                       std::vector<std::pair<double, int>> sc;
-                       const int n_vis = std::min<int>(a.n_ient[s], (int)((pos + 1) / r));
-                       for (int e = 0; e < n_vis; ++e) {
-                           const float *k = a.ient[s].data() + (size_t)e * Id;
-                           double score = 0;
-                           for (int h = 0; h < IH; ++h) {
-                               Vec qh(iq.begin() + h * Id, iq.begin() + (h + 1) * Id);
-                               Ref::rope(qh.data(), Id, rope, pos, 1);
-                               double d = 0;
-                               for (int i = 0; i < Id; ++i) d += qh[i] * k[i];
-                               score += std::max(d, 0.0) / std::sqrt((double)Id) * iw[h] / std::sqrt((double)IH);
+    for (bool ties : {false, true}) {
+        for (const auto &segs : kLayouts) {
+            Step st(*backend_, c, segs, rng);
+            const AttnCaches a = fill_attn_caches(st, c, l, rng, ties);
+            const std::vector<float> QR = randn(rng, (size_t)st.R * c.q_lora), XN = randn(rng, (size_t)st.R * D),
+                                     Q = randn(rng, (size_t)st.R * H * hd);
+            Executor *ex = ex_.get();
+            ex->begin(st.lay);
+            ex->upload(Act::QR, QR.data(), QR.size());
+            ex->upload(Act::XN, XN.data(), XN.size());
+            ex->upload(Act::Q, Q.data(), Q.size());
+            ex->indexer_topk(l, L, rope, K);
+            ex->attend(l, AttnSpec{W, r, true}, L.sinks.data(), rope);
+            std::vector<float> O(Q.size());
+            ex->download(Act::O, O.data(), O.size());
+            for (int t = 0; t < st.R; ++t) selective_rows += std::min<int>(a.n_ient[st.seg[t]], (int)((st.pos[t] + 1) / r)) > K;
+            verify(ties ? "indexer_topk+attend l1 ties" : "indexer_topk+attend l1", {"O"}, {O},
+                   [&](bool emu) {
+                       Ref rf{c, emu};
+                       Vec o;
+                       for (int t = 0; t < st.R; ++t) {
+                           const int s = st.seg[t];
+                           const int64_t pos = st.pos[t];
+                           const Vec iq = rf.mv(L.i_q_b, row_of(QR, t, c.q_lora));
+                           const Vec iw = rf.mv(L.i_proj, row_of(XN, t, D));
+                           std::vector<std::pair<double, int>> sc;
+                           const int n_vis = std::min<int>(a.n_ient[s], (int)((pos + 1) / r));
+                           for (int e = 0; e < n_vis; ++e) {
+                               const float *k = a.ient[s].data() + (size_t)e * Id;
+                               double score = 0;
+                               for (int h = 0; h < IH; ++h) {
+                                   Vec qh(iq.begin() + h * Id, iq.begin() + (h + 1) * Id);
+                                   Ref::rope(qh.data(), Id, rope, pos, 1);
+                                   double d = 0;
+                                   for (int i = 0; i < Id; ++i) d += qh[i] * k[i];
+                                   score += std::max(d, 0.0) / std::sqrt((double)Id) * iw[h] / std::sqrt((double)IH);
+                               }
+                               sc.push_back({score, e});
                            }
-                           sc.push_back({score, e});
+                           std::stable_sort(sc.begin(), sc.end(), [](auto &x, auto &y) { return x.first > y.first; });
+                           std::vector<const float *> keys = window_keys(a, s, pos, W);
+                           for (int i = 0; i < std::min<int>(K, (int)sc.size()); ++i)
+                               keys.push_back(a.ent[s].data() + (size_t)sc[i].second * hd);
+                           append(o, ref_attend_row(c, Q, t, pos, keys, L.sinks.data(), rope));
                        }
-                       std::stable_sort(sc.begin(), sc.end(), [](auto &x, auto &y) { return x.first > y.first; });
-                       std::vector<const float *> keys = window_keys(a, s, pos, W);
-                       for (int i = 0; i < std::min<int>(K, (int)sc.size()); ++i)
-                           keys.push_back(a.ent[s].data() + (size_t)sc[i].second * hd);
-                       append(o, ref_attend_row(c, Q, t, pos, keys, L.sinks.data(), rope));
-                   }
-                   return Outs{o};
-               },
-               /*discrete=*/true);
+                       return Outs{o};
+                   },
+                   /*discrete=*/true);
+        }
     }
     EXPECT_GE(selective_rows, 4) << "the layouts must make the indexer choose";
 }
