@@ -2,6 +2,7 @@
 // encodings, session caches in device memory, executors on their own streams. Reached only
 // from engine/model (Model::open with the cuda backend).
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -13,7 +14,10 @@ namespace ds4::cuda {
 // Whether a CUDA device can be used; why says what is missing otherwise.
 bool cuda_device_available(std::string *why);
 // The rope tables must outlive the backend (they are the Model's).
+// Fails with the numbers (needed vs free) when the weights do not fit, and leaves nothing
+// allocated. progress(done, total) follows the copy to the device.
 std::unique_ptr<Backend> make_cuda_backend(const ModelConfig &c, const gguf::Reader &r, const ModelWeights &w,
-                                           const Rope &rope_main, const Rope &rope_compress);
+                                           const Rope &rope_main, const Rope &rope_compress,
+                                           const std::function<void(uint64_t, uint64_t)> &progress = {});
 
 }  // namespace ds4::cuda

@@ -336,13 +336,24 @@ private:
 
 class CudaBackend final : public Backend {
 public:
-    CudaBackend(const ModelConfig &c, const gguf::Reader &r, const ModelWeights &w, const Rope &main, const Rope &comp)
-        : c_(c), dw_(r, w) {
+    CudaBackend(const ModelConfig &c, const gguf::Reader &r, const ModelWeights &w, const Rope &main, const Rope &comp,
+                const std::function<void(uint64_t, uint64_t)> &progress)
+        : c_(c), dw_(r, w, progress) {
         dw_.place(main.inv_freq.data(), main.inv_freq.size() * sizeof(float));
         dw_.place(comp.inv_freq.data(), comp.inv_freq.size() * sizeof(float));
         init_quant_tables();
     }
     std::string name() const override { return "cuda"; }
+    DeviceInfo device_info() const override {
+        DeviceInfo d;
+        int dev = 0;
+        cudaDeviceProp p{};
+        if (cudaGetDevice(&dev) == cudaSuccess && cudaGetDeviceProperties(&p, dev) == cudaSuccess) d.name = p.name;
+        size_t fr = 0, tot = 0;
+        if (cudaMemGetInfo(&fr, &tot) == cudaSuccess) d.free = fr, d.total = tot;
+        d.weight_bytes = dw_.bytes();
+        return d;
+    }
     std::unique_ptr<SessionState> make_state(const CacheGeometry &g) const override {
         return std::make_unique<CudaSessionState>(g);
     }
@@ -366,10 +377,19 @@ bool cuda_device_available(std::string *why) {
 }
 
 std::unique_ptr<Backend> make_cuda_backend(const ModelConfig &c, const gguf::Reader &r, const ModelWeights &w,
-                                           const Rope &rope_main, const Rope &rope_compress) {
+                                           const Rope &rope_main, const Rope &rope_compress,
+                                           const std::function<void(uint64_t, uint64_t)> &progress) {
     std::string why;
-    if (!cuda_device_available(&why)) fail("CUDA backend: " + why);
-    return std::make_unique<CudaBackend>(c, r, w, rope_main, rope_compress);
+    if (!cuda_device_available(&why)) fail("CUDA backend: no usable GPU (" + why + ")");
+    size_t fr = 0, tot = 0;
+    DS4_CUDA_CHECK(cudaMemGetInfo(&fr, &tot));
+    // Weights plus a margin for caches, scratch and the CUDA context's own needs.
+    const uint64_t need = r.total_tensor_bytes() + w.owned_bytes, margin = 512ull << 20;
+    if (need + margin > fr)
+        failf("CUDA backend: the model needs %.2f GiB of VRAM for its weights (+%.2f GiB working margin), %.2f GiB of "
+              "%.2f GiB are free",
+              need / 1073741824.0, margin / 1073741824.0, fr / 1073741824.0, tot / 1073741824.0);
+    return std::make_unique<CudaBackend>(c, r, w, rope_main, rope_compress, progress);
 }
 
 }  // namespace ds4::cuda

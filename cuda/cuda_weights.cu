@@ -4,10 +4,16 @@
 
 namespace ds4::cuda {
 
-DeviceWeights::DeviceWeights(const gguf::Reader &r, const ModelWeights &w) {
+DeviceWeights::DeviceWeights(const gguf::Reader &r, const ModelWeights &w,
+                             const std::function<void(uint64_t, uint64_t)> &progress) {
     try {
-        for (const gguf::TensorInfo &t : r.tensors())
+        const uint64_t total = r.total_tensor_bytes();
+        uint64_t done = 0, shown = 0;
+        for (const gguf::TensorInfo &t : r.tensors()) {
             if (t.data && t.nbytes) place(t.data, t.nbytes);
+            done += t.nbytes;
+            if (progress && (done - shown >= (1ull << 30) || done == total)) progress(shown = done, total);
+        }
         auto vec = [&](const std::vector<float> &v) {
             if (!v.empty()) place(v.data(), v.size() * sizeof(float));
         };

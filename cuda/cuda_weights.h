@@ -4,6 +4,7 @@
 // one of those host ranges to the same byte of its device copy.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <vector>
 
@@ -14,7 +15,7 @@ namespace ds4::cuda {
 
 class DeviceWeights {
 public:
-    DeviceWeights(const gguf::Reader &r, const ModelWeights &w);
+    DeviceWeights(const gguf::Reader &r, const ModelWeights &w, const std::function<void(uint64_t, uint64_t)> &progress = {});
     // Places one more host range (e.g. rope tables) and makes it translatable.
     void place(const void *host, uint64_t n);
     ~DeviceWeights();

@@ -118,10 +118,18 @@ public:
     virtual uint64_t scratch_bytes() const = 0;
 };
 
+// What a backend runs on, for memory reports.
+struct DeviceInfo {
+    std::string name;               // "cpu", or the GPU's name
+    uint64_t total = 0, free = 0;   // device memory (0 for the CPU)
+    uint64_t weight_bytes = 0;      // weights placed in device memory (0 for the CPU)
+};
+
 class Backend {
 public:
     virtual ~Backend() = default;
     virtual std::string name() const = 0;
+    virtual DeviceInfo device_info() const = 0;
     virtual std::unique_ptr<SessionState> make_state(const CacheGeometry &g) const = 0;
     // n_threads: CPU workers (0 = all cores); ignored where it means nothing.
     virtual std::unique_ptr<Executor> make_executor(int n_threads) const = 0;

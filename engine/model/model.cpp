@@ -52,9 +52,16 @@ std::unique_ptr<Model> Model::open(const std::string &path, const ModelOptions &
     m->w_ = ModelWeights::bind(*m->reader_, m->cfg_);
     m->rope_main_ = Rope::for_layer_kind(m->cfg_, false);
     m->rope_compress_ = Rope::for_layer_kind(m->cfg_, true);
-    if (opt.backend == BackendKind::Cuda) {
+    BackendKind kind = opt.backend;
+    if (kind == BackendKind::Auto) {
+        kind = BackendKind::Cpu;
 #ifdef DS4_HAVE_CUDA
-        m->backend_ = cuda::make_cuda_backend(m->cfg_, *m->reader_, m->w_, m->rope_main_, m->rope_compress_);
+        if (cuda::cuda_device_available(nullptr)) kind = BackendKind::Cuda;
+#endif
+    }
+    if (kind == BackendKind::Cuda) {
+#ifdef DS4_HAVE_CUDA
+        m->backend_ = cuda::make_cuda_backend(m->cfg_, *m->reader_, m->w_, m->rope_main_, m->rope_compress_, opt.progress);
 #else
         fail("this build of ds4 has no CUDA backend (configure with a CUDA compiler, DS4_CUDA=ON)");
 #endif
@@ -65,6 +72,14 @@ std::unique_ptr<Model> Model::open(const std::string &path, const ModelOptions &
     m->default_threads_ = opt.n_threads;
     m->fingerprint_ = compute_fingerprint(*m->reader_);
     return m;
+}
+
+bool parse_backend_kind(std::string_view name, BackendKind *out) {
+    if (name == "auto") *out = BackendKind::Auto;
+    else if (name == "cpu") *out = BackendKind::Cpu;
+    else if (name == "cuda") *out = BackendKind::Cuda;
+    else return false;
+    return true;
 }
 
 std::unique_ptr<Executor> Model::make_executor(int n_threads) const {

@@ -4,6 +4,8 @@
 // scratch of a computation belong to an Executor (backend.h), one per worker thread.
 #pragma once
 #include <cstdint>
+#include <functional>
+#include <string_view>
 #include <memory>
 #include <string>
 
@@ -15,11 +17,16 @@
 
 namespace ds4 {
 
-enum class BackendKind { Cpu, Cuda };
+// Auto: CUDA when this build has it and a usable GPU is present, else the CPU.
+enum class BackendKind { Auto, Cpu, Cuda };
+// "auto" | "cpu" | "cuda"; false for anything else.
+bool parse_backend_kind(std::string_view name, BackendKind *out);
 
 struct ModelOptions {
     int n_threads = 0;   // default for executors made by make_executor(): 0 = all cores
     BackendKind backend = BackendKind::Cpu;
+    // Called while weights are copied to a device (bytes done, bytes total).
+    std::function<void(uint64_t done, uint64_t total)> progress;
 };
 
 class Model {

@@ -10,17 +10,18 @@
 #include "engine/kernels/matmul.h"
 #include "engine/model/model.h"
 #include "engine/model/session.h"
+#include "tools/backend_option.h"
 #include "tools/bench/membw.h"
 
 namespace {
 
 const char *kUsage =
-    "usage: ds4-bench -m MODEL.gguf [--prompt-tokens N] [--gen-tokens N] [--threads N] [--backend cpu|cuda] [--json]\n"
+    "usage: ds4-bench -m MODEL.gguf [--prompt-tokens N] [--gen-tokens N] [--threads N] [--backend auto|cpu|cuda] [--json]\n"
     "  --prompt-tokens N   tokens prefilled before decoding (default 128)\n"
     "  --gen-tokens N      tokens decoded greedily after the prompt (default 32)\n"
     "  --threads N         engine threads (default: all cores)\n"
-    "  --backend B         cpu (default) or cuda; with cuda the bandwidth measured is the\n"
-    "                      host's, not the device's (achieved GB/s is still the device's)\n"
+    "  --backend B         auto (default: CUDA when a usable GPU is present), cpu or cuda;\n"
+    "                      the bandwidth measured is the host's (achieved GB/s is the backend's)\n"
     "  --json              one JSON object instead of text\n"
     "Reports prefill tok/s, decode tok/s, weight bytes streamed per decoded token, the\n"
     "achieved GB/s and the machine's read bandwidth measured in the same run.\n";
@@ -33,7 +34,7 @@ int main(int argc, char **argv) {
     std::string model;
     int prompt = 128, gen = 32, threads = 0;
     bool json = false;
-    ds4::BackendKind backend = ds4::BackendKind::Cpu;
+    ds4::BackendKind backend = ds4::BackendKind::Auto;
     for (int i = 1; i < argc; ++i) {
         std::string a = argv[i];
         auto val = [&]() -> const char * {
@@ -48,15 +49,7 @@ int main(int argc, char **argv) {
         else if (a == "--gen-tokens") gen = std::atoi(val());
         else if (a == "--threads") threads = std::atoi(val());
         else if (a == "--json") json = true;
-        else if (a == "--backend") {
-            const std::string b = val();
-            if (b == "cpu") backend = ds4::BackendKind::Cpu;
-            else if (b == "cuda") backend = ds4::BackendKind::Cuda;
-            else {
-                std::fprintf(stderr, "ds4-bench: --backend must be cpu or cuda (got %s)\n", b.c_str());
-                return 2;
-            }
-        }
+        else if (a == "--backend") backend = ds4::tools::backend_arg("ds4-bench", val());
         else if (a == "-h" || a == "--help") {
             std::fputs(kUsage, stdout);
             return 0;
@@ -71,10 +64,8 @@ int main(int argc, char **argv) {
     }
     try {
         const double t_open = now();
-        ds4::ModelOptions mo;
-        mo.n_threads = threads;
-        mo.backend = backend;
-        auto m = ds4::Model::open(model, mo);
+        auto m = ds4::Model::open(model, ds4::tools::model_options(threads, backend, json));
+        if (!json) ds4::tools::say_backend("ds4-bench", *m);
         m->prewarm();
         const double open_s = now() - t_open;
         const ds4::ModelConfig &c = m->config();

@@ -11,15 +11,17 @@
 #include "engine/common/error.h"
 #include "engine/model/model.h"
 #include "engine/model/session.h"
+#include "tools/backend_option.h"
 
 namespace {
 
 const char *kUsage =
     "usage: ds4-logits -m MODEL.gguf --tokens 1,2,3,... [--mode prefill|decode|chunk:N]\n"
-    "                  [--threads N] [--ctx N] --out FILE\n"
+    "                  [--threads N] [--ctx N] [--backend auto|cpu|cuda] --out FILE\n"
     "  prefill   one sync of all tokens (internally chunked by the prefill cap)\n"
     "  decode    sync of the first token, then one eval per token\n"
     "  chunk:N   sync in growing prefixes of N tokens\n"
+    "%s"
     "Writes n_tokens x n_vocab float32 (little-endian); row i = logits after token i.\n";
 
 std::vector<int32_t> parse_tokens(const std::string &s) {
@@ -46,11 +48,12 @@ std::vector<int32_t> parse_tokens(const std::string &s) {
 int main(int argc, char **argv) {
     std::string model, tokens_arg, mode = "prefill", out;
     int threads = 0, ctx = 0;
+    ds4::BackendKind backend = ds4::BackendKind::Auto;
     for (int i = 1; i < argc; ++i) {
         std::string a = argv[i];
         auto val = [&]() -> std::string {
             if (i + 1 >= argc) {
-                std::fprintf(stderr, "ds4-logits: %s needs a value\n%s", a.c_str(), kUsage);
+                std::fprintf(stderr, "ds4-logits: %s needs a value\n", a.c_str());
                 std::exit(2);
             }
             return argv[++i];
@@ -59,24 +62,26 @@ int main(int argc, char **argv) {
         else if (a == "--tokens") tokens_arg = val();
         else if (a == "--mode") mode = val();
         else if (a == "--threads") threads = std::atoi(val().c_str());
+        else if (a == "--backend") backend = ds4::tools::backend_arg("ds4-logits", val());
         else if (a == "--ctx") ctx = std::atoi(val().c_str());
         else if (a == "--out" || a == "-o") out = val();
         else if (a == "-h" || a == "--help") {
-            std::fputs(kUsage, stdout);
+            std::printf(kUsage, ds4::tools::kBackendHelp);
             return 0;
         } else {
-            std::fprintf(stderr, "ds4-logits: unknown argument %s\n%s", a.c_str(), kUsage);
+            std::fprintf(stderr, "ds4-logits: unknown argument %s\n", a.c_str());
             return 2;
         }
     }
     if (model.empty() || tokens_arg.empty() || out.empty()) {
-        std::fputs(kUsage, stderr);
+        std::fprintf(stderr, kUsage, ds4::tools::kBackendHelp);
         return 2;
     }
     try {
         std::vector<int32_t> toks = parse_tokens(tokens_arg);
         if (toks.empty()) throw ds4::Error("--tokens: no tokens");
-        auto m = ds4::Model::open(model, {threads});
+        auto m = ds4::Model::open(model, ds4::tools::model_options(threads, backend));
+        ds4::tools::say_backend("ds4-logits", *m);
         ds4::Session s(*m, ctx > 0 ? ctx : (int)toks.size());
         const size_t V = m->config().n_vocab;
         std::vector<float> all;

@@ -19,11 +19,13 @@
 #include "engine/common/error.h"
 #include "engine/model/model.h"
 #include "engine/model/session.h"
+#include "tools/backend_option.h"
 
 namespace {
 
 const char *kUsage =
     "usage: ds4-eval-loss -m MODEL.gguf --tokens-file F.i32 [--seq 512] [--n N] [--threads N]\n"
+    "                     [--backend auto|cpu|cuda]\n"
     "                     [--ref-argmax F.i32] [--ref-nll F.f32] [--nll-out F.f32] [--argmax-out F.i32]\n"
     "  --tokens-file  little-endian int32 token ids, row-major, rows of --seq tokens\n"
     "  --n            evaluate only the first N rows\n"
@@ -69,6 +71,7 @@ int parse_int(const std::string &flag, const std::string &s, int lo) {
 int main(int argc, char **argv) {
     std::string model, tokens_file, ref_argmax, ref_nll, nll_out, argmax_out;
     int seq = 512, n_rows = 0, threads = 0;
+    ds4::BackendKind backend = ds4::BackendKind::Auto;
     try {
         for (int i = 1; i < argc; ++i) {
             std::string a = argv[i];
@@ -81,6 +84,7 @@ int main(int argc, char **argv) {
             else if (a == "--seq") seq = parse_int(a, val(), 2);
             else if (a == "--n") n_rows = parse_int(a, val(), 1);
             else if (a == "--threads") threads = parse_int(a, val(), 0);
+            else if (a == "--backend") backend = ds4::tools::backend_arg("ds4-eval-loss", val());
             else if (a == "--ref-argmax") ref_argmax = val();
             else if (a == "--ref-nll") ref_nll = val();
             else if (a == "--nll-out") nll_out = val();
@@ -111,7 +115,8 @@ int main(int argc, char **argv) {
             if (ref_l.size() < (size_t)rows * (seq - 1)) throw ds4::Error(ref_nll + ": fewer positions than the tokens");
         }
 
-        auto m = ds4::Model::open(model, {threads});
+        auto m = ds4::Model::open(model, ds4::tools::model_options(threads, backend));
+        ds4::tools::say_backend("ds4-eval-loss", *m);
         const int V = m->config().n_vocab;
         double sum = 0, ref_sum = 0, max_gap = 0;
         long agree = 0, compared = 0;
