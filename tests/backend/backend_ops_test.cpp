@@ -7,6 +7,13 @@
 // double precision over weights dequantised to f32 by the quant library. The engine's own
 // kernels (kernels/ops, kernels/matmul, the CPU executor) are never called by the
 // reference; only quant::dequantize_row / quantize_row and the Rope tables are shared.
+// route and indexer_topk keep their choices inside the executor, so they are checked
+// through the op that consumes them (routed_experts, attend).
+//
+// Quantised weights: products quantise their activation rows to q8, so each case is
+// checked twice -- against the reference with that rounding modelled (tight), and against
+// the plain math (loose); the tolerances below say why. DS4_OPS_VERBOSE=1 prints every
+// output's error.
 //
 // Parameterised over (backend, weights): a model with random weights is generated per
 // weight layout by ds4-make-model's library -- every matrix role in one type (F32, F16,
@@ -422,7 +429,10 @@ void append(Vec &dst, const Vec &src) { dst.insert(dst.end(), src.begin(), src.e
 double rel_error(const Vec &ref, const std::vector<float> &got, double *max_ref) {
     double mx = 0, worst = 0;
     for (double v : ref) mx = std::max(mx, std::fabs(v));
-    for (size_t i = 0; i < ref.size(); ++i) worst = std::max(worst, std::fabs((double)got[i] - ref[i]));
+    for (size_t i = 0; i < ref.size(); ++i) {
+        const double d = std::fabs((double)got[i] - ref[i]);
+        worst = std::isfinite(d) ? std::max(worst, d) : INFINITY;   // a NaN or inf output fails
+    }
     if (max_ref) *max_ref = mx;
     return mx > 0 ? worst / mx : worst;
 }
