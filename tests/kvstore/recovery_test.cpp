@@ -11,6 +11,7 @@
 #include <map>
 #include <random>
 
+#include "kvstore/index_records.h"
 #include "kvstore/store.h"
 #include "tests/kvstore/test_util.h"
 
@@ -509,6 +510,47 @@ TEST_F(RecoveryTest, UnindexedLinksAndFifosAreSetAsideNotFollowed) {
     EXPECT_EQ(s->info("linked", &i).code(), Code::kNotFound);
     EXPECT_TRUE(testing::list_files(payloads()).empty());
     EXPECT_EQ(testing::read_file(target), a);
+}
+
+// ---------------------------------------------------------------- file names
+
+TEST(PayloadFileNames, SayWhatTheFileHolds) {
+    PayloadFileName p;
+    ASSERT_TRUE(parse_payload_file_name(session_file_name(0xabc, "my chat.dsv4"), &p));
+    EXPECT_EQ(p.kind, FileKind::kSession);
+    EXPECT_EQ(p.file_id, 0xabcu);
+    EXPECT_EQ(p.session, "my chat.dsv4");
+    ASSERT_TRUE(parse_payload_file_name(checkpoint_file_name(0xfedcba9876543210), &p));
+    EXPECT_EQ(p.kind, FileKind::kCheckpoint);
+    EXPECT_EQ(p.file_id, 0xfedcba9876543210u);
+    ASSERT_TRUE(parse_payload_file_name(payload_file_name(7), &p));
+    EXPECT_EQ(p.kind, FileKind::kBare);
+    EXPECT_EQ(payload_file_name(7), "0000000000000007.dsv4");
+    for (const char *bad : {"", ".dsv4", "000000000000007.dsv4", "000000000000000G.dsv4", "000000000000000A.dsv4",
+                            "0000000000000007-.dsv4", "0000000000000007.ckpt", "0000000000000007.dsv", "0000000000000007x.dsv4",
+                            ".tmp-0000000000000007.dsv4", "notes.txt"})
+        EXPECT_FALSE(parse_payload_file_name(bad, &p)) << bad;
+    EXPECT_TRUE(is_temp_file_name(temp_file_name(7)));
+    for (const char *other : {".tmp-notours", ".tmp-0000000000000007.dsv4.x", ".tmp-000000000000000Z.dsv4",
+                              "0000000000000007.dsv4"})
+        EXPECT_FALSE(is_temp_file_name(other)) << other;
+}
+
+TEST(IndexRecord, NamedFileFlagRoundTripsInAByteOlderBuildsIgnore) {
+    Record r;
+    r.file_id = 9;
+    r.named_file = true;
+    r.pinned = true;
+    const std::string enc = encode_record(r);
+    Record back;
+    ASSERT_TRUE(decode_record(enc, &back));
+    EXPECT_TRUE(back.named_file);
+    EXPECT_TRUE(back.pinned);
+    EXPECT_EQ(uint8_t(enc[1]), 1) << "byte 1 (checked by every build) holds only the pin";
+    EXPECT_EQ(uint8_t(enc[2]), 1);
+    r.named_file = false;
+    ASSERT_TRUE(decode_record(encode_record(r), &back));
+    EXPECT_FALSE(back.named_file);
 }
 
 }  // namespace
