@@ -18,8 +18,7 @@
 // Parameterised over (backend, weights): a model with random weights is generated per
 // weight layout by ds4-make-model's library -- every matrix role in one type (F32, F16,
 // BF16, Q8_0, Q4_K, Q2_K, IQ2_XXS), or ds4's own mixed layouts ds4-q2 / ds4-q4 -- and each
-// backend in kBackends runs the same cases. A new backend (CUDA) is one more entry in
-// kBackends and one more branch in options_for() / backend_for().
+// backend in kBackends (the CPU; CUDA when built with it) runs the same cases.
 //
 // Shapes are tiny but every matrix row is a multiple of 256 elements so the 256-block
 // types (Q4_K, Q2_K, IQ2_XXS) apply to every matrix. 16 indexer heads and top-k 2 make
@@ -46,6 +45,9 @@
 #include "engine/model/model.h"
 #include "engine/quant/quants.h"
 #include "tools/convert/type_policy.h"
+#ifdef DS4_HAVE_CUDA
+#include "cuda/cuda_backend.h"
+#endif
 #include "tools/make_model/make_model.h"
 
 namespace ds4 {
@@ -132,21 +134,42 @@ bool quantised(const std::string &weights) {
     return false;
 }
 
-// The backends under test. A device backend is one more name here, its ModelOptions in
-// options_for() and its branch in backend_for().
-const char *const kBackends[] = {"cpu"};
+// The backends under test: the CPU always, CUDA when built with it (its cases skip when no
+// device is present). Another backend is one more name here, its ModelOptions in
+// options_for() and a branch in backend_for().
+const std::vector<std::string> kBackends = {"cpu",
+#ifdef DS4_HAVE_CUDA
+                                            "cuda",
+#endif
+};
 
 ModelOptions options_for(const std::string &backend) {
-    if (backend == "cpu") return ModelOptions{};
+    ModelOptions o;
+    o.n_threads = 2;
+    if (backend == "cpu") {
+        o.backend = BackendKind::Cpu;
+        return o;
+    }
+    if (backend == "cuda") {
+        o.backend = BackendKind::Cuda;
+        return o;
+    }
     fail("backend_ops_test: unknown backend " + backend);
 }
 
+// Why the backend cannot run here ("" when it can).
+std::string unavailable(const std::string &backend) {
+    std::string why;
+#ifdef DS4_HAVE_CUDA
+    if (backend == "cuda" && !cuda::cuda_device_available(&why)) return "no CUDA device: " + why;
+#endif
+    (void)backend;
+    return why;
+}
+
 const Backend &backend_for(const std::string &name, const Model &m) {
-    if (name == "cpu") {
-        if (m.backend().name() != "cpu") fail("the model's backend is not the CPU backend");
-        return m.backend();
-    }
-    fail("backend_ops_test: unknown backend " + name);
+    if (m.backend().name() != name) fail("the model's backend is " + m.backend().name() + ", not " + name);
+    return m.backend();
 }
 
 // The model file of a weight layout. ctest runs each test in its own process, so the files
@@ -230,7 +253,7 @@ std::string param_name(const testing::TestParamInfo<OpParam> &p) {
 
 std::vector<OpParam> all_params() {
     std::vector<OpParam> v;
-    for (const char *b : kBackends)
+    for (const std::string &b : kBackends)
     {
         for (const auto &[name, t] : kSingleTypes) v.push_back({b, name});
         for (const char *l : kMixedLayouts) v.push_back({b, l});
@@ -440,6 +463,8 @@ double rel_error(const Vec &ref, const std::vector<float> &got, double *max_ref)
 class BackendOps : public testing::TestWithParam<OpParam> {
 protected:
     void SetUp() override {
+        const std::string why = unavailable(GetParam().backend);
+        if (!why.empty()) GTEST_SKIP() << why;
         model_ = &model_for(GetParam().backend, GetParam().weights);
         backend_ = &backend_for(GetParam().backend, *model_);
         // One executor per test, reused across its layouts and layers: a warm executor
