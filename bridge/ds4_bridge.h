@@ -1,6 +1,6 @@
 /* ds4_bridge.h: the one C ABI of the ds4 engine.
  *
- * Contract (DESIGN.md section 3):
+ * Contract (docs/ARCHITECTURE.md section 3):
  *  - Handles are opaque. Only plain scalar/POD option and info structs cross by layout.
  *  - Every fallible call returns int (0 = ok) and takes a caller-owned `char *err, size_t
  *    errlen`, NUL-terminated on failure (err may be NULL). No exception, abort or crash
@@ -118,7 +118,7 @@ DS4_BRIDGE_API int ds4_bridge_session_prefill_cap(ds4_bridge_session *s);    /* 
 DS4_BRIDGE_API int ds4_bridge_session_top_logprobs(ds4_bridge_session *s, int n, int32_t *ids, float *logprobs,
                                                    int *n_out, char *err, size_t errlen);
 
-/* --- payloads (DESIGN.md section 4) ------------------------------------------------ */
+/* --- payloads (docs/ARCHITECTURE.md section 4) ------------------------------------- */
 DS4_BRIDGE_API int ds4_bridge_session_save_payload(ds4_bridge_session *s, const char *path, char *err, size_t errlen);
 DS4_BRIDGE_API int ds4_bridge_session_load_payload(ds4_bridge_session *s, const char *path, char *err, size_t errlen);
 DS4_BRIDGE_API int ds4_bridge_session_load_payload_range(ds4_bridge_session *s, const char *path, uint64_t offset,

@@ -1,4 +1,4 @@
-// Host-side codec for the header and token ids of a session payload (DESIGN.md §4).
+// Host-side codec for the header and token ids of a session payload (docs/ARCHITECTURE.md §4).
 // Shared by the bridge (which appends the engine tail) and the kvstore (which reads a
 // payload's tokens and fingerprint without an engine). No engine types here.
 //
