@@ -157,6 +157,11 @@ ModelOptions options_for(const std::string &backend) {
     fail("backend_ops_test: unknown backend " + backend);
 }
 
+// Whether the backend's products with quantised weights quantise their activation rows to q8
+// (the CPU's integer dots do; the CUDA kernels decode the weights and multiply f32
+// activations). Decides which reference a case is held to (verify()).
+bool q8_activations(const std::string &backend) { return backend == "cpu"; }
+
 // Why the backend cannot run here ("" when it can).
 std::string unavailable(const std::string &backend) {
     std::string why;
@@ -216,12 +221,13 @@ const Model &model_for(const std::string &backend, const std::string &weights) {
     return *it->second;
 }
 
-// f32/f16/bf16 weights meet f32 activations: only float rounding separates the engine from
-// the double reference (observed: at most ~3e-7 of the largest output on these widths), so
-// 1e-5 leaves ~30x margin and still catches any real slip in the math.
+// f32/f16/bf16 weights (or any weights, on a backend that multiplies f32 activations) meet
+// f32 activations: only float rounding separates the backend from the double reference
+// (observed: at most ~3e-7 of the largest output on these widths), so 1e-5 leaves ~30x
+// margin and still catches any real slip in the math.
 constexpr double kTolPlain = 1e-5;
-// Quantised weights: products quantise the activation row to Q8_0 (for Q8_0 weights) or
-// Q8_K (the K and IQ types). The reference models that rounding (quantize_row +
+// Quantised weights on the CPU: products quantise the activation row to Q8_0 (for Q8_0
+// weights) or Q8_K (the K and IQ types). The reference models that rounding (quantize_row +
 // dequantize_row of the activation type) before its double dot, so the integer dots agree
 // up to float rounding as well (observed ~3e-7). What remains is a chained product (q_b
 // after q_a, o_b after o_a, an expert's down after gate/up, the head after the
@@ -476,14 +482,17 @@ protected:
     const ModelWeights &w() const { return model_->weights(); }
     const std::string &weights() const { return GetParam().weights; }
 
-    // Compares each output with the reference computed with the activation rounding
-    // modelled (ref(true)); for quantised types also with the plain math (ref(false))
-    // unless the op makes a discrete choice that a near-tie could flip.
+    // Compares each output with the reference. ref(emulate) computes it with (true) or
+    // without (false) the q8 rounding of activations in quantised products modelled. Where
+    // the backend rounds them (q8_activations) and the weights are quantised, the outputs
+    // are held to ref(true) at kTolQuantEmulated and, unless the op makes a discrete choice
+    // that a near-tie could flip, to ref(false) at kTolQuantPlain; otherwise to ref(false)
+    // at kTolPlain, whatever the weight type.
     void verify(const std::string &what, const std::vector<std::string> &names, const std::vector<std::vector<float>> &got,
                 const std::function<Outs(bool)> &ref, bool discrete = false) {
-        const Outs e = ref(true);
+        const bool q = quantised(weights()) && q8_activations(GetParam().backend);
+        const Outs e = ref(q);
         ASSERT_EQ(e.size(), got.size());
-        const bool q = quantised(weights());
         Outs p;
         if (q) p = ref(false);
         for (size_t i = 0; i < e.size(); ++i) {
