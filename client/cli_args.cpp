@@ -35,7 +35,8 @@ float parse_float(const std::string &opt, const char *s, float lo, float hi) {
 std::string usage_text() {
     return "usage: ds4 [--socket PATH] COMMAND [OPTIONS] [ARGS]\n"
            "\n"
-           "Talks to a running ds4d over its Unix socket.\n"
+           "Talks to a running ds4d over its Unix socket, and only to one run by the same user\n"
+           "(checked before anything is sent).\n"
            "\n"
            "Commands:\n"
            "  run [OPTIONS] PROMPT   answer PROMPT, streaming the text to stdout as it is generated\n"
@@ -68,8 +69,8 @@ std::string usage_text() {
            "  --think                let the model think before answering (chat template thinking mode)\n"
            "\n"
            "Global options:\n"
-           "  --socket PATH          daemon socket (default $XDG_RUNTIME_DIR/ds4.sock, else /tmp/ds4-$UID.sock;\n"
-           "                         here: " +
+           "  --socket PATH          daemon socket (default $XDG_RUNTIME_DIR/ds4.sock, else\n"
+           "                         /tmp/ds4-$UID/ds4.sock; here: " +
            ipc::default_socket_path() +
            ")\n"
            "  -h, --help             this help\n"

@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -77,6 +78,8 @@ struct Client::Impl {
         fd = -1;
     }
 
+    bool in_fallback_dir() const { return ipc::parent_dir(path) == ipc::fallback_socket_dir(); }
+
     void connect_socket() {
         close_fd();
         decoder = ipc::FrameDecoder();
@@ -93,7 +96,37 @@ struct Client::Impl {
         if (rc < 0) {
             int e = errno;
             ::close(s);
-            throw ConnectError("cannot connect to ds4d at " + path + ": " + std::strerror(e));
+            std::string why = std::string(": ") + std::strerror(e);
+            // When the fallback directory exists but is not ours and private, that is the story.
+            struct stat st {};
+            if (in_fallback_dir() && ::lstat(ipc::fallback_socket_dir().c_str(), &st) == 0) {
+                const std::string dir_problem = ipc::check_private_dir(ipc::fallback_socket_dir(), ::geteuid());
+                if (!dir_problem.empty()) why += " (" + dir_problem + ")";
+            }
+            throw ConnectError("cannot connect to ds4d at " + path + why);
+        }
+        // Whoever listens gets our prompts: it must be our own user, checked before any byte
+        // is sent (another user may have bound the path first).
+        struct ucred cred {};
+        socklen_t len = sizeof cred;
+        if (::getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+            int e = errno;
+            ::close(s);
+            throw ConnectError("cannot check who listens on " + path + ": " + std::strerror(e));
+        }
+        if (cred.uid != ::geteuid()) {
+            ::close(s);
+            throw ConnectError("refusing to talk to the server at " + path + ": it runs as uid " +
+                               std::to_string(cred.uid) + " (pid " + std::to_string(cred.pid) + "), not as uid " +
+                               std::to_string(::geteuid()) +
+                               "; another user may have taken the socket path. Nothing was sent");
+        }
+        if (in_fallback_dir()) {
+            const std::string dir_problem = ipc::check_private_dir(ipc::fallback_socket_dir(), ::geteuid());
+            if (!dir_problem.empty()) {
+                ::close(s);
+                throw ConnectError("refusing to use " + path + ": " + dir_problem);
+            }
         }
         fd = s;
     }
@@ -107,7 +140,8 @@ struct Client::Impl {
             ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL);
             if (w < 0) {
                 if (errno == EINTR) continue;
-                throw ProtocolError(std::string("lost the connection to ds4d: ") + std::strerror(errno));
+                const int e = errno;
+                throw ProtocolError(std::string("lost the connection to ds4d: ") + std::strerror(e));
             }
             p += w;
             n -= size_t(w);

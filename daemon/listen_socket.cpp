@@ -26,12 +26,46 @@ sockaddr_un make_addr(const std::string &path) {
 
 std::string errno_text(int e) { return std::strerror(e); }
 
+std::string owner_note(const std::string &path) {
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) != 0) return {};
+    return " (it belongs to uid " + std::to_string(st.st_uid) + "; ds4d runs as uid " + std::to_string(::geteuid()) + ")";
+}
+
 }  // namespace
+
+void prepare_socket_dir(const std::string &socket_path) {
+    const std::string dir = ipc::parent_dir(socket_path);
+    if (dir != ipc::fallback_socket_dir()) return;
+    const std::string err = ipc::make_private_dir(dir, ::geteuid());
+    if (!err.empty()) throw StartupError(err);
+}
 
 SocketLock::SocketLock(const std::string &socket_path) {
     const std::string lock_path = socket_path + ".lock";
-    fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (fd_ < 0) throw StartupError("cannot open lock file " + lock_path + ": " + errno_text(errno));
+    // O_NOFOLLOW: a symlink planted here would otherwise make us create or lock its target;
+    // O_NONBLOCK: a FIFO planted here would block the open (it is refused below).
+    fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
+    if (fd_ < 0) {
+        const int e = errno;
+        if (e == ELOOP)
+            throw StartupError("lock file " + lock_path + " is a symbolic link" + owner_note(lock_path) +
+                               "; refusing to follow it. Remove it, or use another --socket");
+        throw StartupError("cannot open lock file " + lock_path + ": " + errno_text(e) + owner_note(lock_path));
+    }
+    struct stat st {};
+    std::string bad;
+    if (::fstat(fd_, &st) != 0) bad = "cannot stat lock file " + lock_path + ": " + errno_text(errno);
+    else if (!S_ISREG(st.st_mode)) bad = "lock file " + lock_path + " is not a regular file; refusing to use it";
+    else if (st.st_uid != ::geteuid())
+        bad = "lock file " + lock_path + " belongs to uid " + std::to_string(st.st_uid) + ", not to uid " +
+              std::to_string(::geteuid()) + " (ds4d); another user may be squatting the socket path. Remove it, " +
+              "or use another --socket";
+    if (!bad.empty()) {
+        ::close(fd_);
+        fd_ = -1;
+        throw StartupError(bad);
+    }
     if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
         const int e = errno;
         ::close(fd_);
@@ -53,6 +87,9 @@ void clear_stale_socket(const std::string &path) {
         throw StartupError("cannot stat " + path + ": " + errno_text(errno));
     }
     if (!S_ISSOCK(st.st_mode)) throw StartupError(path + " exists and is not a socket; refusing to replace it");
+    if (st.st_uid != ::geteuid())
+        throw StartupError("socket " + path + " belongs to uid " + std::to_string(st.st_uid) + ", not to uid " +
+                           std::to_string(::geteuid()) + " (ds4d); another user may be squatting it. Not using it");
     sockaddr_un addr = make_addr(path);
     int s = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (s < 0) throw StartupError("socket(): " + errno_text(errno));

@@ -1,6 +1,7 @@
 // The daemon's socket file: an advisory lock beside it (PATH.lock) so two daemons never
 // race for one path, a live socket is never stolen, a stale one is replaced, and the new
-// socket is created with mode 0600.
+// socket is created with mode 0600. Files another user planted at these paths (a lock, a
+// symlink, a listening socket) are refused with their owner named, never followed.
 #pragma once
 #include <sys/types.h>
 
@@ -13,7 +14,12 @@ struct StartupError : std::runtime_error {
     using std::runtime_error::runtime_error;
 };
 
-// Holds an exclusive flock on PATH.lock for its lifetime.
+// For a socket in the fallback directory (/tmp/ds4-$UID): creates that directory with mode
+// 0700 and checks it is ours and private. Other paths are the caller's choice: untouched.
+void prepare_socket_dir(const std::string &socket_path);
+
+// Holds an exclusive flock on PATH.lock for its lifetime. The lock file is opened without
+// following symlinks and must be a regular file owned by this uid.
 class SocketLock {
 public:
     explicit SocketLock(const std::string &socket_path);  // throws StartupError when held elsewhere
@@ -26,7 +32,7 @@ private:
 };
 
 // Throws StartupError when a daemon answers on path, or path is something other than a
-// socket; removes a socket file nobody listens on.
+// socket, or belongs to another user; removes a socket file nobody listens on.
 void clear_stale_socket(const std::string &path);
 
 class ListenSocket {

@@ -46,6 +46,7 @@ int main(int argc, char **argv) {
 
     try {
         // Claim the path before the (slow) model load, so a second daemon fails at once.
+        prepare_socket_dir(opt.socket_path);
         SocketLock lock(opt.socket_path);
         clear_stale_socket(opt.socket_path);
 

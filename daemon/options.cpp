@@ -32,7 +32,8 @@ std::string daemon_usage() {
            "  --model PATH           GGUF model file (required)\n"
            "  --mtp PATH             sibling MTP/drafter GGUF\n"
            "  --socket PATH          socket to listen on (default $XDG_RUNTIME_DIR/ds4.sock, else\n"
-           "                         /tmp/ds4-$UID.sock; here: " +
+           "                         /tmp/ds4-$UID/ds4.sock in a directory ds4d creates with mode\n"
+           "                         0700 and refuses when another user owns it; here: " +
            ipc::default_socket_path() +
            ")\n"
            "  --state-dir DIR        persistent session store (default $XDG_STATE_HOME/ds4, else\n"

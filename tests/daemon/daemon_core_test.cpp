@@ -147,7 +147,9 @@ TEST(DaemonOptions, DefaultSocketFollowsXdgRuntimeDir) {
     setenv("XDG_RUNTIME_DIR", "/run/user/4242", 1);
     EXPECT_EQ(parse({"--model", "m"}).socket_path, "/run/user/4242/ds4.sock");
     unsetenv("XDG_RUNTIME_DIR");
-    EXPECT_EQ(parse({"--model", "m"}).socket_path, "/tmp/ds4-" + std::to_string(getuid()) + ".sock");
+    // Without it: a socket in a directory of its own (created 0700 by ds4d), not a file
+    // directly in /tmp that another user could create first.
+    EXPECT_EQ(parse({"--model", "m"}).socket_path, "/tmp/ds4-" + std::to_string(geteuid()) + "/ds4.sock");
     if (old) setenv("XDG_RUNTIME_DIR", saved.c_str(), 1);
 }
 
