@@ -141,10 +141,29 @@ struct Client::Impl {
             if (w < 0) {
                 if (errno == EINTR) continue;
                 const int e = errno;
+                if (e == EPIPE || e == ECONNRESET) throw_pending_error();
                 throw ProtocolError(std::string("lost the connection to ds4d: ") + std::strerror(e));
             }
             p += w;
             n -= size_t(w);
+        }
+    }
+
+    // The daemon closed while we were writing: it usually said why first (a refusal, a
+    // frame error). Throws that Error if it is already in the socket; returns otherwise.
+    void throw_pending_error() {
+        for (;;) {
+            auto st = decoder.next();
+            if (st == ipc::FrameDecoder::Status::Frame) {
+                const fb::Envelope *env = decoder.envelope();
+                if (env->body_type() == fb::Message::Error) throw_server_error(env);
+                continue;
+            }
+            if (st == ipc::FrameDecoder::Status::Error) return;
+            ssize_t r = ::recv(fd, rbuf.data(), rbuf.size(), MSG_DONTWAIT);
+            if (r < 0 && errno == EINTR) continue;
+            if (r <= 0) return;
+            decoder.feed(rbuf.data(), size_t(r));
         }
     }
 

@@ -23,6 +23,12 @@ namespace {
 
 constexpr size_t kReadBuf = 64 * 1024;
 constexpr uint64_t kFlushTimeoutMs = 1000;  // after the worker stops: time left to write replies
+// A connection being closed (refused, or after a fatal frame error) keeps reading, and
+// dropping, what the client still sends for this long at most after its last reply, so
+// the client's own writes never meet a closed socket (EPIPE/ECONNRESET would hide the
+// reason from it).
+constexpr uint64_t kDrainMs = 2000;
+constexpr uint64_t kSweepMs = 250;          // how often connection deadlines are checked
 
 }  // namespace
 
@@ -35,7 +41,10 @@ struct Conn {
     bool hello = false;
     bool reading = false;
     bool closing = false;           // uv_close issued
-    bool close_when_flushed = false;
+    bool close_when_flushed = false;  // no more requests: write what is queued, drain, close
+    bool shut_wr = false;           // uv_shutdown issued
+    uint64_t drain_deadline = 0;    // uv_now() after which a closing connection is dropped
+    uv_shutdown_t shutdown_req{};
     size_t pending_writes = 0;
     std::unordered_set<uint64_t> inflight;  // request ids the worker has not finished
     char rbuf[kReadBuf];
@@ -62,6 +71,7 @@ struct Server::Impl {
     uv_async_t async{};
     uv_signal_t sigterm{}, sigint{};
     uv_timer_t flush_timer{};
+    uv_timer_t sweep_timer{};
     bool listener_open = false;
     bool handles_closed = false;
     bool shutting_down = false;
@@ -125,7 +135,7 @@ struct Server::Impl {
             self->begin_close(c);
             return;
         }
-        if (c->close_when_flushed && c->pending_writes == 0) self->begin_close(c);
+        if (c->close_when_flushed && c->pending_writes == 0) self->shut_write(c);
     }
 
     // ---- connection lifecycle ----
@@ -139,11 +149,39 @@ struct Server::Impl {
         c->reading = false;
     }
 
-    // Stop reading, let queued replies go out, then close.
+    // No more requests: let queued replies go out, end our side of the stream, and drop what
+    // the client still sends until it closes (or kDrainMs), then close. Closing at once
+    // would turn the client's pending writes into EPIPE/ECONNRESET, losing the reply that
+    // says why (a refusal, a bad frame).
     void close_after_flush(Conn *c) {
-        stop_reading(c);
+        if (c->closing || c->close_when_flushed) return;
         c->close_when_flushed = true;
-        if (c->pending_writes == 0) begin_close(c);
+        c->drain_deadline = uv_now(&loop) + kDrainMs;
+        if (!c->reading) start_reading(c);
+        if (c->pending_writes == 0) shut_write(c);
+    }
+
+    void shut_write(Conn *c) {
+        if (c->closing || c->shut_wr) return;
+        c->shut_wr = true;
+        c->drain_deadline = uv_now(&loop) + kDrainMs;
+        c->shutdown_req.data = c;
+        if (uv_shutdown(&c->shutdown_req, reinterpret_cast<uv_stream_t *>(&c->pipe), on_shutdown) != 0) begin_close(c);
+    }
+
+    static void on_shutdown(uv_shutdown_t *req, int status) {
+        Conn *c = static_cast<Conn *>(req->data);
+        if (status != 0 && status != UV_ECANCELED) c->server->begin_close(c);
+    }
+
+    // Drops connections whose drain time is over.
+    static void on_sweep(uv_timer_t *t) {
+        Impl *self = static_cast<Impl *>(t->data);
+        const uint64_t now = uv_now(&self->loop);
+        std::vector<Conn *> expired;
+        for (auto &[id, c] : self->conns)
+            if (c->close_when_flushed && !c->closing && now >= c->drain_deadline) expired.push_back(c.get());
+        for (Conn *c : expired) self->begin_close(c);
     }
 
     void begin_close(Conn *c) {
@@ -207,7 +245,7 @@ struct Server::Impl {
             self->begin_close(c);
             return;
         }
-        if (nread == 0) return;
+        if (nread == 0 || c->close_when_flushed) return;  // draining: dropped unread
         c->decoder.feed(reinterpret_cast<const uint8_t *>(buf->base), size_t(nread));
         for (;;) {
             auto st = c->decoder.next();
@@ -357,6 +395,7 @@ struct Server::Impl {
         uv_close(reinterpret_cast<uv_handle_t *>(&sigterm), nullptr);
         uv_close(reinterpret_cast<uv_handle_t *>(&sigint), nullptr);
         uv_close(reinterpret_cast<uv_handle_t *>(&flush_timer), nullptr);
+        uv_close(reinterpret_cast<uv_handle_t *>(&sweep_timer), nullptr);
     }
 };
 
@@ -372,6 +411,8 @@ Server::Server(const DaemonOptions &opt, Worker &worker, OutQueue &out, ListenSo
     s.sigterm.data = s.sigint.data = &s;
     uv_timer_init(&s.loop, &s.flush_timer);
     s.flush_timer.data = &s;
+    uv_timer_init(&s.loop, &s.sweep_timer);
+    s.sweep_timer.data = &s;
     uv_pipe_init(&s.loop, &s.listener, 0);
     s.listener.data = &s;
 }
@@ -400,6 +441,7 @@ int Server::run() {
     }
     uv_signal_start(&s.sigterm, Impl::on_signal, SIGTERM);
     uv_signal_start(&s.sigint, Impl::on_signal, SIGINT);
+    uv_timer_start(&s.sweep_timer, Impl::on_sweep, kSweepMs, kSweepMs);
     uv_run(&s.loop, UV_RUN_DEFAULT);
     return (rc == 0 && s.shutdown_requested) ? 0 : 1;
 }
