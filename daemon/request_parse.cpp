@@ -1,6 +1,8 @@
 #include <cmath>
+#include <cstdio>
 
 #include "daemon/requests.h"
+#include "kvstore/session_name.h"
 
 namespace ds4::daemon {
 namespace {
@@ -26,6 +28,22 @@ ParseResult request(RequestBody body) {
 
 std::string str(const flatbuffers::String *s) { return s ? s->str() : std::string(); }
 
+// The chat template knows these roles; anything else is the client's mistake, refused here
+// before the engine sees it.
+bool known_role(const flatbuffers::String *r) {
+    const std::string_view v = r->string_view();
+    return v == "system" || v == "user" || v == "assistant";
+}
+
+// Session names follow the store's rule (kvstore/session_name.h), the only one, so a name
+// is refused up front as a bad request rather than failing later in the store.
+bool bad_name(const std::string &name, const char *what, ParseResult *out) {
+    const kvstore::Status st = kvstore::validate_session_name(name);
+    if (st) return false;
+    *out = bad(std::string(what) + ": " + st.message());
+    return true;
+}
+
 ParseResult parse_generate(const fb::Generate *g, const ParseLimits &lim) {
     GenerateParams p;
     p.session = g->session();
@@ -43,7 +61,9 @@ ParseResult parse_generate(const fb::Generate *g, const ParseLimits &lim) {
         p.kind = GenerateParams::Prompt::Chat;
         if (g->messages()->size() == 0) return bad("Generate: messages is empty");
         for (const fb::ChatMessage *m : *g->messages()) {
-            if (m->role()->size() == 0) return bad("Generate: a chat message has an empty role");
+            if (!known_role(m->role()))
+                return bad("Generate: chat message role " + printable_quoted(m->role()->string_view(), 32) +
+                           " is not system, user or assistant");
             p.messages.push_back({m->role()->str(), m->content()->str()});
         }
     }
@@ -84,20 +104,20 @@ ParseResult parse_generate(const fb::Generate *g, const ParseLimits &lim) {
 
 }  // namespace
 
-bool valid_session_name(const std::string &name, size_t max_len, std::string *why) {
-    auto fail = [&](std::string w) {
-        if (why) *why = std::move(w);
-        return false;
-    };
-    if (name.empty()) return fail("session name is empty");
-    if (name.size() > max_len) return fail("session name is longer than " + std::to_string(max_len) + " bytes");
-    if (name[0] == '.') return fail("session name may not start with '.'");
-    for (char c : name) {
-        const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
-                        c == '_' || c == '-';
-        if (!ok) return fail("session name may only contain letters, digits, '.', '_' and '-'");
+std::string printable_quoted(std::string_view s, size_t max_bytes) {
+    std::string out = "\"";
+    for (size_t i = 0; i < s.size() && i < max_bytes; ++i) {
+        const unsigned char c = static_cast<unsigned char>(s[i]);
+        if (c >= 0x20 && c < 0x7F && c != '"' && c != '\\') {
+            out += char(c);
+        } else {
+            char esc[8];
+            std::snprintf(esc, sizeof esc, "\\x%02x", c);
+            out += esc;
+        }
     }
-    return true;
+    if (s.size() > max_bytes) out += "...";
+    return out + "\"";
 }
 
 ParseResult parse_request(const fb::Envelope *env, const ParseLimits &lim) {
@@ -114,8 +134,8 @@ ParseResult parse_request(const fb::Envelope *env, const ParseLimits &lim) {
     case M::OpenSession: {
         const fb::OpenSession *o = env->body_as_OpenSession();
         OpenSessionParams p{str(o->name()), o->ctx()};
-        std::string why;
-        if (!p.name.empty() && !valid_session_name(p.name, lim.max_session_name, &why)) return bad("OpenSession: " + why);
+        ParseResult r;
+        if (!p.name.empty() && bad_name(p.name, "OpenSession", &r)) return r;
         return request(std::move(p));
     }
     case M::Close: return request(CloseParams{env->body_as_Close()->session()});
@@ -141,30 +161,30 @@ ParseResult parse_request(const fb::Envelope *env, const ParseLimits &lim) {
     case M::ListSessions: return request(ListSessionsParams{});
     case M::DeleteSession: {
         DeleteSessionParams p{str(env->body_as_DeleteSession()->name())};
-        std::string why;
-        if (!valid_session_name(p.name, lim.max_session_name, &why)) return bad("DeleteSession: " + why);
+        ParseResult r;
+        if (bad_name(p.name, "DeleteSession", &r)) return r;
         return request(std::move(p));
     }
     case M::SaveSession: {
         const fb::SaveSession *m = env->body_as_SaveSession();
         SaveSessionParams p{m->session(), str(m->name())};
-        std::string why;
+        ParseResult r;
         if (p.session == 0 && p.name.empty()) return bad("SaveSession: neither a session id nor a name");
-        if (!p.name.empty() && !valid_session_name(p.name, lim.max_session_name, &why)) return bad("SaveSession: " + why);
+        if (!p.name.empty() && bad_name(p.name, "SaveSession", &r)) return r;
         return request(std::move(p));
     }
     case M::LoadSession: {
         const fb::LoadSession *m = env->body_as_LoadSession();
         LoadSessionParams p{str(m->name()), m->ctx()};
-        std::string why;
-        if (!valid_session_name(p.name, lim.max_session_name, &why)) return bad("LoadSession: " + why);
+        ParseResult r;
+        if (bad_name(p.name, "LoadSession", &r)) return r;
         return request(std::move(p));
     }
     case M::PinSession: {
         const fb::PinSession *m = env->body_as_PinSession();
         PinSessionParams p{str(m->name()), m->pinned()};
-        std::string why;
-        if (!valid_session_name(p.name, lim.max_session_name, &why)) return bad("PinSession: " + why);
+        ParseResult r;
+        if (bad_name(p.name, "PinSession", &r)) return r;
         return request(std::move(p));
     }
     case M::HelloOk:

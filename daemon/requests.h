@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -109,13 +110,13 @@ struct ParseResult {
 struct ParseLimits {
     size_t max_stop_strings = 16;
     size_t max_stop_string_bytes = 256;
-    size_t max_session_name = 128;
     uint32_t max_tokens = 1u << 24;
 };
 
 ParseResult parse_request(const ipc::fb::Envelope *env, const ParseLimits &limits = {});
 
-// Session names: 1..max bytes of [A-Za-z0-9._-], not starting with '.'.
-bool valid_session_name(const std::string &name, size_t max_len, std::string *why);
+// s quoted for a message: printable ASCII as is, every other byte as \xNN (so a reply never
+// carries invalid UTF-8 or control characters), cut after max_bytes.
+std::string printable_quoted(std::string_view s, size_t max_bytes);
 
 }  // namespace ds4::daemon

@@ -17,6 +17,7 @@
 #include "daemon/requests.h"
 #include "daemon/text_stream.h"
 #include "ipc/frame.h"
+#include "kvstore/session_name.h"
 
 namespace fb = ds4::ipc::fb;
 using namespace ds4::daemon;
@@ -311,13 +312,55 @@ TEST(RequestParse, HelloCancelAndSessionNames) {
     EXPECT_EQ(c.cancel_target, 55u);
     ParseResult good = parse_built([](auto &fbb) { ds4::ipc::finish_frame(fbb, 1, fb::CreateOpenSessionDirect(fbb, "chat-1.a_b", 0)); });
     EXPECT_EQ(good.kind, ParseResult::Kind::Request);
-    for (const char *bad : {"../etc", "a/b", ".hidden", "sp ace"}) {
-        ParseResult r = parse_built([&](auto &fbb) { ds4::ipc::finish_frame(fbb, 1, fb::CreateOpenSessionDirect(fbb, bad, 0)); });
+    // The store's rule (kvstore/session_name.h) is the daemon's: what the store would refuse
+    // is a bad request up front, never a Store error later.
+    const std::string long_name(200, 'a');
+    for (const std::string &bad : std::vector<std::string>{"../etc", "a/b", "a..b", "a\\b", " lead", "trail ", "tab\there", long_name}) {
+        ParseResult r = parse_built([&](auto &fbb) { ds4::ipc::finish_frame(fbb, 1, fb::CreateOpenSessionDirect(fbb, bad.c_str(), 0)); });
+        EXPECT_EQ(r.kind, ParseResult::Kind::Reject) << bad;
         EXPECT_EQ(r.code, fb::ErrorCode::BadRequest) << bad;
+        EXPECT_EQ(ds4::kvstore::validate_session_name(bad).code(), ds4::kvstore::Code::kInvalidArgument) << bad;
+        for (auto make : {+[](flatbuffers::FlatBufferBuilder &fbb, const char *n) { ds4::ipc::finish_frame(fbb, 1, fb::CreateLoadSessionDirect(fbb, n, 0)); },
+                          +[](flatbuffers::FlatBufferBuilder &fbb, const char *n) { ds4::ipc::finish_frame(fbb, 1, fb::CreateDeleteSessionDirect(fbb, n)); },
+                          +[](flatbuffers::FlatBufferBuilder &fbb, const char *n) { ds4::ipc::finish_frame(fbb, 1, fb::CreatePinSessionDirect(fbb, n, true)); },
+                          +[](flatbuffers::FlatBufferBuilder &fbb, const char *n) { ds4::ipc::finish_frame(fbb, 1, fb::CreateSaveSessionDirect(fbb, 0, n)); }}) {
+            ParseResult o = parse_built([&](auto &fbb) { make(fbb, bad.c_str()); });
+            EXPECT_EQ(o.code, fb::ErrorCode::BadRequest) << bad;
+        }
     }
-    std::string why;
-    EXPECT_FALSE(valid_session_name(std::string(200, 'a'), 128, &why));
-    EXPECT_NE(why.find("128"), std::string::npos);
+    ParseResult longer = parse_built([&](auto &fbb) { ds4::ipc::finish_frame(fbb, 1, fb::CreateOpenSessionDirect(fbb, long_name.c_str(), 0)); });
+    EXPECT_NE(longer.message.find("128"), std::string::npos) << longer.message;
+    for (const char *good : {"chat-1.a_b", "notes v2", ".dot"}) {
+        ParseResult r = parse_built([&](auto &fbb) { ds4::ipc::finish_frame(fbb, 1, fb::CreateOpenSessionDirect(fbb, good, 0)); });
+        EXPECT_EQ(r.kind, ParseResult::Kind::Request) << good;
+        EXPECT_TRUE(ds4::kvstore::validate_session_name(good)) << good;
+    }
+}
+
+TEST(RequestParse, UnknownChatRoleIsABadRequestAndItsBytesAreEscaped) {
+    for (const std::string &role : {std::string("tool"), std::string("\xff\xfe<b>\n")}) {
+        ParseResult r = parse_built([&](auto &fbb) {
+            std::vector<flatbuffers::Offset<fb::ChatMessage>> m{fb::CreateChatMessage(fbb, fbb.CreateString(role), fbb.CreateString("hi"))};
+            auto msgs = fbb.CreateVector(m);
+            ds4::ipc::finish_frame(fbb, 1, fb::CreateGenerate(fbb, 0, 0, 0, msgs));
+        });
+        ASSERT_EQ(r.kind, ParseResult::Kind::Reject) << role;
+        EXPECT_EQ(r.code, fb::ErrorCode::BadRequest) << role;
+        EXPECT_NE(r.message.find("not system, user or assistant"), std::string::npos) << r.message;
+        for (unsigned char c : r.message) EXPECT_TRUE(c >= 0x20 && c < 0x7F) << "byte " << int(c) << " in " << r.message;
+    }
+    ParseResult bytes = parse_built([&](auto &fbb) {
+        std::vector<flatbuffers::Offset<fb::ChatMessage>> m{fb::CreateChatMessage(fbb, fbb.CreateString("\xff\n"), fbb.CreateString("hi"))};
+        ds4::ipc::finish_frame(fbb, 1, fb::CreateGenerate(fbb, 0, 0, 0, fbb.CreateVector(m)));
+    });
+    EXPECT_NE(bytes.message.find("\"\\xff\\x0a\""), std::string::npos) << bytes.message;
+    for (const char *role : {"system", "user", "assistant"}) {
+        ParseResult ok = parse_built([&](auto &fbb) {
+            std::vector<flatbuffers::Offset<fb::ChatMessage>> m{fb::CreateChatMessage(fbb, fbb.CreateString(role), fbb.CreateString("hi"))};
+            ds4::ipc::finish_frame(fbb, 1, fb::CreateGenerate(fbb, 0, 0, 0, fbb.CreateVector(m)));
+        });
+        EXPECT_EQ(ok.kind, ParseResult::Kind::Request) << role;
+    }
 }
 
 // ---------------------------------------------------------------- socket set-up

@@ -138,6 +138,46 @@ TEST_F(HardeningE2E, RefusalOfAnotherUserAlwaysArrives) {
     EXPECT_EQ(d.stop(SIGTERM), 0);
 }
 
+// A chat role the template does not know and a session name the store would refuse are the
+// client's mistakes: BadRequest at once (they used to come back as Engine and Store), and
+// the reply carries no invalid UTF-8 from the request.
+TEST_F(HardeningE2E, BadRoleAndBadSessionNameAreBadRequests) {
+    Daemon d;
+    ASSERT_EQ(start(d, {"--state-dir", dir->path + "/names-state"}), "");
+    Client c(d.socket);
+    for (const std::string role : {"tool", "\xff\xfeX\x01"}) {
+        ds4::client::GenerateRequest req;
+        req.kind = ds4::client::GenerateRequest::Prompt::Chat;
+        req.messages.push_back({role, "hello"});
+        req.max_tokens = 2;
+        try {
+            c.generate(req);
+            ADD_FAILURE() << "role accepted";
+        } catch (const ServerError &e) {
+            EXPECT_EQ(e.code_name, "BadRequest") << e.what();
+            EXPECT_TRUE(contains(e.server_message, "not system, user or assistant")) << e.what();
+            for (unsigned char ch : e.server_message) EXPECT_TRUE(ch >= 0x20 && ch < 0x7F) << "byte " << int(ch);
+        }
+    }
+    for (const char *name : {"a..b", "x/y", " pad"}) {
+        try {
+            c.open_session(name);
+            ADD_FAILURE() << "session name " << name << " accepted";
+        } catch (const ServerError &e) {
+            EXPECT_EQ(e.code_name, "BadRequest") << name << ": " << e.what();
+        }
+        try {
+            c.load_session(name);
+            ADD_FAILURE() << "session name " << name << " accepted";
+        } catch (const ServerError &e) {
+            EXPECT_EQ(e.code_name, "BadRequest") << name << ": " << e.what();
+        }
+    }
+    // What the store allows, the daemon allows.
+    EXPECT_TRUE(c.open_session("notes v2").created);
+    EXPECT_EQ(d.stop(SIGTERM), 0);
+}
+
 }  // namespace
 
 #endif
