@@ -58,7 +58,8 @@ std::string usage_text() {
            "                         reuse its state; without it, run uses a one-shot session. Named\n"
            "                         sessions persist across ds4d restarts when it has a state dir;\n"
            "                         after each turn ds4 waits until it is stored and warns on stderr\n"
-           "                         when saving failed (disk full, I/O error, store budget)\n"
+           "                         when saving failed (disk full, I/O error, store budget); run then\n"
+           "                         exits with status 5 after printing the answer\n"
            "  --max-tokens N         stop after N generated tokens (default 256)\n"
            "  --temperature T        sampling temperature; 0 (default) is greedy\n"
            "  --top-k K, --top-p P, --min-p P   sampling filters (default off)\n"
@@ -76,7 +77,8 @@ std::string usage_text() {
            "  -h, --help             this help\n"
            "\n"
            "Prefill progress is shown on stderr when stderr is a terminal.\n"
-           "Exit status: 0 ok, 2 usage error, 3 cannot connect to ds4d, 4 server error (message on stderr).\n";
+           "Exit status: 0 ok, 2 usage error, 3 cannot connect to ds4d, 4 server error (message on stderr),\n"
+           "5 run --session generated the answer but could not store the turn (warning on stderr).\n";
 }
 
 CliArgs parse_cli(int argc, const char *const *argv) {

@@ -21,6 +21,7 @@ constexpr int kExitOk = 0;
 constexpr int kExitUsage = 2;
 constexpr int kExitConnect = 3;
 constexpr int kExitServer = 4;
+constexpr int kExitNotStored = 5;  // run --session: the answer was printed, its turn not stored
 constexpr int kExitInterrupted = 130;
 
 int g_sigpipe[2] = {-1, -1};
@@ -162,11 +163,15 @@ int cmd_run(Client &client, const CliArgs &a) {
     else if (::isatty(1) && !last_newline) std::fputc('\n', stdout);
     std::fflush(stdout);
     print_summary(d);
+    bool stored = true;
     if (!a.session.empty()) {
         const std::string err = latest_save_error(client, a.session);
         if (!err.empty()) warn_save_error(a.session, err);
+        stored = err.empty();
     }
-    return d.reason == FinishReason::Cancelled && drain_sigpipe() ? kExitInterrupted : kExitOk;
+    if (d.reason == FinishReason::Cancelled && drain_sigpipe()) return kExitInterrupted;
+    // Scripts must not take a turn a restart would lose for a stored one.
+    return stored ? kExitOk : kExitNotStored;
 }
 
 // One line from stdin; false at end of input. An interrupt at the prompt yields an empty line.

@@ -399,6 +399,32 @@ TEST_F(PersistE2E, AFailedSaveIsReportedAndKeepsThePreviousVersion) {
     EXPECT_EQ(d2.stop(SIGTERM), 0);
 }
 
+// `ds4 run --session` prints the answer but exits 5 when its turn could not be stored (here:
+// a store budget no session fits), so a script cannot mistake it for a saved turn; without
+// --session, and with a store that works, it exits 0.
+TEST_F(PersistE2E, RunExitsNonZeroWhenItsTurnWasNotStored) {
+    Daemon d;
+    ASSERT_EQ(start(d, dir->path + "/tiny-budget", {"--store-budget", "1"}), "");
+    auto ds4 = [&](std::vector<std::string> args) {
+        args.insert(args.begin(), {DS4_CLI_PATH, "--socket", d.socket});
+        return run_cmd(args, dir->path);
+    };
+    CmdResult r = ds4({"run", "--session", "kept", "--ids", "--max-tokens", "3", "hi"});
+    EXPECT_EQ(r.rc, 5) << r.err;
+    EXPECT_NE(r.out.find_first_of("0123456789"), std::string::npos) << "the answer was not printed: " << r.out;
+    EXPECT_NE(r.err.find("warning: saving session kept failed"), std::string::npos) << r.err;
+    EXPECT_EQ(ds4({"run", "--ids", "--max-tokens", "3", "hi"}).rc, 0) << "a one-shot run stores nothing";
+    EXPECT_NE(ds4({"--help"}).out.find("5 run --session generated the answer but could not store the turn"),
+              std::string::npos);
+    EXPECT_EQ(d.stop(SIGTERM), 0);
+    Daemon ok;
+    ASSERT_EQ(start(ok, dir->path + "/roomy"), "");
+    CmdResult stored = run_cmd({DS4_CLI_PATH, "--socket", ok.socket, "run", "--session", "kept", "--ids", "--max-tokens", "3", "hi"},
+                               dir->path);
+    EXPECT_EQ(stored.rc, 0) << stored.err;
+    EXPECT_EQ(ok.stop(SIGTERM), 0);
+}
+
 // The state dir on a small tmpfs that really fills up: saves fail with the kernel's ENOSPC,
 // clients are told (the explicit save's error, SessionOpened, ListSessions, Stats, the ds4
 // command's warning), generation goes on, and after kill -9 the previous stored version
@@ -446,7 +472,7 @@ TEST_F(PersistE2E, ARealFullDiskIsReportedAndKeepsThePreviousVersion) {
         // The command-line client says so after its turn, and the list shows it.
         CmdResult cli = run_cmd({DS4_CLI_PATH, "--socket", d.socket, "run", "--session", "cli", "--max-tokens", "2", "hi"},
                                 dir->path);
-        EXPECT_EQ(cli.rc, 0) << cli.err;
+        EXPECT_EQ(cli.rc, 5) << "a turn that was not stored must not exit 0: " << cli.err;
         EXPECT_NE(cli.err.find("warning: saving session cli failed"), std::string::npos) << cli.err;
         CmdResult list = run_cmd({DS4_CLI_PATH, "--socket", d.socket, "sessions", "list"}, dir->path);
         EXPECT_NE(list.out.find("latest save failed; stored version has " + std::to_string(ref_tokens_before[2]) +
