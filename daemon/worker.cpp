@@ -367,8 +367,20 @@ struct Worker::Impl {
         return saver && !name.empty() ? saver->last_error(name) : std::string();
     }
 
+    // Any failure inside a handler (std::bad_alloc included) fails only its own request;
+    // the worker, and every other request, goes on.
     void handle(Request &r) {
-        std::visit([&](auto &p) { on(r, p); }, r.body);
+        try {
+            std::visit([&](auto &p) { on(r, p); }, r.body);
+        } catch (const std::exception &e) {
+            const bool oom = dynamic_cast<const std::bad_alloc *>(&e) != nullptr;
+            log_line("request %llu failed: %s", static_cast<unsigned long long>(r.id), oom ? "out of memory" : e.what());
+            try {
+                reply_error(r, fb::ErrorCode::Internal, oom ? "ds4d ran out of memory for this request" : e.what());
+            } catch (const std::exception &) {
+                log_line("request %llu: the error reply could not be sent either", static_cast<unsigned long long>(r.id));
+            }
+        }
     }
 
     void on(Request &r, OpenSessionParams &p) {

@@ -13,6 +13,7 @@ TEST(HardeningE2E, NeedsBridgeDaemonAndModelGenerator) {
 }
 #else
 
+#include <sys/resource.h>
 #include <sys/stat.h>
 
 #include "client/ds4client.hpp"
@@ -175,6 +176,54 @@ TEST_F(HardeningE2E, BadRoleAndBadSessionNameAreBadRequests) {
     }
     // What the store allows, the daemon allows.
     EXPECT_TRUE(c.open_session("notes v2").created);
+    EXPECT_EQ(d.stop(SIGTERM), 0);
+}
+
+// VmData of pid in bytes (0 when unknown): what RLIMIT_DATA limits.
+uint64_t vm_data(pid_t pid) {
+    std::istringstream in(read_file("/proc/" + std::to_string(pid) + "/status"));
+    std::string line;
+    while (std::getline(in, line))
+        if (line.rfind("VmData:", 0) == 0) return std::stoull(line.substr(7)) * 1024;
+    return 0;
+}
+
+// A request whose handler cannot get its memory (a real std::bad_alloc) fails alone with an
+// error reply; the daemon keeps serving. It used to end the worker, and with it the daemon.
+// ds4d's data segment is capped (RLIMIT_DATA, which also covers malloc arenas growing into
+// their reserved space) just above what it uses once a first tokenize of the same size has
+// run on this connection, so the loop already holds its read buffer: the loop's copy of
+// the text fits, the handler's token buffer (4 bytes per text byte) does not.
+TEST_F(HardeningE2E, AFailedAllocationFailsOnlyItsOwnRequest) {
+    Daemon d;
+    // Every block of 64 KiB or more is its own mapping, returned when freed: what the
+    // first request used is not lying around for the second to reuse.
+    ::setenv("MALLOC_MMAP_THRESHOLD_", "65536", 1);
+    const std::string started = start(d);
+    ::unsetenv("MALLOC_MMAP_THRESHOLD_");
+    ASSERT_EQ(started, "");
+    Client c(d.socket);
+    const std::string text(3u << 20, 'x');  // its 3 Mi tokens still fit a reply frame
+    ASSERT_GT(c.tokenize(text).size(), 0u);
+    const uint64_t used = vm_data(d.pid);
+    ASSERT_GT(used, 0u);
+    const uint64_t cap = used + text.size() * 5 / 2;  // room for the loop's copy, not for 4x
+    const rlimit lim{cap, cap};
+    ASSERT_EQ(::prlimit(d.pid, RLIMIT_DATA, &lim, nullptr), 0) << std::strerror(errno);
+    try {
+        c.tokenize(text);
+        ADD_FAILURE() << "the allocation did not fail; the test's memory cap is too loose";
+    } catch (const ServerError &e) {
+        EXPECT_EQ(e.code_name, "Internal") << e.what();
+        EXPECT_TRUE(contains(e.server_message, "out of memory")) << e.what();
+    } catch (const std::exception &e) {
+        FAIL() << e.what() << "; ds4d's log:\n" << read_file(d.log);
+    }
+    EXPECT_EQ(c.tokenize("still here").size(), c.tokenize("still here").size());
+    EXPECT_EQ(c.stats().connections, 1u);
+    Client other(d.socket);
+    EXPECT_GT(other.tokenize("a new client").size(), 0u);
+    EXPECT_TRUE(contains(read_file(d.log), "failed: out of memory")) << read_file(d.log);
     EXPECT_EQ(d.stop(SIGTERM), 0);
 }
 
