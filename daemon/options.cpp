@@ -58,6 +58,14 @@ std::string daemon_usage() {
            "  --queue-bytes BYTES    unsent output per connection before its generation pauses\n"
            "                         (default 1048576)\n"
            "  --max-inflight N       requests per connection at once (default 64)\n"
+           "  --max-connections N    client connections at once; more are refused with an error\n"
+           "                         and a log line (default 256)\n"
+           "  --client-timeout S     drop a connection that sends no Hello within S seconds of\n"
+           "                         connecting, or takes longer than S seconds to send one frame\n"
+           "                         (default 30)\n"
+           "  --input-budget BYTES   unfinished request frames held across all connections; the\n"
+           "                         connection that goes over is refused (default 67108864; at\n"
+           "                         least --max-frame)\n"
            "  --shutdown-grace-ms MS time running requests get to finish on SIGTERM (default 2000)\n"
            "  -h, --help             this help\n";
 }
@@ -111,6 +119,12 @@ DaemonOptions parse_daemon_args(int argc, const char *const *argv) {
             o.queue_bytes = size_t(parse_uint(a, value(i, a), 4096, 1ull << 32));
         } else if (a == "--max-inflight") {
             o.max_inflight = uint32_t(parse_uint(a, value(i, a), 1, 100000));
+        } else if (a == "--max-connections") {
+            o.max_connections = uint32_t(parse_uint(a, value(i, a), 1, 100000));
+        } else if (a == "--client-timeout") {
+            o.client_timeout_s = uint32_t(parse_uint(a, value(i, a), 1, 86400));
+        } else if (a == "--input-budget") {
+            o.input_budget = size_t(parse_uint(a, value(i, a), 1024, 1ull << 40));
         } else if (a == "--shutdown-grace-ms") {
             o.shutdown_grace_ms = uint32_t(parse_uint(a, value(i, a), 0, 600000));
         } else {
@@ -119,6 +133,9 @@ DaemonOptions parse_daemon_args(int argc, const char *const *argv) {
     }
     if (o.model_path.empty()) throw UsageError("--model PATH is required");
     if (o.no_store && !o.state_dir.empty()) throw UsageError("--no-store and --state-dir exclude each other");
+    if (o.input_budget < o.max_frame)
+        throw UsageError("--input-budget (" + std::to_string(o.input_budget) + ") must be at least --max-frame (" +
+                         std::to_string(o.max_frame) + "), or no frame of full size could be received");
     if (o.socket_path.empty()) o.socket_path = ipc::default_socket_path();
     if (o.socket_path.size() > ipc::kMaxSocketPath)
         throw UsageError("socket path is longer than " + std::to_string(ipc::kMaxSocketPath) +

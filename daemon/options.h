@@ -29,6 +29,9 @@ struct DaemonOptions {
     size_t max_frame = 16u << 20;     // largest accepted request frame
     size_t queue_bytes = 1u << 20;    // per-connection output bound (back-pressure)
     uint32_t max_inflight = 64;       // requests per connection at once
+    uint32_t max_connections = 256;   // client connections served at once; more are refused
+    uint32_t client_timeout_s = 30;   // Hello, and each frame once begun, must arrive within this
+    size_t input_budget = 64u << 20;  // bytes of unfinished request frames held across all connections
     uint32_t shutdown_grace_ms = 2000;
     bool help = false;
 };

@@ -44,6 +44,8 @@ struct Conn {
     bool close_when_flushed = false;  // no more requests: write what is queued, drain, close
     bool shut_wr = false;           // uv_shutdown issued
     uint64_t drain_deadline = 0;    // uv_now() after which a closing connection is dropped
+    uint64_t waiting_since = 0;     // uv_now() since which Hello or the rest of a frame is awaited (0: none)
+    size_t input_counted = 0;       // this connection's share of Impl::input_total
     uv_shutdown_t shutdown_req{};
     size_t pending_writes = 0;
     std::unordered_set<uint64_t> inflight;  // request ids the worker has not finished
@@ -78,6 +80,9 @@ struct Server::Impl {
     bool worker_done = false;
     bool shutdown_requested = false;
     uint64_t next_conn = 1;
+    size_t draining = 0;            // connections in close_after_flush (not served any more)
+    size_t input_total = 0;         // unfinished request bytes held across connections
+    uint64_t last_overload_log = 0; // uv_now() of the last "closed at once" line (rate limit)
     std::unordered_map<uint64_t, std::unique_ptr<Conn>> conns;
     uid_t uid = ::geteuid();
 
@@ -142,6 +147,8 @@ struct Server::Impl {
 
     void start_reading(Conn *c) {
         if (uv_read_start(reinterpret_cast<uv_stream_t *>(&c->pipe), on_alloc, on_read) == 0) c->reading = true;
+        // Time spent paused by back-pressure is ds4d's doing, not the client's.
+        if (c->waiting_since) c->waiting_since = uv_now(&loop);
     }
 
     void stop_reading(Conn *c) {
@@ -156,6 +163,8 @@ struct Server::Impl {
     void close_after_flush(Conn *c) {
         if (c->closing || c->close_when_flushed) return;
         c->close_when_flushed = true;
+        ++draining;
+        drop_input(c);
         c->drain_deadline = uv_now(&loop) + kDrainMs;
         if (!c->reading) start_reading(c);
         if (c->pending_writes == 0) shut_write(c);
@@ -174,19 +183,54 @@ struct Server::Impl {
         if (status != 0 && status != UV_ECANCELED) c->server->begin_close(c);
     }
 
-    // Drops connections whose drain time is over.
+    // Drops connections whose drain time is over, and those that kept ds4d waiting for Hello
+    // or for the rest of a frame longer than --client-timeout (while ds4d was reading).
     static void on_sweep(uv_timer_t *t) {
         Impl *self = static_cast<Impl *>(t->data);
         const uint64_t now = uv_now(&self->loop);
-        std::vector<Conn *> expired;
-        for (auto &[id, c] : self->conns)
-            if (c->close_when_flushed && !c->closing && now >= c->drain_deadline) expired.push_back(c.get());
+        const uint64_t timeout_ms = uint64_t(self->opt.client_timeout_s) * 1000;
+        std::vector<Conn *> expired, idle;
+        for (auto &[id, c] : self->conns) {
+            if (c->closing) continue;
+            if (c->close_when_flushed) {
+                if (now >= c->drain_deadline) expired.push_back(c.get());
+            } else if (c->reading && c->waiting_since && now - c->waiting_since >= timeout_ms) {
+                idle.push_back(c.get());
+            }
+        }
         for (Conn *c : expired) self->begin_close(c);
+        for (Conn *c : idle) {
+            const bool partial = c->decoder.buffered() > 0;
+            const std::string what = partial ? "did not finish a frame (" + std::to_string(c->decoder.buffered()) +
+                                                   " bytes so far)"
+                                             : "did not send Hello";
+            log_line("connection %llu %s for %u s (--client-timeout); closing it",
+                     static_cast<unsigned long long>(c->id), what.c_str(), self->opt.client_timeout_s);
+            self->reply(c, error_frame(0, partial ? fb::ErrorCode::BadFrame : fb::ErrorCode::Protocol,
+                                       "the connection " + what + " for " + std::to_string(self->opt.client_timeout_s) +
+                                           " s (ds4d --client-timeout); closing it"));
+            self->close_after_flush(c);
+        }
+    }
+
+    // ---- input accounting (--input-budget) ----
+
+    void count_input(Conn *c) {
+        const size_t now_held = c->decoder.buffered();
+        input_total = input_total - c->input_counted + now_held;
+        c->input_counted = now_held;
+    }
+
+    void drop_input(Conn *c) {
+        c->decoder = ipc::FrameDecoder(limits);  // frees the buffer
+        count_input(c);
     }
 
     void begin_close(Conn *c) {
         if (c->closing) return;
         c->closing = true;
+        if (c->close_when_flushed) --draining;
+        drop_input(c);
         stop_reading(c);
         c->shared->closed.store(true, std::memory_order_release);
         worker.disconnect(c->shared);
@@ -213,12 +257,36 @@ struct Server::Impl {
         c->shared = std::make_shared<ConnShared>(c->id);
         uv_pipe_init(&self->loop, &c->pipe, 0);
         c->pipe.data = c;
-        if (uv_accept(server, reinterpret_cast<uv_stream_t *>(&c->pipe)) != 0) {
+        if (int rc = uv_accept(server, reinterpret_cast<uv_stream_t *>(&c->pipe)); rc != 0) {
+            // libuv already reset the client (e.g. out of file descriptors): say so.
+            log_line("could not accept a connection: %s", uv_strerror(rc));
             uv_close(reinterpret_cast<uv_handle_t *>(&c->pipe), [](uv_handle_t *h) { delete static_cast<Conn *>(h->data); });
             conn.release();
             return;
         }
         self->conns.emplace(c->id, std::move(conn));
+        c->waiting_since = uv_now(&self->loop);
+        const size_t served = self->conns.size() - 1 - self->draining;
+        if (served >= self->opt.max_connections) {
+            // Refused connections drain for a while; a flood of them must not hold every fd.
+            if (self->draining >= self->opt.max_connections) {
+                const uint64_t now = uv_now(&self->loop);
+                if (now - self->last_overload_log >= 1000) {
+                    self->last_overload_log = now;
+                    log_line("closing new connections at once: %zu served and %zu being refused (--max-connections %u)",
+                             served, self->draining, self->opt.max_connections);
+                }
+                self->begin_close(c);
+                return;
+            }
+            log_line("refused connection %llu: %zu connections are open (--max-connections %u)",
+                     static_cast<unsigned long long>(c->id), served, self->opt.max_connections);
+            self->reply(c, error_frame(0, fb::ErrorCode::Busy,
+                                       "ds4d serves at most " + std::to_string(self->opt.max_connections) +
+                                           " connections at once (--max-connections); try again later"));
+            self->close_after_flush(c);
+            return;
+        }
         uv_os_fd_t fd = -1;
         uv_fileno(reinterpret_cast<uv_handle_t *>(&c->pipe), &fd);
         struct ucred cred {};
@@ -247,6 +315,7 @@ struct Server::Impl {
         }
         if (nread == 0 || c->close_when_flushed) return;  // draining: dropped unread
         c->decoder.feed(reinterpret_cast<const uint8_t *>(buf->base), size_t(nread));
+        bool completed = false;
         for (;;) {
             auto st = c->decoder.next();
             if (st == ipc::FrameDecoder::Status::NeedMore) break;
@@ -260,7 +329,22 @@ struct Server::Impl {
                 return;
             }
             self->handle_frame(c, c->decoder.envelope());
+            completed = true;
             if (c->closing || c->close_when_flushed) return;
+        }
+        self->count_input(c);
+        // The clock runs from connecting until Hello, and from a frame's first byte until its
+        // last: a client that trickles bytes cannot hold a connection (and its buffer) forever.
+        if (c->hello && c->decoder.buffered() == 0) c->waiting_since = 0;
+        else if (completed || !c->waiting_since) c->waiting_since = uv_now(&self->loop);
+        if (self->input_total > self->opt.input_budget) {
+            log_line("refused connection %llu: unfinished requests hold %zu bytes across connections (--input-budget %zu)",
+                     static_cast<unsigned long long>(c->id), self->input_total, self->opt.input_budget);
+            self->reply(c, error_frame(0, fb::ErrorCode::Busy,
+                                       "ds4d holds too much unfinished request data across connections (--input-budget " +
+                                           std::to_string(self->opt.input_budget) + " bytes); try again later"));
+            self->close_after_flush(c);
+            return;
         }
         if (c->shared->queued_bytes.load(std::memory_order_acquire) >= self->opt.queue_bytes) self->stop_reading(c);
     }

@@ -16,6 +16,8 @@ TEST(HardeningE2E, NeedsBridgeDaemonAndModelGenerator) {
 #include <sys/resource.h>
 #include <sys/stat.h>
 
+#include <memory>
+
 #include "client/ds4client.hpp"
 #include "tests/daemon/e2e_support.h"
 #include "tests/daemon/other_user.h"
@@ -224,6 +226,110 @@ TEST_F(HardeningE2E, AFailedAllocationFailsOnlyItsOwnRequest) {
     Client other(d.socket);
     EXPECT_GT(other.tokenize("a new client").size(), 0u);
     EXPECT_TRUE(contains(read_file(d.log), "failed: out of memory")) << read_file(d.log);
+    EXPECT_EQ(d.stop(SIGTERM), 0);
+}
+
+// --max-connections: one more client is refused with a message saying why (through the
+// library and the ds4 command), ds4d logs it, and a freed slot serves again.
+TEST_F(HardeningE2E, ConnectionCapRefusesWithAMessageAndALogLine) {
+    Daemon d;
+    ASSERT_EQ(start(d, {"--max-connections", "2"}), "");
+    auto a = std::make_unique<Client>(d.socket);
+    Client b(d.socket);
+    try {
+        Client c(d.socket);
+        ADD_FAILURE() << "a third connection was served";
+    } catch (const ServerError &e) {
+        EXPECT_EQ(e.code_name, "Busy") << e.what();
+        EXPECT_TRUE(contains(e.server_message, "at most 2 connections") && contains(e.server_message, "--max-connections"))
+            << e.what();
+    }
+    CmdResult cli = run_cmd({DS4_CLI_PATH, "--socket", d.socket, "stats"}, dir->path);
+    EXPECT_EQ(cli.rc, 4) << cli.err;
+    EXPECT_TRUE(contains(cli.err, "--max-connections")) << cli.err;
+    EXPECT_TRUE(contains(read_file(d.log), "refused connection")) << read_file(d.log);
+    EXPECT_TRUE(contains(read_file(d.log), "(--max-connections 2)"));
+    a.reset();
+    bool served = false;
+    for (int i = 0; i < 200 && !served; ++i) {  // the daemon sees the close asynchronously
+        try {
+            Client c(d.socket);
+            served = c.stats().connections >= 1;
+        } catch (const ServerError &) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+    }
+    EXPECT_TRUE(served) << "a freed slot was not reused";
+    EXPECT_EQ(b.stats().sessions, 0u);
+    EXPECT_EQ(d.stop(SIGTERM), 0);
+}
+
+// --client-timeout: half a frame, or no Hello, is dropped after the timeout with an error
+// frame and a log line; a client that is idle between complete frames is not.
+TEST_F(HardeningE2E, HalfAFrameIsDroppedAfterTheClientTimeout) {
+    Daemon d;
+    ASSERT_EQ(start(d, {"--client-timeout", "1"}), "");
+    RawConn idle(d.socket), half(d.socket), mute(d.socket);
+    ASSERT_TRUE(idle.hello());
+    ASSERT_TRUE(half.hello());
+    const std::vector<uint8_t> st = stats_frame(2);
+    ASSERT_TRUE(half.send(st.data(), st.size() / 2));
+    const auto t0 = Clock::now();
+    const fb::Envelope *e = half.next(5000);
+    ASSERT_NE(e, nullptr) << "no error frame before the close";
+    ASSERT_EQ(e->body_type(), fb::Message::Error);
+    EXPECT_EQ(e->body_as_Error()->code(), fb::ErrorCode::BadFrame);
+    EXPECT_TRUE(contains(e->body_as_Error()->message()->str(), "--client-timeout"));
+    EXPECT_TRUE(half.closed_by_peer(5000));
+    const double waited = std::chrono::duration<double>(Clock::now() - t0).count();
+    EXPECT_GE(waited, 0.7);
+    EXPECT_LE(waited, 4.0);
+    const fb::Envelope *m = mute.next(5000);
+    ASSERT_NE(m, nullptr) << "a connection without Hello was not dropped";
+    EXPECT_EQ(m->body_as_Error()->code(), fb::ErrorCode::Protocol);
+    EXPECT_TRUE(mute.closed_by_peer(5000));
+    // Idle for longer than the timeout between frames: still served.
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    ASSERT_TRUE(idle.send(stats_frame(3)));
+    const fb::Envelope *r = idle.next(5000);
+    ASSERT_NE(r, nullptr);
+    EXPECT_EQ(r->body_type(), fb::Message::StatsResult);
+    const std::string log = read_file(d.log);
+    EXPECT_TRUE(contains(log, "did not finish a frame") && contains(log, "--client-timeout")) << log;
+    EXPECT_TRUE(contains(log, "did not send Hello")) << log;
+    EXPECT_EQ(d.stop(SIGTERM), 0);
+}
+
+// --input-budget: unfinished frames across connections are bounded; the connection that
+// goes over is refused with a message, the others carry on.
+TEST_F(HardeningE2E, UnfinishedFramesShareOneBudget) {
+    Daemon d;
+    ASSERT_EQ(start(d, {"--max-frame", "1048576", "--input-budget", "1048576"}), "");
+    const std::vector<uint8_t> big = frame([&](auto &fbb) {
+        ds4::ipc::finish_frame(fbb, 2, fb::CreateTokenize(fbb, fbb.CreateString(std::string(900 * 1024, 'x'))));
+    });
+    const size_t part = 700 * 1024;
+    RawConn a(d.socket), b(d.socket);
+    ASSERT_TRUE(a.hello());
+    ASSERT_TRUE(b.hello());
+    ASSERT_TRUE(a.send(big.data(), part));
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // a's bytes are held first
+    ASSERT_TRUE(b.send(big.data(), part));
+    const fb::Envelope *e = b.next(5000);
+    ASSERT_NE(e, nullptr);
+    ASSERT_EQ(e->body_type(), fb::Message::Error);
+    EXPECT_EQ(e->body_as_Error()->code(), fb::ErrorCode::Busy);
+    EXPECT_TRUE(contains(e->body_as_Error()->message()->str(), "--input-budget"));
+    EXPECT_TRUE(b.closed_by_peer(5000));
+    ASSERT_TRUE(a.send(big.data() + part, big.size() - part));
+    const fb::Envelope *r = a.next(15000);
+    ASSERT_NE(r, nullptr);
+    EXPECT_EQ(r->body_type(), fb::Message::TokenizeResult);
+    EXPECT_TRUE(contains(read_file(d.log), "(--input-budget 1048576)")) << read_file(d.log);
+    EXPECT_EQ(run_cmd({DS4D_PATH, "--model", model_path, "--max-frame", "2097152", "--input-budget", "1048576"},
+                      dir->path)
+                  .rc,
+              2);
     EXPECT_EQ(d.stop(SIGTERM), 0);
 }
 
