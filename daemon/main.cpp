@@ -7,6 +7,7 @@
 #include <cstring>
 #include <memory>
 
+#include "daemon/fd_limit.h"
 #include "daemon/listen_socket.h"
 #include "daemon/log.h"
 #include "daemon/options.h"
@@ -101,6 +102,10 @@ int main(int argc, char **argv) {
         log_line("model %s (%s) on %s: %u layers, %u wide, vocab %u, context %u (limit %u)", m.name.c_str(),
                  m.family.c_str(), m.backend.c_str(), m.n_layer, m.n_embd, m.n_vocab, worker.default_ctx(),
                  m.n_ctx_max);
+
+        std::string fd_note;
+        opt.max_connections = connections_within_fd_limit(opt.max_connections, &fd_note);
+        if (!fd_note.empty()) log_line("%s", fd_note.c_str());
 
         ListenSocket listen(opt.socket_path, 128);
         Server server(opt, worker, out, listen);

@@ -333,6 +333,41 @@ TEST_F(HardeningE2E, UnfinishedFramesShareOneBudget) {
     EXPECT_EQ(d.stop(SIGTERM), 0);
 }
 
+// At the open-file limit libuv resets new clients itself and ds4d never hears of them: ds4d
+// fits --max-connections under the limit (and says so), so every client beyond it is
+// refused with a message instead of reset.
+TEST_F(HardeningE2E, ConnectionsBeyondTheFileLimitAreRefusedNotReset) {
+    // ds4d under an open-file limit of 80 (soft and hard), set by a shell that execs it.
+    const std::string wrapper = dir->path + "/ds4d-nofile80.sh";
+    std::ofstream(wrapper) << "#!/bin/sh\nulimit -n 80 || exit 97\nexec " << DS4D_PATH << " \"$@\"\n";
+    ASSERT_EQ(::chmod(wrapper.c_str(), 0755), 0);
+    Daemon d;
+    static int n = 0;
+    const std::string tag = "fd" + std::to_string(n++);
+    ASSERT_EQ(d.start(wrapper, model_path, dir->path + "/" + tag + ".sock", dir->path + "/" + tag + ".log"), "");
+    std::vector<std::unique_ptr<Client>> held;
+    int refused = 0;
+    std::string other;
+    for (int i = 0; i < 100; ++i) {
+        try {
+            held.push_back(std::make_unique<Client>(d.socket));
+        } catch (const ServerError &e) {
+            if (e.code_name == "Busy" && contains(e.server_message, "--max-connections")) ++refused;
+            else other += std::string(e.what()) + "\n";
+        } catch (const std::exception &e) {
+            other += std::string(e.what()) + "\n";
+        }
+    }
+    EXPECT_EQ(other, "") << "clients that were reset or failed otherwise (" << held.size() << " served, " << refused
+                         << " refused)";
+    EXPECT_GT(held.size(), 0u);
+    EXPECT_EQ(held.size() + size_t(refused), 100u);
+    EXPECT_TRUE(contains(read_file(d.log), "does not fit the open-file limit of 80")) << read_file(d.log);
+    for (auto &c : held) EXPECT_EQ(c->stats().sessions, 0u);
+    held.clear();
+    EXPECT_EQ(d.stop(SIGTERM), 0);
+}
+
 }  // namespace
 
 #endif
