@@ -669,12 +669,16 @@ struct Worker::Impl {
         job->base_len = s->history.size();
         job->prompt_tokens = uint32_t(prompt.size());
         job->full = std::move(full);
-        s->history = job->full;
-        s->busy = job.get();
+        // The allocations come before the session changes: if one fails, handle() answers
+        // with an error and the session is as it was (not busy with a job that never ran).
+        std::vector<int32_t> history = job->full;
+        Job *raw = job.get();
+        jobs.push_back(std::move(job));
+        s->history = std::move(history);
+        s->busy = raw;
         s->used_unix = uint64_t(std::time(nullptr));
         ++requests_total;
         tokens_in += prompt.size();
-        jobs.push_back(std::move(job));
     }
 
     // ---- scheduling ----
