@@ -29,6 +29,9 @@
 struct ds4_bridge_model {
     std::unique_ptr<ds4::Model> model;
     std::unique_ptr<ds4::Model> drafter;   // sibling drafter/MTP model, loaded privately
+    // The pool and scratch that this model's sessions run on; the contract makes sessions of
+    // one model thread-affine to one thread at a time, so they can share it.
+    std::unique_ptr<ds4::Executor> ex;
     ds4::tok::Tokenizer tok = ds4::tok::Tokenizer::byte_fallback(259);
     std::mutex mu;
     std::set<ds4_bridge_session *> sessions;
@@ -198,15 +201,21 @@ int ds4_bridge_model_open(ds4_bridge_model **out, const ds4_bridge_model_open_op
     NEED(opt, "options are NULL");
     NEED(opt->model_path && opt->model_path[0], "model_path is empty");
     NEED(opt->n_threads >= 0 && opt->n_threads <= 1024, "n_threads must be in 0..1024");
-    if (opt->backend == DS4_BRIDGE_BACKEND_CUDA)
-        return bad(err, errlen, "the CUDA backend is not implemented yet; use DS4_BRIDGE_BACKEND_CPU");
-    NEED(opt->backend == DS4_BRIDGE_BACKEND_CPU, "unknown backend");
+    NEED(opt->backend == DS4_BRIDGE_BACKEND_CPU || opt->backend == DS4_BRIDGE_BACKEND_CUDA ||
+             opt->backend == DS4_BRIDGE_BACKEND_AUTO,
+         "unknown backend (DS4_BRIDGE_BACKEND_AUTO, _CPU or _CUDA)");
     if (opt->ssd_streaming || opt->ssd_streaming_cold || opt->ssd_streaming_cache_experts || opt->ssd_streaming_cache_bytes)
         return bad(err, errlen, "SSD expert streaming is not implemented yet");
     if (opt->mtp_draft_tokens != 0) return bad(err, errlen, "speculative decoding (mtp_draft_tokens) is not implemented yet");
     return guarded(err, errlen, [&] {
         auto m = std::make_unique<ds4_bridge_model>();
-        m->model = ds4::Model::open(opt->model_path, {opt->n_threads});
+        ds4::ModelOptions mo;
+        mo.n_threads = opt->n_threads;
+        mo.backend = opt->backend == DS4_BRIDGE_BACKEND_CUDA  ? ds4::BackendKind::Cuda
+                     : opt->backend == DS4_BRIDGE_BACKEND_AUTO ? ds4::BackendKind::Auto
+                                                               : ds4::BackendKind::Cpu;
+        m->model = ds4::Model::open(opt->model_path, mo);
+        m->ex = m->model->make_executor();
         const ds4::gguf::Reader &r = m->model->reader();
         if (r.has("tokenizer.ggml.tokens")) {
             m->tok = ds4::tok::Tokenizer::from_gguf(r);
@@ -235,7 +244,7 @@ int ds4_bridge_model_boot_prewarm(ds4_bridge_model *m, char *err, size_t errlen)
     return guarded(err, errlen, [&] {
         m->model->prewarm();
         // One dummy forward allocates the kernels' scratch and faults in code paths.
-        ds4::Session s(*m->model, 4);
+        ds4::Session s(*m->model, *m->ex, 4);
         const int32_t t = m->tok.bos() >= 0 && m->tok.bos() < m->model->config().n_vocab ? m->tok.bos() : 0;
         s.eval(t);
         return 0;
@@ -284,10 +293,14 @@ int ds4_bridge_memory_stats(ds4_bridge_model *m, ds4_bridge_memory_t *out, char 
     const ds4::ModelWeights &w = m->model->weights();
     out->weights_bytes = w.mapped_bytes + w.owned_bytes;
     std::lock_guard<std::mutex> lk(m->mu);
-    for (ds4_bridge_session *s : m->sessions) {
-        out->cache_bytes += s->s->memory_bytes();
-        out->scratch_bytes += s->s->scratch_bytes();
-    }
+    out->scratch_bytes = m->ex->scratch_bytes();
+    const ds4::DeviceInfo d = m->model->backend().device_info();
+    std::snprintf(out->backend, sizeof out->backend, "%s", m->model->backend().name().c_str());
+    std::snprintf(out->device, sizeof out->device, "%s", d.name.c_str());
+    out->device_free = d.free;
+    out->device_total = d.total;
+    out->device_weights_bytes = d.weight_bytes;
+    for (ds4_bridge_session *s : m->sessions) out->cache_bytes += s->s->memory_bytes();
     return 0;
 }
 
@@ -299,7 +312,7 @@ int ds4_bridge_session_create(ds4_bridge_session **out, ds4_bridge_model *m, int
     return guarded(err, errlen, [&] {
         auto s = std::make_unique<ds4_bridge_session>();
         s->owner = m;
-        s->s = std::make_unique<ds4::Session>(*m->model, ctx_size);
+        s->s = std::make_unique<ds4::Session>(*m->model, *m->ex, ctx_size);
         {
             std::lock_guard<std::mutex> lk(m->mu);
             m->sessions.insert(s.get());

@@ -38,7 +38,9 @@ typedef struct ds4_bridge_session ds4_bridge_session;
 typedef struct ds4_bridge_gguf ds4_bridge_gguf;
 typedef void (*ds4_bridge_prefill_fn)(void *ud, int32_t current, int32_t total);
 
-enum { DS4_BRIDGE_BACKEND_CUDA = 0, DS4_BRIDGE_BACKEND_CPU = 2 };
+/* AUTO: CUDA when this build has it and a usable GPU is present, else the CPU. CUDA without a
+ * usable GPU, or with too little free VRAM for the weights, fails the open with the numbers. */
+enum { DS4_BRIDGE_BACKEND_CUDA = 0, DS4_BRIDGE_BACKEND_CPU = 2, DS4_BRIDGE_BACKEND_AUTO = 3 };
 
 typedef struct { /* POD; initialise with ds4_bridge_model_open_options_init */
     const char *model_path;
@@ -65,6 +67,9 @@ typedef struct {
     uint64_t cache_bytes;   /* all live sessions' caches */
     uint64_t scratch_bytes; /* all live sessions' scratch buffers */
     uint64_t device_free, device_total; /* 0 without a device */
+    uint64_t device_weights_bytes;      /* weights copied to the device (0 on the CPU) */
+    char backend[8];                    /* "cpu" | "cuda" */
+    char device[64];                    /* the GPU's name, or "cpu" */
 } ds4_bridge_memory_t;
 
 typedef struct {

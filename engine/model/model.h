@@ -26,7 +26,7 @@ struct ModelOptions {
     int n_threads = 0;   // default for executors made by make_executor(): 0 = all cores
     BackendKind backend = BackendKind::Cpu;
     // Called while weights are copied to a device (bytes done, bytes total).
-    std::function<void(uint64_t done, uint64_t total)> progress;
+    std::function<void(uint64_t done, uint64_t total)> progress = nullptr;
 };
 
 class Model {
