@@ -487,6 +487,8 @@ Stats Client::stats() {
         s.memory.scratch_bytes = m->scratch_bytes();
         s.memory.device_free = m->device_free();
         s.memory.device_total = m->device_total();
+        s.memory.device_weights_bytes = m->device_weights_bytes();
+        if (m->device()) s.memory.device = m->device()->str();
     }
     return s;
 }

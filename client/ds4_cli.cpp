@@ -281,7 +281,8 @@ int cmd_stats(Client &client) {
     std::printf("memory       weights %s, caches %s, scratch %s", bytes(s.memory.weights_bytes).c_str(),
                 bytes(s.memory.cache_bytes).c_str(), bytes(s.memory.scratch_bytes).c_str());
     if (s.memory.device_total)
-        std::printf(", device %s free of %s", bytes(s.memory.device_free).c_str(),
+        std::printf(", device %s: weights %s, %s free of %s", s.memory.device.c_str(),
+                    bytes(s.memory.device_weights_bytes).c_str(), bytes(s.memory.device_free).c_str(),
                     bytes(s.memory.device_total).c_str());
     std::printf("\n");
     std::printf("store        %llu failed session saves\n", static_cast<unsigned long long>(s.saves_failed));

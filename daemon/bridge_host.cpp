@@ -58,6 +58,8 @@ MemorySnapshot BridgeModel::memory() {
     out.scratch_bytes = mem.scratch_bytes;
     out.device_free = mem.device_free;
     out.device_total = mem.device_total;
+    out.device_weights_bytes = mem.device_weights_bytes;
+    out.device = fixed_str(mem.device, sizeof mem.device);
     return out;
 }
 

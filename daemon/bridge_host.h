@@ -23,6 +23,8 @@ struct ModelSummary {
 
 struct MemorySnapshot {
     uint64_t weights_bytes = 0, cache_bytes = 0, scratch_bytes = 0, device_free = 0, device_total = 0;
+    uint64_t device_weights_bytes = 0;
+    std::string device;
 };
 
 struct ModelOpenConfig {

@@ -86,7 +86,8 @@ Frame stats_result_frame(uint64_t rid, const ModelSummary &m, const StatsFields 
     flatbuffers::FlatBufferBuilder fbb(512);
     auto mi = model_info(fbb, m);
     auto mem = fb::CreateMemoryStats(fbb, s.memory.weights_bytes, s.memory.cache_bytes, s.memory.scratch_bytes,
-                                     s.memory.device_free, s.memory.device_total);
+                                     s.memory.device_free, s.memory.device_total, sv(fbb, s.memory.device),
+                                     s.memory.device_weights_bytes);
     return finish(fbb, rid,
                   fb::CreateStatsResult(fbb, s.uptime_s, mi, s.sessions, s.connections, s.active_requests,
                                         s.queued_requests, s.requests_total, s.tokens_in, s.tokens_cached,
