@@ -70,7 +70,7 @@ public:
     int32_t argmax();
     int32_t sample(float temperature, int top_k, float top_p, float min_p, uint64_t *rng);
     int pos();
-    // The whole state as a payload (DESIGN.md §4), and its inverse.
+    // The whole state as a payload (docs/ARCHITECTURE.md §4), and its inverse.
     std::vector<uint8_t> save_payload();
     void load_payload(std::span<const uint8_t> bytes);
     // Bumped when the engine had to rebuild the state (its prefix could not be kept).

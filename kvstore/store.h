@@ -1,4 +1,4 @@
-// The persistent session store (DESIGN.md §5): an LMDB index plus one payload file per
+// The persistent session store (docs/ARCHITECTURE.md §5): an LMDB index plus one payload file per
 // stored session or prefix checkpoint, in a state directory:
 //
 //   <state>/LOCK          flock'ed for the store's lifetime: one process per state dir
