@@ -241,12 +241,12 @@ public:
     }
 
     void upload(Act a, const float *src, size_t n) override {
-        if (n != width(a) * R_) failf("upload: %zu floats given, the step holds %zu", n, width(a) * R_);
+        if (n != act_width(c_, a) * R_) failf("upload: %zu floats given, the step holds %zu", n, act_width(c_, a) * R_);
         DS4_CUDA_CHECK(cudaMemcpyAsync(act(a).get(), src, n * sizeof(float), cudaMemcpyHostToDevice, s_));
         DS4_CUDA_CHECK(cudaStreamSynchronize(s_));
     }
     void download(Act a, float *dst, size_t n) const override {
-        if (n != width(a) * R_) failf("download: %zu floats asked, the step holds %zu", n, width(a) * R_);
+        if (n != act_width(c_, a) * R_) failf("download: %zu floats asked, the step holds %zu", n, act_width(c_, a) * R_);
         DS4_CUDA_CHECK(cudaMemcpyAsync(dst, const_cast<CudaExecutor *>(this)->act(a).get(), n * sizeof(float),
                                        cudaMemcpyDeviceToHost, s_));
         DS4_CUDA_CHECK(cudaStreamSynchronize(s_));
@@ -290,18 +290,6 @@ private:
         case Act::QR: return qr_;
         case Act::Q: return q_;
         case Act::O: return o_;
-        }
-        fail("internal: unknown activation");
-    }
-    size_t width(Act a) const {
-        const size_t D = c_.n_embd, hc = c_.hc_mult, hq = (size_t)c_.n_head * c_.head_dim;
-        switch (a) {
-        case Act::H: return hc * D;
-        case Act::X: case Act::XN: case Act::A: return D;
-        case Act::Post: return hc;
-        case Act::Comb: return hc * hc;
-        case Act::QR: return c_.q_lora;
-        case Act::Q: case Act::O: return hq;
         }
         fail("internal: unknown activation");
     }

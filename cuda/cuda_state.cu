@@ -37,17 +37,19 @@ struct Span {
     int limit;   // entries: capacity
 };
 
-Span locate(const DevLayer &L, int hd, Cache which) {
+Span locate(const DevLayer &L, const CacheGeometry &g, int layer, Cache which) {
+    float *base = nullptr;
     switch (which) {
-    case Cache::Kv: return {L.kv.get(), L.cap_kv, hd, 0};
-    case Cache::CompKv: return {L.comp.kv.get(), L.comp.g.cap, L.comp.g.width, 0};
-    case Cache::CompGate: return {L.comp.gate.get(), L.comp.g.cap, L.comp.g.width, 0};
-    case Cache::CompEntries: return {L.comp.entries.get(), 0, L.comp.g.dim, L.comp.g.max_entries};
-    case Cache::IcompKv: return {L.icomp.kv.get(), L.icomp.g.cap, L.icomp.g.width, 0};
-    case Cache::IcompGate: return {L.icomp.gate.get(), L.icomp.g.cap, L.icomp.g.width, 0};
-    case Cache::IcompEntries: return {L.icomp.entries.get(), 0, L.icomp.g.dim, L.icomp.g.max_entries};
+    case Cache::Kv: base = L.kv.get(); break;
+    case Cache::CompKv: base = L.comp.kv.get(); break;
+    case Cache::CompGate: base = L.comp.gate.get(); break;
+    case Cache::CompEntries: base = L.comp.entries.get(); break;
+    case Cache::IcompKv: base = L.icomp.kv.get(); break;
+    case Cache::IcompGate: base = L.icomp.gate.get(); break;
+    case Cache::IcompEntries: base = L.icomp.entries.get(); break;
     }
-    fail("internal: unknown cache");
+    const CacheShape sh = cache_shape(g, layer, which);
+    return {base, sh.cap, sh.width, sh.limit};
 }
 
 // Visits the contiguous pieces of rows [first, first+n) of a ring (or entry array).
@@ -70,16 +72,16 @@ void pieces(const Span &s, int64_t first, int64_t n, F &&f) {
 }  // namespace
 
 void CudaSessionState::read(int layer, Cache which, int64_t first, int64_t n, float *dst) const {
-    const Span s = locate(layers.at(layer), geometry().head_dim, which);
-    if (!s.base) failf("internal: layer %d has no such cache", layer);
+    const Span s = locate(layers.at(layer), geometry(), layer, which);
+    if (!s.base || s.width == 0) failf("internal: layer %d has no such cache", layer);
     pieces(s, first, n, [&](float *dev, int64_t off, int64_t rows) {
         DS4_CUDA_CHECK(cudaMemcpy(dst + off * s.width, dev, sizeof(float) * rows * s.width, cudaMemcpyDeviceToHost));
     });
 }
 
 void CudaSessionState::write(int layer, Cache which, int64_t first, int64_t n, const float *src) {
-    const Span s = locate(layers.at(layer), geometry().head_dim, which);
-    if (!s.base) failf("internal: layer %d has no such cache", layer);
+    const Span s = locate(layers.at(layer), geometry(), layer, which);
+    if (!s.base || s.width == 0) failf("internal: layer %d has no such cache", layer);
     pieces(s, first, n, [&](float *dev, int64_t off, int64_t rows) {
         DS4_CUDA_CHECK(cudaMemcpy(dev, src + off * s.width, sizeof(float) * rows * s.width, cudaMemcpyHostToDevice));
     });

@@ -60,6 +60,9 @@ enum class Act : uint8_t {
     O,      // [n_head][head_dim] attention output, rotated back
 };
 
+// Floats per row of an activation (every backend lays them out [rows][width]).
+size_t act_width(const ModelConfig &c, Act a);
+
 // The visibility rules of one layer's attention, decided by the schedule.
 struct AttnSpec {
     int window = 0;      // sliding-window rows (including the query's own)

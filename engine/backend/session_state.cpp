@@ -28,6 +28,20 @@ CacheGeometry CacheGeometry::make(const ModelConfig &c, int ctx, int chunk_cap, 
     return g;
 }
 
+CacheShape cache_shape(const CacheGeometry &g, int layer, Cache which) {
+    const LayerGeometry &L = g.layers.at(layer);
+    switch (which) {
+    case Cache::Kv: return {L.cap_kv, g.head_dim, 0};
+    case Cache::CompKv:
+    case Cache::CompGate: return {L.comp.cap, L.comp.width, 0};
+    case Cache::CompEntries: return {0, L.comp.dim, L.comp.max_entries};
+    case Cache::IcompKv:
+    case Cache::IcompGate: return {L.icomp.cap, L.icomp.width, 0};
+    case Cache::IcompEntries: return {0, L.icomp.dim, L.icomp.max_entries};
+    }
+    return {};
+}
+
 uint64_t CacheGeometry::bytes() const {
     uint64_t b = 0;
     for (const LayerGeometry &L : layers) {

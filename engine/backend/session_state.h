@@ -54,6 +54,13 @@ struct CacheGeometry {
 // Which of a layer's caches a read/write addresses.
 enum class Cache : uint8_t { Kv, CompKv, CompGate, CompEntries, IcompKv, IcompGate, IcompEntries };
 
+// Where rows of one cache go: a ring of cap rows by absolute position, or (cap 0) an entry
+// array of limit rows. width 0: the layer has no such cache.
+struct CacheShape {
+    int cap = 0, width = 0, limit = 0;
+};
+CacheShape cache_shape(const CacheGeometry &g, int layer, Cache which);
+
 class SessionState {
 public:
     explicit SessionState(CacheGeometry g) : geo_(std::move(g)), n_entries_(2 * geo_.layers.size(), 0) {}

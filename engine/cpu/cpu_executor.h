@@ -59,7 +59,6 @@ public:
 private:
     CpuSessionState &state_of_row(int r) const { return *static_cast<CpuSessionState *>(lay_.segs[lay_.seg[r]].state); }
     std::vector<float> &act(Act a);
-    size_t act_width(Act a) const;
     void expert_ffn(const WeightView &gate, const WeightView &up, const WeightView &down, const float *in, int m,
                     float *out, float lim);
 

@@ -160,26 +160,13 @@ std::vector<float> &CpuExecutor::act(Act a) {
     fail("internal: unknown activation");
 }
 
-size_t CpuExecutor::act_width(Act a) const {
-    const size_t D = c_.n_embd, hc = c_.hc_mult, hd = (size_t)c_.n_head * c_.head_dim;
-    switch (a) {
-    case Act::H: return hc * D;
-    case Act::X: case Act::XN: case Act::A: return D;
-    case Act::Post: return hc;
-    case Act::Comb: return hc * hc;
-    case Act::QR: return c_.q_lora;
-    case Act::Q: case Act::O: return hd;
-    }
-    fail("internal: unknown activation");
-}
-
 void CpuExecutor::upload(Act a, const float *src, size_t n) {
-    if (n != act_width(a) * R_) failf("upload: %zu floats given, the step holds %zu", n, act_width(a) * R_);
+    if (n != act_width(c_, a) * R_) failf("upload: %zu floats given, the step holds %zu", n, act_width(c_, a) * R_);
     std::memcpy(act(a).data(), src, n * sizeof(float));
 }
 
 void CpuExecutor::download(Act a, float *dst, size_t n) const {
-    if (n != act_width(a) * R_) failf("download: %zu floats asked, the step holds %zu", n, act_width(a) * R_);
+    if (n != act_width(c_, a) * R_) failf("download: %zu floats asked, the step holds %zu", n, act_width(c_, a) * R_);
     std::memcpy(dst, const_cast<CpuExecutor *>(this)->act(a).data(), n * sizeof(float));
 }
 

@@ -35,48 +35,49 @@ namespace {
 
 struct Span {
     float *base;
-    int cap;     // ring rows; 0 for the entry array
-    int width;
-    int limit;   // entries: capacity
+    CacheShape shape;
 };
 
-Span locate(CpuLayer &L, Cache which) {
+Span locate(CpuLayer &L, const CacheGeometry &g, int layer, Cache which) {
+    float *base = nullptr;
     switch (which) {
-    case Cache::Kv: return {L.kv.data(), L.cap_kv, L.hd, 0};
-    case Cache::CompKv: return {L.comp.kv.data(), L.comp.g.cap, L.comp.g.width, 0};
-    case Cache::CompGate: return {L.comp.gate.data(), L.comp.g.cap, L.comp.g.width, 0};
-    case Cache::CompEntries: return {L.comp.entries.data(), 0, L.comp.g.dim, L.comp.g.max_entries};
-    case Cache::IcompKv: return {L.icomp.kv.data(), L.icomp.g.cap, L.icomp.g.width, 0};
-    case Cache::IcompGate: return {L.icomp.gate.data(), L.icomp.g.cap, L.icomp.g.width, 0};
-    case Cache::IcompEntries: return {L.icomp.entries.data(), 0, L.icomp.g.dim, L.icomp.g.max_entries};
+    case Cache::Kv: base = L.kv.data(); break;
+    case Cache::CompKv: base = L.comp.kv.data(); break;
+    case Cache::CompGate: base = L.comp.gate.data(); break;
+    case Cache::CompEntries: base = L.comp.entries.data(); break;
+    case Cache::IcompKv: base = L.icomp.kv.data(); break;
+    case Cache::IcompGate: base = L.icomp.gate.data(); break;
+    case Cache::IcompEntries: base = L.icomp.entries.data(); break;
     }
-    fail("internal: unknown cache");
+    return {base, cache_shape(g, layer, which)};
 }
 
 }  // namespace
 
 void CpuSessionState::read(int layer, Cache which, int64_t first, int64_t n, float *dst) const {
-    Span s = locate(const_cast<CpuLayer &>(layers.at(layer)), which);
-    if (!s.base || s.width == 0) failf("internal: layer %d has no such cache", layer);
-    if (s.cap == 0) {
-        if (first < 0 || first + n > s.limit) failf("internal: entries [%lld, +%lld) out of range", (long long)first, (long long)n);
-        std::memcpy(dst, s.base + first * s.width, sizeof(float) * n * s.width);
+    const Span s = locate(const_cast<CpuLayer &>(layers.at(layer)), geometry(), layer, which);
+    const int cap = s.shape.cap, w = s.shape.width;
+    if (!s.base || w == 0) failf("internal: layer %d has no such cache", layer);
+    if (cap == 0) {
+        if (first < 0 || first + n > s.shape.limit) failf("internal: entries [%lld, +%lld) out of range", (long long)first, (long long)n);
+        std::memcpy(dst, s.base + first * w, sizeof(float) * n * w);
         return;
     }
-    if (n > s.cap) failf("internal: %lld ring rows requested, the ring holds %d", (long long)n, s.cap);
-    for (int64_t i = 0; i < n; ++i) std::memcpy(dst + i * s.width, s.base + ((first + i) % s.cap) * s.width, sizeof(float) * s.width);
+    if (n > cap) failf("internal: %lld ring rows requested, the ring holds %d", (long long)n, cap);
+    for (int64_t i = 0; i < n; ++i) std::memcpy(dst + i * w, s.base + ((first + i) % cap) * w, sizeof(float) * w);
 }
 
 void CpuSessionState::write(int layer, Cache which, int64_t first, int64_t n, const float *src) {
-    Span s = locate(layers.at(layer), which);
-    if (!s.base || s.width == 0) failf("internal: layer %d has no such cache", layer);
-    if (s.cap == 0) {
-        if (first < 0 || first + n > s.limit) failf("internal: entries [%lld, +%lld) out of range", (long long)first, (long long)n);
-        std::memcpy(s.base + first * s.width, src, sizeof(float) * n * s.width);
+    const Span s = locate(layers.at(layer), geometry(), layer, which);
+    const int cap = s.shape.cap, w = s.shape.width;
+    if (!s.base || w == 0) failf("internal: layer %d has no such cache", layer);
+    if (cap == 0) {
+        if (first < 0 || first + n > s.shape.limit) failf("internal: entries [%lld, +%lld) out of range", (long long)first, (long long)n);
+        std::memcpy(s.base + first * w, src, sizeof(float) * n * w);
         return;
     }
-    if (n > s.cap) failf("internal: %lld ring rows written, the ring holds %d", (long long)n, s.cap);
-    for (int64_t i = 0; i < n; ++i) std::memcpy(s.base + ((first + i) % s.cap) * s.width, src + i * s.width, sizeof(float) * s.width);
+    if (n > cap) failf("internal: %lld ring rows written, the ring holds %d", (long long)n, cap);
+    for (int64_t i = 0; i < n; ++i) std::memcpy(s.base + ((first + i) % cap) * w, src + i * w, sizeof(float) * w);
 }
 
 void CpuSessionState::record(float *row, int width, int64_t pos) {

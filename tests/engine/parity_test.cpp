@@ -12,29 +12,6 @@ using namespace ds4test;
 
 namespace {
 
-std::vector<float> run_mode(const Model &m, const std::vector<int32_t> &toks, const std::string &mode, int cap = 0) {
-    Session s(m, (int)toks.size(), cap);
-    std::vector<float> all, part;
-    if (mode == "prefill") {
-        s.sync(toks, {}, &all);
-    } else if (mode == "decode") {
-        s.sync(std::span<const int32_t>(toks).first(1));
-        all = s.logits();
-        for (size_t i = 1; i < toks.size(); ++i) {
-            s.eval(toks[i]);
-            all.insert(all.end(), s.logits().begin(), s.logits().end());
-        }
-    } else {
-        const size_t n = std::stoul(mode);
-        for (size_t end = std::min(n, toks.size());; end = std::min(end + n, toks.size())) {
-            s.sync(std::span<const int32_t>(toks).first(end), {}, &part);
-            all.insert(all.end(), part.begin(), part.end());
-            if (end == toks.size()) break;
-        }
-    }
-    return all;
-}
-
 class Parity : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Parity, F32AllModesMatchReference) {
