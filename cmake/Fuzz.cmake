@@ -3,9 +3,13 @@
 find_program(DS4_CLANGXX NAMES clang++-14 clang++)
 set(DS4_FUZZ_SECONDS 30 CACHE STRING "Seconds each fuzzer runs under ctest")
 
-# ds4_add_fuzzer(NAME SOURCES a.cpp b.cpp [INCLUDES dirs...] [LIBS -lfoo ...] [CORPUS dir])
+# ds4_add_fuzzer(NAME SOURCES a.cpp b.cpp [INCLUDES dirs...] [LIBS -lfoo ...] [CORPUS dir]
+#                [DEFINES X=1 ...] [DEPENDS targets/files...])
+# LIBS may name archives built by the main build ($<TARGET_FILE:lib>; list the target in
+# DEPENDS too): that code is then linked in but not instrumented, so list in SOURCES the
+# sources whose coverage and bounds the fuzzer is about.
 function(ds4_add_fuzzer name)
-  cmake_parse_arguments(F "" "CORPUS" "SOURCES;INCLUDES;LIBS" ${ARGN})
+  cmake_parse_arguments(F "" "CORPUS" "SOURCES;INCLUDES;LIBS;DEFINES;DEPENDS" ${ARGN})
   if(NOT DS4_CLANGXX)
     message(STATUS "ds4: clang++ not found, fuzzer ${name} not built")
     return()
@@ -19,13 +23,17 @@ function(ds4_add_fuzzer name)
   foreach(i ${F_INCLUDES})
     list(APPEND incs -I${i})
   endforeach()
+  set(defs "")
+  foreach(d ${F_DEFINES})
+    list(APPEND defs -D${d})
+  endforeach()
   set(out ${PROJECT_BINARY_DIR}/fuzz/${name})
   add_custom_command(
     OUTPUT ${out}
     COMMAND ${CMAKE_COMMAND} -E make_directory ${PROJECT_BINARY_DIR}/fuzz
     COMMAND ${DS4_CLANGXX} -std=c++20 -O1 -g -march=x86-64-v3 -fsanitize=fuzzer,address,undefined
-            -fno-sanitize-recover=undefined ${incs} ${srcs} -o ${out} ${F_LIBS}
-    DEPENDS ${srcs}
+            -fno-sanitize-recover=undefined ${defs} ${incs} ${srcs} -o ${out} ${F_LIBS}
+    DEPENDS ${srcs} ${F_DEPENDS}
     COMMENT "Building fuzzer ${name} with clang"
     VERBATIM)
   add_custom_target(${name} ALL DEPENDS ${out})
