@@ -270,7 +270,8 @@ SessionInfo Client::open_session(const std::string &name, uint32_t ctx) {
     const fb::Envelope *env = impl_->await(id);
     const fb::SessionOpened *o = env->body_as_SessionOpened();
     if (!o) unexpected(env, "SessionOpened");
-    return SessionInfo{o->session(), str(o->name()), o->ctx(), o->n_tokens(), o->created(), str(o->save_error())};
+    return SessionInfo{o->session(), str(o->name()),       o->ctx(),          o->n_tokens(),
+                       o->created(), str(o->save_error()), str(o->evicted())};
 }
 
 void Client::close_session(uint64_t session) {
@@ -282,7 +283,7 @@ void Client::close_session(uint64_t session) {
     if (!env->body_as_Ok()) unexpected(env, "Ok");
 }
 
-std::vector<StoredSession> Client::list_sessions() {
+std::vector<StoredSession> Client::list_sessions(std::vector<EvictedSession> *evicted) {
     flatbuffers::FlatBufferBuilder fbb(64);
     const uint64_t id = impl_->rid();
     ipc::finish_frame(fbb, id, fb::CreateListSessions(fbb));
@@ -295,6 +296,12 @@ std::vector<StoredSession> Client::list_sessions() {
         for (const fb::SessionInfo *i : *l->sessions())
             out.push_back({str(i->name()), i->n_tokens(), i->bytes(), i->created_unix(), i->last_used_unix(),
                            i->pinned(), i->live(), i->stored_tokens(), str(i->save_error())});
+    if (evicted) {
+        evicted->clear();
+        if (l->evicted())
+            for (const fb::EvictedSession *e : *l->evicted())
+                evicted->push_back({str(e->name()), e->evicted_unix(), str(e->reason())});
+    }
     return out;
 }
 
@@ -317,7 +324,8 @@ SessionInfo Client::load_session(const std::string &name, uint32_t ctx) {
     const fb::Envelope *env = impl_->await(id);
     const fb::SessionOpened *o = env->body_as_SessionOpened();
     if (!o) unexpected(env, "SessionOpened");
-    return SessionInfo{o->session(), str(o->name()), o->ctx(), o->n_tokens(), o->created(), str(o->save_error())};
+    return SessionInfo{o->session(), str(o->name()),       o->ctx(),          o->n_tokens(),
+                       o->created(), str(o->save_error()), str(o->evicted())};
 }
 
 void Client::delete_session(const std::string &name) {

@@ -133,6 +133,24 @@ void warn_save_error(const std::string &name, const std::string &err) {
                  name.c_str(), err.c_str());
 }
 
+// Generation stopped at the context limit: the answer is cut short, which is not an error
+// but must not pass unnoticed (a session in that state takes no further turn).
+void note_context_full(const DoneInfo &d, const std::string &session) {
+    if (d.reason != FinishReason::Context) return;
+    if (session.empty()) std::fprintf(stderr, "ds4: the answer stopped because the context is full\n");
+    else
+        std::fprintf(stderr,
+                     "ds4: the answer stopped because session %s filled its context; it takes no further turn "
+                     "in this context (delete it to start afresh)\n",
+                     session.c_str());
+}
+
+// The name's stored session was evicted to keep the store's budget: this one starts empty.
+void warn_evicted(const SessionInfo &si) {
+    if (si.evicted.empty()) return;
+    std::fprintf(stderr, "ds4: warning: %s; session %s starts again, empty\n", si.evicted.c_str(), si.name.c_str());
+}
+
 // Waits until the session's latest turn is stored (ListSessions answers after queued saves)
 // and returns why saving it failed, or "".
 std::string latest_save_error(Client &client, const std::string &name) {
@@ -146,6 +164,7 @@ int cmd_run(Client &client, const CliArgs &a) {
     const std::string prompt = a.prompt == "-" ? read_all_stdin() : a.prompt;
     if (!a.session.empty()) {
         SessionInfo si = client.open_session(a.session);
+        warn_evicted(si);
         if (!si.save_error.empty()) warn_save_error(si.name, si.save_error);
         req.session = si.id;
     }
@@ -163,6 +182,7 @@ int cmd_run(Client &client, const CliArgs &a) {
     else if (::isatty(1) && !last_newline) std::fputc('\n', stdout);
     std::fflush(stdout);
     print_summary(d);
+    note_context_full(d, a.session);
     bool stored = true;
     if (!a.session.empty()) {
         const std::string err = latest_save_error(client, a.session);
@@ -209,6 +229,7 @@ bool read_line(std::string &line, bool *interrupted) {
 int cmd_chat(Client &client, const CliArgs &a) {
     const bool tty_in = ::isatty(0);
     SessionInfo s = client.open_session(a.session);
+    warn_evicted(s);
     std::string save_error = s.save_error;
     if (!save_error.empty()) warn_save_error(s.name, save_error);
     if (tty_in) {
@@ -241,6 +262,7 @@ int cmd_chat(Client &client, const CliArgs &a) {
         DoneInfo d = stream_answer(client, req, false, &last_newline);
         if (!last_newline) std::fputc('\n', stdout);
         std::fflush(stdout);
+        note_context_full(d, a.session);
         if (d.reason == FinishReason::Cancelled) {
             drain_sigpipe();
             if (tty_in) std::fprintf(stderr, "[stopped]\n");
@@ -309,7 +331,8 @@ std::string when(uint64_t unix_s) {
 int cmd_sessions(Client &client, const CliArgs &a) {
     switch (a.sessions_op) {
     case CliArgs::SessionsOp::List: {
-        std::vector<StoredSession> v = client.list_sessions();
+        std::vector<EvictedSession> evicted;
+        std::vector<StoredSession> v = client.list_sessions(&evicted);
         std::printf("%-24s %8s %12s  %-19s  %-6s %s\n", "NAME", "TOKENS", "BYTES", "LAST USED", "PINNED", "LIVE");
         for (const StoredSession &s : v) {
             std::printf("%-24s %8u %12llu  %-19s  %-6s %s\n", s.name.c_str(), s.n_tokens,
@@ -319,6 +342,9 @@ int cmd_sessions(Client &client, const CliArgs &a) {
                 std::printf("  ! latest save failed; stored version has %u tokens: %s\n", s.stored_tokens,
                             s.save_error.c_str());
         }
+        if (!evicted.empty()) std::printf("\nrecently evicted (their conversations are gone):\n");
+        for (const EvictedSession &e : evicted)
+            std::printf("%-24s evicted %s %s\n", e.name.c_str(), when(e.evicted_unix).c_str(), e.reason.c_str());
         return kExitOk;
     }
     case CliArgs::SessionsOp::Save: {

@@ -54,6 +54,9 @@ struct SessionInfo {
     // Non-empty when the session's latest save failed (disk full, I/O error, budget): its
     // stored version is older than the live state, which a daemon restart would lose.
     std::string save_error;
+    // Non-empty when a stored session of this name was evicted earlier to keep the store's
+    // budget (when, why): this session is new and empty, the old conversation is gone.
+    std::string evicted;
 };
 
 struct ChatMessage {
@@ -134,6 +137,13 @@ struct StoredSession {
     std::string save_error;      // the latest save failed: why (empty once one succeeds)
 };
 
+// A named session the store evicted to keep its budget, not stored again since.
+struct EvictedSession {
+    std::string name;
+    uint64_t evicted_unix = 0;
+    std::string reason;
+};
+
 struct SavedSession {
     std::string name;
     uint32_t n_tokens = 0;
@@ -163,7 +173,8 @@ public:
     void close_session(uint64_t session);
 
     // Persistent sessions (a daemon with a store; ServerError NoStore otherwise).
-    std::vector<StoredSession> list_sessions();
+    // evicted (optional): the recently evicted names, newest first.
+    std::vector<StoredSession> list_sessions(std::vector<EvictedSession> *evicted = nullptr);
     // Durable when this returns. session 0: the named session `name`; a session id with a
     // name saves that session under the name.
     SavedSession save_session(const std::string &name, uint64_t session = 0);

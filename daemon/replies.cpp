@@ -41,11 +41,12 @@ Frame hello_ok_frame(uint64_t rid, const ModelSummary &m, uint32_t default_ctx, 
 }
 
 Frame session_opened_frame(uint64_t rid, uint64_t session, std::string_view name, uint32_t ctx, uint32_t n_tokens,
-                           bool created, std::string_view save_error) {
-    flatbuffers::FlatBufferBuilder fbb(128 + save_error.size());
+                           bool created, std::string_view save_error, std::string_view evicted) {
+    flatbuffers::FlatBufferBuilder fbb(128 + save_error.size() + evicted.size());
     auto nm = sv(fbb, name);
     auto se = opt_sv(fbb, save_error);
-    return finish(fbb, rid, fb::CreateSessionOpened(fbb, session, nm, ctx, n_tokens, created, se));
+    auto ev = opt_sv(fbb, evicted);
+    return finish(fbb, rid, fb::CreateSessionOpened(fbb, session, nm, ctx, n_tokens, created, se, ev));
 }
 
 Frame ok_frame(uint64_t rid) {
@@ -94,7 +95,8 @@ Frame stats_result_frame(uint64_t rid, const ModelSummary &m, const StatsFields 
                                         s.tokens_out, s.prefill_tok_s, s.decode_tok_s, mem, s.saves_failed));
 }
 
-Frame session_list_frame(uint64_t rid, const std::vector<SessionListEntry> &entries) {
+Frame session_list_frame(uint64_t rid, const std::vector<SessionListEntry> &entries,
+                         const std::vector<EvictedEntry> &evicted) {
     flatbuffers::FlatBufferBuilder fbb(128 + entries.size() * 64);
     std::vector<flatbuffers::Offset<fb::SessionInfo>> v;
     for (const auto &e : entries) {
@@ -103,7 +105,15 @@ Frame session_list_frame(uint64_t rid, const std::vector<SessionListEntry> &entr
         v.push_back(fb::CreateSessionInfo(fbb, nm, e.n_tokens, e.bytes, e.created_unix, e.last_used_unix, e.pinned,
                                           e.live, e.stored_tokens, se));
     }
-    return finish(fbb, rid, fb::CreateSessionList(fbb, fbb.CreateVector(v)));
+    auto sessions = fbb.CreateVector(v);
+    flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<fb::EvictedSession>>> ev;
+    if (!evicted.empty()) {
+        std::vector<flatbuffers::Offset<fb::EvictedSession>> e;
+        for (const auto &x : evicted)
+            e.push_back(fb::CreateEvictedSession(fbb, sv(fbb, x.name), x.evicted_unix, sv(fbb, x.reason)));
+        ev = fbb.CreateVector(e);
+    }
+    return finish(fbb, rid, fb::CreateSessionList(fbb, sessions, ev));
 }
 
 Frame session_saved_frame(uint64_t rid, std::string_view name, uint32_t n_tokens, uint64_t bytes) {

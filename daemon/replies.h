@@ -39,10 +39,16 @@ struct SessionListEntry {
     std::string save_error;      // the latest save of this name failed: why
 };
 
+struct EvictedEntry {
+    std::string name;
+    uint64_t evicted_unix = 0;
+    std::string reason;
+};
+
 Frame error_frame(uint64_t rid, ipc::fb::ErrorCode code, std::string_view message);
 Frame hello_ok_frame(uint64_t rid, const ModelSummary &m, uint32_t default_ctx, uint32_t max_frame);
 Frame session_opened_frame(uint64_t rid, uint64_t session, std::string_view name, uint32_t ctx, uint32_t n_tokens,
-                           bool created, std::string_view save_error = {});
+                           bool created, std::string_view save_error = {}, std::string_view evicted = {});
 Frame ok_frame(uint64_t rid);
 Frame progress_frame(uint64_t rid, uint32_t current, uint32_t total);
 Frame token_chunk_frame(uint64_t rid, std::span<const int32_t> tokens, std::string_view text);
@@ -50,7 +56,8 @@ Frame done_frame(uint64_t rid, const DoneFields &d);
 Frame tokenize_result_frame(uint64_t rid, std::span<const int32_t> tokens);
 Frame detokenize_result_frame(uint64_t rid, std::string_view text);
 Frame stats_result_frame(uint64_t rid, const ModelSummary &m, const StatsFields &s);
-Frame session_list_frame(uint64_t rid, const std::vector<SessionListEntry> &entries);
+Frame session_list_frame(uint64_t rid, const std::vector<SessionListEntry> &entries,
+                         const std::vector<EvictedEntry> &evicted = {});
 Frame session_saved_frame(uint64_t rid, std::string_view name, uint32_t n_tokens, uint64_t bytes);
 
 }  // namespace ds4::daemon

@@ -220,11 +220,19 @@ struct Worker::Impl {
             *msg = "stored session '" + name + "' was saved by another model (fingerprint " + fp + ")";
             return Loaded::Failed;
         }
-        const uint32_t ctx = ctx_req ? ctx_req : std::max(default_ctx, h.ctx_size);
-        if (h.n_tokens >= ctx) {
+        // A session may fill its context exactly (generation stops there); it still loads.
+        const uint32_t ctx = ctx_req ? ctx_req : std::max({default_ctx, h.ctx_size, h.n_tokens});
+        if (h.n_tokens > ctx) {
             *code = fb::ErrorCode::ContextOverflow;
             *msg = "stored session '" + name + "' holds " + std::to_string(h.n_tokens) +
-                   " tokens, more than fit a context of " + std::to_string(ctx);
+                   " tokens, more than fit the requested context of " + std::to_string(ctx) +
+                   "; open it with a context of at least " + std::to_string(h.n_tokens) + " (or 0 for its own)";
+            return Loaded::Failed;
+        }
+        if (model_summary.n_ctx_max && ctx > model_summary.n_ctx_max) {
+            *code = fb::ErrorCode::ContextOverflow;
+            *msg = "stored session '" + name + "' needs a context of " + std::to_string(ctx) +
+                   ", more than the model's limit of " + std::to_string(model_summary.n_ctx_max);
             return Loaded::Failed;
         }
         std::vector<int32_t> toks;
@@ -359,7 +367,44 @@ struct Worker::Impl {
         pool.push_back(Pooled{std::move(s->bridge), std::move(s->evaluated)});
     }
 
+    // A live session asked for a larger context (e.g. because it filled its own): its state
+    // moves into a bigger bridge session through a payload. Empty on success, else why not.
+    std::string grow_ctx(Session *s, uint32_t ctx) {
+        if (s->busy) return "session " + s->name + " is generating; enlarge its context after its turn";
+        try {
+            if (s->bridge) {
+                settle(s);
+                const std::vector<uint8_t> bytes = s->bridge->save_payload();
+                auto b = std::make_unique<BridgeSession>(*model, int(ctx));
+                b->load_payload(std::span<const uint8_t>(bytes.data(), bytes.size()));
+                s->bridge = std::move(b);
+            }
+        } catch (const BridgeFailure &e) {
+            return "cannot enlarge the context of session " + s->name + ": " + e.what();
+        }
+        log_line("session '%s': context %u -> %u", s->name.c_str(), s->ctx, ctx);
+        s->ctx = ctx;
+        return {};
+    }
+
     // ---- requests ----
+
+    // When a stored session `name` was evicted to keep the store's budget (and not stored
+    // since): a note saying so; empty otherwise.
+    std::string eviction_note(const std::string &name) const {
+        kvstore::EvictedInfo ev;
+        if (!cfg.store || name.empty() || !cfg.store->evicted(name, &ev)) return {};
+        return "stored session '" + name + "' was evicted on " + utc_time(ev.evicted_ms / 1000) + " " + ev.why;
+    }
+
+    static std::string utc_time(uint64_t unix_s) {
+        const time_t t = time_t(unix_s);
+        tm g;
+        gmtime_r(&t, &g);
+        char buf[32];
+        std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S UTC", &g);
+        return buf;
+    }
 
     // Why the latest save of this session failed (its stored version is behind); empty if
     // it did not. Does not wait for queued saves.
@@ -394,6 +439,10 @@ struct Worker::Impl {
             auto it = names.find(p.name);
             if (it != names.end()) {
                 Session *s = sessions.at(it->second).get();
+                if (p.ctx > s->ctx) {
+                    if (std::string err = grow_ctx(s, p.ctx); !err.empty())
+                        return reply_error(r, fb::ErrorCode::BadRequest, err);
+                }
                 return emit(r.conn, r.id,
                             session_opened_frame(r.id, s->id, s->name, s->ctx, uint32_t(s->history.size()), false,
                                                  save_error_of(s->name)),
@@ -411,20 +460,24 @@ struct Worker::Impl {
         s->ctx = ctx;
         s->created_unix = s->used_unix = uint64_t(std::time(nullptr));
         bool created = true;
+        std::string evicted;
         if (!p.name.empty()) {
             fb::ErrorCode code = fb::ErrorCode::None;
             std::string msg;
             switch (load_stored(p.name, p.ctx, *s, &code, &msg)) {
             case Loaded::Yes: created = false; break;
-            case Loaded::Absent: break;
+            case Loaded::Absent: evicted = eviction_note(p.name); break;
             case Loaded::Failed: log_line("%s", msg.c_str()); return reply_error(r, code, msg);
             }
         }
+        if (!evicted.empty()) log_line("%s; session '%s' starts empty", evicted.c_str(), p.name.c_str());
         Session *raw = s.get();
         sessions.emplace(raw->id, std::move(s));
         if (!raw->name.empty()) names.emplace(raw->name, raw->id);
         emit(r.conn, r.id,
-             session_opened_frame(r.id, raw->id, raw->name, raw->ctx, uint32_t(raw->history.size()), created), true);
+             session_opened_frame(r.id, raw->id, raw->name, raw->ctx, uint32_t(raw->history.size()), created, {},
+                                  evicted),
+             true);
     }
 
     void on(Request &r, LoadSessionParams &p) {
@@ -432,8 +485,11 @@ struct Worker::Impl {
         if (!names.count(p.name) && !quarantined.count(p.name)) {
             saver->flush();
             kvstore::EntryInfo info;
-            if (cfg.store->info(p.name, &info).code() == kvstore::Code::kNotFound)
-                return reply_error(r, fb::ErrorCode::UnknownSession, "no stored session named " + p.name);
+            if (cfg.store->info(p.name, &info).code() == kvstore::Code::kNotFound) {
+                const std::string evicted = eviction_note(p.name);
+                return reply_error(r, fb::ErrorCode::UnknownSession,
+                                   "no stored session named " + p.name + (evicted.empty() ? "" : " (" + evicted + ")"));
+            }
         }
         OpenSessionParams o{p.name, p.ctx};
         on(r, o);
@@ -536,6 +592,20 @@ struct Worker::Impl {
         emit(r.conn, r.id, ok_frame(r.id), true);
     }
 
+    // The store's remembered evictions of names neither stored (`stored`) nor live now.
+    std::vector<EvictedEntry> evicted_entries(const std::unordered_map<std::string, size_t> &stored) const {
+        std::vector<EvictedEntry> out;
+        std::vector<kvstore::EvictedInfo> all;
+        if (!cfg.store) return out;
+        if (const kvstore::Status st = cfg.store->list_evicted(&all); !st) {
+            log_line("listing evicted sessions: %s", st.to_string().c_str());
+            return out;
+        }
+        for (const auto &e : all)
+            if (!stored.count(e.name) && !names.count(e.name)) out.push_back({e.name, e.evicted_ms / 1000, e.why});
+        return out;
+    }
+
     void on(Request &r, ListSessionsParams &) {
         std::vector<SessionListEntry> v;
         std::unordered_map<std::string, size_t> at;
@@ -564,7 +634,7 @@ struct Worker::Impl {
             }
         }
         std::sort(v.begin(), v.end(), [](auto &a, auto &b) { return a.name < b.name; });
-        emit(r.conn, r.id, session_list_frame(r.id, v), true);
+        emit(r.conn, r.id, session_list_frame(r.id, v, evicted_entries(at)), true);
     }
 
     void on(Request &r, TokenizeParams &p) {
@@ -655,6 +725,11 @@ struct Worker::Impl {
         std::vector<int32_t> full = s->history;
         full.insert(full.end(), prompt.begin(), prompt.end());
         if (full.empty()) return reply_error(r, fb::ErrorCode::BadRequest, "empty prompt on an empty session");
+        if (s->history.size() >= s->ctx)
+            return reply_error(r, fb::ErrorCode::ContextOverflow,
+                               "the session's context of " + std::to_string(s->ctx) + " tokens is full (" +
+                                   std::to_string(s->history.size()) +
+                                   " tokens of history); open it again with a larger context, or delete it");
         if (full.size() >= s->ctx)
             return reply_error(r, fb::ErrorCode::ContextOverflow,
                                "history " + std::to_string(s->history.size()) + " + prompt " +
@@ -774,12 +849,14 @@ struct Worker::Impl {
                 finish_job(j, fb::FinishReason::Length);
                 return false;
             }
+            // The history (the pending token included) fills the context: a token sampled
+            // now could never be evaluated, and a session holding it could not be reloaded.
+            if (s->history.size() >= s->ctx) {
+                finish_job(j, fb::FinishReason::Context);
+                return false;
+            }
             const auto t0 = Clock::now();
             if (j.pending >= 0) {
-                if (s->evaluated.size() >= s->ctx) {
-                    finish_job(j, fb::FinishReason::Context);
-                    return false;
-                }
                 s->bridge->eval(j.pending);
                 s->evaluated.push_back(j.pending);
                 j.pending = -1;

@@ -187,6 +187,31 @@ bool is_temp_file_name(std::string_view name) {
            ends_with(name, kSuffix);
 }
 
+std::string tombstone_key(std::string_view name) { return std::string(kTombstonePrefix) + std::string(name); }
+
+bool tombstone_name(std::string_view key, std::string_view *name) {
+    const std::string_view prefix(kTombstonePrefix);
+    if (key.size() <= prefix.size() || key.substr(0, prefix.size()) != prefix) return false;
+    *name = key.substr(prefix.size());
+    return true;
+}
+
+std::string encode_tombstone(const Tombstone &t) {
+    std::string s;
+    put_le(s, t.evicted_ms, 8);
+    put_le(s, t.seq, 8);
+    s += t.why;
+    return s;
+}
+
+bool decode_tombstone(std::string_view bytes, Tombstone *out) {
+    if (bytes.size() < 16) return false;
+    out->evicted_ms = get_le(bytes.data(), 8);
+    out->seq = get_le(bytes.data() + 8, 8);
+    out->why.assign(bytes.substr(16));
+    return true;
+}
+
 std::string encode_u32(uint32_t v) {
     std::string s;
     put_le(s, v, 4);

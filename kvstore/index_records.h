@@ -6,7 +6,8 @@
 // prefixes:  key = fingerprint (u64 BE) | n_tokens (u32 BE) | prefix hash (u64 BE) | tag
 //            tag 'S' + session name  → value "S": the session's payload holds this prefix
 //            tag 'C' + file id (u64 BE) → value = Record (kind checkpoint)
-// meta:      "schema_version" → u32, "seq" → u64 (LRU clock)
+// meta:      "schema_version" → u32, "seq" → u64 (LRU clock),
+//            "evicted/" + session name → Tombstone (a session the budget evicted)
 //
 // The prefix hash is XXH64 of the token ids as little-endian i32 bytes. Keys sort by
 // fingerprint then length, so the prefixes of one model are a contiguous range.
@@ -50,6 +51,23 @@ bool decode_record(std::string_view bytes, Record *out);
 inline constexpr size_t kPrefixKeyHead = 20;  // fingerprint + n_tokens + hash
 inline constexpr char kTagSession = 'S';
 inline constexpr char kTagCheckpoint = 'C';
+
+// What is remembered of a session the store evicted to keep its budget, so a client that
+// reopens the name can be told. Older builds never read these keys.
+inline constexpr char kTombstonePrefix[] = "evicted/";
+inline constexpr size_t kMaxTombstones = 64;  // the oldest go beyond this
+
+struct Tombstone {
+    uint64_t evicted_ms = 0;  // wall clock, ms since the epoch
+    uint64_t seq = 0;         // the LRU clock then: orders evictions within one ms
+    std::string why;
+};
+
+std::string tombstone_key(std::string_view name);
+// The session name of a tombstone key; false for other meta keys.
+bool tombstone_name(std::string_view key, std::string_view *name);
+std::string encode_tombstone(const Tombstone &t);
+bool decode_tombstone(std::string_view bytes, Tombstone *out);
 
 std::string prefix_key_head(uint64_t fingerprint, uint32_t n_tokens, uint64_t hash);
 std::string session_alias_key(uint64_t fingerprint, uint32_t n_tokens, uint64_t hash, std::string_view name);

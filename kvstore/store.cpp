@@ -207,7 +207,8 @@ Status Store::Impl::load_seq() {
     return Status::ok();
 }
 
-int Store::Impl::evict_to_budget(MDB_txn *txn, const std::string &keep, std::vector<Entry> *evicted) {
+int Store::Impl::evict_to_budget(MDB_txn *txn, const std::string &keep, std::vector<Entry> *evicted,
+                                 const char *when) {
     if (opt.budget_bytes == 0) return 0;
     std::vector<Entry> all;
     if (const int rc = all_entries(txn, &all)) return rc;
@@ -219,13 +220,53 @@ int Store::Impl::evict_to_budget(MDB_txn *txn, const std::string &keep, std::vec
         if (!e.rec.pinned && e.key != keep) victims.push_back(&e);
     std::sort(victims.begin(), victims.end(),
               [](const Entry *a, const Entry *b) { return a->rec.last_used_seq < b->rec.last_used_seq; });
+    Tombstone t{now_ms(), 0, std::string(when) + ", to keep the store within its budget of " +
+                                 std::to_string(opt.budget_bytes) + " bytes"};
     for (const Entry *e : victims) {
         if (total <= opt.budget_bytes) break;
         if (const int rc = delete_entry(txn, *e)) return rc;
+        if (e->kind == EntryKind::kSession) {
+            t.seq = next_seq();
+            if (const int rc = put_tombstone(txn, e->key, t)) return rc;
+        }
         total -= e->rec.bytes;
         evicted->push_back(*e);
     }
     return 0;
+}
+
+int Store::Impl::all_tombstones(MDB_txn *txn, std::vector<EvictedInfo> *out) {
+    MDB_cursor *cur;
+    if (const int rc = mdb_cursor_open(txn, db.meta(), &cur)) return rc;
+    const std::string start(kTombstonePrefix);
+    MDB_val k = mdb_val(start), v;
+    std::vector<std::pair<uint64_t, EvictedInfo>> found;  // by seq
+    int rc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE);
+    for (; rc == 0; rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+        std::string_view name;
+        if (!tombstone_name(view(k), &name)) break;  // past the range
+        Tombstone t;
+        if (decode_tombstone(view(v), &t)) found.push_back({t.seq, {std::string(name), t.evicted_ms, t.why}});
+    }
+    mdb_cursor_close(cur);
+    if (rc != 0 && rc != MDB_NOTFOUND) return rc;
+    std::sort(found.begin(), found.end(), [](const auto &a, const auto &b) { return a.first > b.first; });
+    for (auto &f : found) out->push_back(std::move(f.second));
+    return 0;
+}
+
+int Store::Impl::put_tombstone(MDB_txn *txn, std::string_view name, const Tombstone &t) {
+    if (const int rc = put(txn, db.meta(), tombstone_key(name), encode_tombstone(t))) return rc;
+    std::vector<EvictedInfo> all;
+    if (const int rc = all_tombstones(txn, &all)) return rc;
+    for (size_t i = kMaxTombstones; i < all.size(); ++i)  // the oldest, beyond the bound
+        if (const int rc = drop_tombstone(txn, all[i].name)) return rc;
+    return 0;
+}
+
+int Store::Impl::drop_tombstone(MDB_txn *txn, std::string_view name) {
+    const int rc = del(txn, db.meta(), tombstone_key(name));
+    return rc == MDB_NOTFOUND ? 0 : rc;
 }
 
 Status Store::Impl::pinned_bytes(std::string_view except, uint64_t *out) {
@@ -520,11 +561,12 @@ Status Store::Impl::save_locked(std::string_view name, const uint8_t *data, size
                 gone.push_back(e);
             }
             if ((r = put(txn, db.sessions(), key, encode_record(rec)))) return r;
+            if ((r = drop_tombstone(txn, key))) return r;  // the name is stored again
             if (rec.n_tokens > 0 &&
                 (r = put(txn, db.prefixes(), session_alias_key(rec.fingerprint, rec.n_tokens, rec.prefix_hash, key),
                          std::string_view("S", 1))))
                 return r;
-            return evict_to_budget(txn, key, &gone);
+            return evict_to_budget(txn, key, &gone, ("while saving session " + quoted(name)).c_str());
         },
         &err);
     if (rc) {
@@ -649,7 +691,7 @@ Status Store::Impl::save_checkpoint_locked(const uint8_t *data, size_t len) {
             gone.clear();
             rec.last_used_seq = next_seq();
             int r = put(txn, db.prefixes(), key, encode_record(rec));
-            if (r == 0) r = evict_to_budget(txn, key, &gone);
+            if (r == 0) r = evict_to_budget(txn, key, &gone, "while saving a prefix checkpoint");
             return r;
         },
         &err);
@@ -725,12 +767,15 @@ Status Store::remove(std::string_view name) {
         std::string err;
         std::vector<Entry> gone;
         const std::string key(name);
+        bool found = false;
         const int rc = impl_->write(
             [&](MDB_txn *txn) {
                 gone.clear();
                 std::string_view v;
-                int r = get(txn, impl_->db.sessions(), key, &v);
-                if (r) return r;
+                int r = impl_->drop_tombstone(txn, key);
+                if (r == 0) r = get(txn, impl_->db.sessions(), key, &v);
+                found = r == 0;
+                if (r) return r == MDB_NOTFOUND ? 0 : r;  // commit the dropped tombstone
                 Entry e{EntryKind::kSession, key, {}};
                 if (!decode_record(v, &e.rec)) return del(txn, impl_->db.sessions(), key);
                 if ((r = impl_->delete_entry(txn, e))) return r;
@@ -738,8 +783,8 @@ Status Store::remove(std::string_view name) {
                 return 0;
             },
             &err);
-        if (rc == MDB_NOTFOUND) return {Code::kNotFound, "no session named " + quoted(name)};
         if (rc) return db_status(rc, "remove " + quoted(name) + ": " + err);
+        if (!found) return {Code::kNotFound, "no session named " + quoted(name)};
         impl_->unlink_files(gone, nullptr);
         return Status::ok();
     });
@@ -853,6 +898,41 @@ Status Store::load_longest_prefix(uint64_t fingerprint, const int32_t *tokens, s
             return s;
         }
         return {Code::kNotFound, "no stored prefix of these tokens for this model"};
+    });
+}
+
+Status Store::evicted(std::string_view name, EvictedInfo *out) {
+    return guarded("kvstore evicted", [&]() -> Status {
+        if (!out) return {Code::kInvalidArgument, "evicted: output is NULL"};
+        if (Status s = validate_session_name(name); !s) return s;
+        std::lock_guard lk(impl_->mu);
+        std::string err;
+        Tombstone t;
+        bool bad = false;
+        const int rc = impl_->db.read(
+            [&](MDB_txn *txn) {
+                std::string_view v;
+                const int r = get(txn, impl_->db.meta(), tombstone_key(name), &v);
+                if (r == 0) bad = !decode_tombstone(v, &t);
+                return r;
+            },
+            &err);
+        if (rc == MDB_NOTFOUND || bad) return {Code::kNotFound, "no eviction of " + quoted(name) + " remembered"};
+        if (rc) return db_status(rc, "evicted " + quoted(name) + ": " + err);
+        *out = EvictedInfo{std::string(name), t.evicted_ms, t.why};
+        return Status::ok();
+    });
+}
+
+Status Store::list_evicted(std::vector<EvictedInfo> *out) {
+    return guarded("kvstore list_evicted", [&]() -> Status {
+        if (!out) return {Code::kInvalidArgument, "list_evicted: output is NULL"};
+        std::lock_guard lk(impl_->mu);
+        std::string err;
+        out->clear();
+        const int rc = impl_->db.read([&](MDB_txn *txn) { return impl_->all_tombstones(txn, out); }, &err);
+        if (rc) return db_status(rc, "list_evicted: " + err);
+        return Status::ok();
     });
 }
 

@@ -94,6 +94,14 @@ struct PrefixMatch {
     EntryInfo info;
 };
 
+// A session the store evicted to stay within its budget. The store remembers the latest
+// kMaxTombstones (index_records.h) such names until they are saved or removed again.
+struct EvictedInfo {
+    std::string name;
+    uint64_t evicted_ms = 0;  // wall clock, ms since the epoch
+    std::string why;          // e.g. "at start-up, to keep the store within its budget of N bytes"
+};
+
 struct RecoveryReport {
     int temp_files_removed = 0;
     int orphan_files_removed = 0;  // always 0: unreferenced payloads are re-indexed or quarantined
@@ -130,9 +138,11 @@ public:
 
     // Stores `data` (a complete payload: header + tokens + tail) under `name`, replacing
     // any previous version atomically. Evicts least-recently-used unpinned entries to
-    // stay within the budget. A pinned session stays pinned.
+    // stay within the budget (an evicted session leaves a tombstone: evicted()). A pinned
+    // session stays pinned.
     Status save(std::string_view name, const uint8_t *data, size_t len);
     Status load(std::string_view name, LoadedPayload *out);
+    // Also forgets a tombstone of `name` (kNotFound still when no session was stored).
     Status remove(std::string_view name);
     Status pin(std::string_view name, bool pinned);
     Status info(std::string_view name, EntryInfo *out);
@@ -152,6 +162,12 @@ public:
     // find_longest_prefix + load, falling back to shorter prefixes when a candidate turns
     // out corrupt (it is quarantined).
     Status load_longest_prefix(uint64_t fingerprint, const int32_t *tokens, size_t n, LoadedPayload *out);
+
+    // When and why `name` was evicted; kNotFound when it was not (or has been saved or
+    // removed since).
+    Status evicted(std::string_view name, EvictedInfo *out);
+    // The remembered evictions, most recent first.
+    Status list_evicted(std::vector<EvictedInfo> *out);
 
     Status stats(StoreStats *out);
     const RecoveryReport &recovery_report() const;

@@ -103,8 +103,14 @@ struct Store::Impl {
     int write(const std::function<int(MDB_txn *)> &fn, std::string *err);
     Status load_seq();
     // Evicts least-recently-used unpinned entries (never `keep`) until the payload bytes
-    // fit the budget; the files to unlink after commit are appended to `doomed`.
-    int evict_to_budget(MDB_txn *txn, const std::string &keep, std::vector<Entry> *evicted);
+    // fit the budget; the files to unlink after commit are appended to `evicted`. Each
+    // evicted session leaves a tombstone saying `when` it happened.
+    int evict_to_budget(MDB_txn *txn, const std::string &keep, std::vector<Entry> *evicted,
+                        const char *when);
+    // Tombstones (index_records.h): put one, bounded to kMaxTombstones; drop one.
+    int put_tombstone(MDB_txn *txn, std::string_view name, const Tombstone &t);
+    int drop_tombstone(MDB_txn *txn, std::string_view name);
+    int all_tombstones(MDB_txn *txn, std::vector<EvictedInfo> *out);
     // Bytes of pinned sessions other than `except`, for the pre-write budget check.
     Status pinned_bytes(std::string_view except, uint64_t *out);
     // Unlinks the files of entries removed by a committed transaction.

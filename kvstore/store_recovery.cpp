@@ -284,7 +284,7 @@ Status Store::Impl::recover() {
                 MDB_val ak = mdb_val(alias), av = mdb_val(std::string_view("S", 1));
                 if ((r = mdb_put(txn, db.prefixes(), &ak, &av, 0))) return r;
             }
-            return evict_to_budget(txn, std::string(), &evicted);
+            return evict_to_budget(txn, std::string(), &evicted, "at start-up");
         },
         &err);
     if (rc) return index_status(rc, "recovery: updating the index: " + err);

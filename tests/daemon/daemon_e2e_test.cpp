@@ -416,8 +416,9 @@ TEST_F(DaemonE2E, GenerationStopsWhenTheSessionContextIsFull) {
     auto prompt = unique_prompt(10, 30);
     Got g = collect(c, token_request(prompt, 1000, true, s.id));
     EXPECT_EQ(g.done.reason, FinishReason::Context);
-    // The first token needs no evaluation; each later one evaluates its predecessor.
-    EXPECT_EQ(g.tokens.size(), 64u - 10u + 1u);
+    // Prompt and answer fill the context exactly: no token is sampled that the session
+    // could not hold (and a stored session could not reload).
+    EXPECT_EQ(g.tokens.size(), 64u - 10u);
     Ref r = fresh();
     EXPECT_EQ(g.tokens, ref_generate(r, prompt, uint32_t(g.tokens.size()), true).tokens);
     try {
@@ -425,6 +426,7 @@ TEST_F(DaemonE2E, GenerationStopsWhenTheSessionContextIsFull) {
         FAIL() << "a full session accepted more tokens";
     } catch (const ds4::client::ServerError &e) {
         EXPECT_EQ(e.code, int(fb::ErrorCode::ContextOverflow));
+        EXPECT_NE(std::string(e.what()).find("context of 64 tokens is full"), std::string::npos) << e.what();
     }
     EXPECT_THROW(c.open_session("", 8), ds4::client::ServerError) << "context below 16";
 }

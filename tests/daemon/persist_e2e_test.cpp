@@ -497,6 +497,176 @@ TEST_F(PersistE2E, ARealFullDiskIsReportedAndKeepsThePreviousVersion) {
     EXPECT_EQ(d.stop(SIGTERM), 0);
 }
 
+// A conversation that reaches its context limit stops with the Context finish reason (not an
+// error) and never holds more tokens than its context, so the stored session reopens after a
+// restart: as it is (a further turn is refused with a clear ContextOverflow), with a larger
+// context (where it goes on), and with a context too small for it (a clear error).
+TEST_F(PersistE2E, ASessionThatFilledItsContextReopensAfterARestart) {
+    const std::string state = dir->path + "/full";
+    constexpr uint32_t kCtx = 64;
+    const std::vector<std::string> ctx_arg = {"--ctx", std::to_string(kCtx)};
+    std::vector<int32_t> prompt;
+    for (int i = 0; i < 40; ++i) prompt.push_back(int32_t(1 + (i * 7) % 500));
+    auto turn = [](Client &c, uint64_t session, std::vector<int32_t> toks, uint32_t max_tokens, size_t *streamed) {
+        GenerateRequest req;
+        req.session = session;
+        req.kind = GenerateRequest::Prompt::Tokens;
+        req.tokens = std::move(toks);
+        req.max_tokens = max_tokens;
+        req.ignore_eos = true;
+        ds4::client::GenerateCallbacks cb;
+        cb.on_chunk = [&](const ds4::client::Chunk &ch) {
+            *streamed += ch.tokens.size();
+            return true;
+        };
+        return c.generate(req, cb);
+    };
+    auto expect_full = [&](Client &c, uint64_t session) {
+        size_t n = 0;
+        try {
+            turn(c, session, {7}, 4, &n);
+            ADD_FAILURE() << "a turn on a full session was accepted";
+        } catch (const ServerError &e) {
+            EXPECT_EQ(e.code_name, "ContextOverflow");
+            EXPECT_NE(std::string(e.what()).find("context of " + std::to_string(kCtx) + " tokens is full"),
+                      std::string::npos)
+                << e.what();
+        }
+    };
+    {
+        Daemon d;
+        ASSERT_EQ(start(d, state, ctx_arg), "");
+        Client c(d.socket);
+        const uint64_t s = c.open_session("full").id;
+        size_t streamed = 0;
+        DoneInfo done = turn(c, s, prompt, 1000, &streamed);
+        EXPECT_EQ(done.reason, ds4::client::FinishReason::Context);
+        EXPECT_EQ(done.generated_tokens, kCtx - prompt.size());
+        EXPECT_EQ(streamed, kCtx - prompt.size());
+        auto list = c.list_sessions();
+        ASSERT_EQ(list.size(), 1u);
+        EXPECT_EQ(list[0].n_tokens, kCtx) << "the live history holds more than its context";
+        EXPECT_EQ(list[0].stored_tokens, kCtx);
+        EXPECT_EQ(list[0].save_error, "");
+        expect_full(c, s);
+        // The ds4 command says why an answer stopped short, and that is no error.
+        CmdResult cli = run_cmd({DS4_CLI_PATH, "--socket", d.socket, "run", "--ids", "--max-tokens", "1000", "hello"},
+                                dir->path);
+        EXPECT_EQ(cli.rc, 0) << cli.err;
+        EXPECT_NE(cli.err.find("ds4: the answer stopped because the context is full"), std::string::npos) << cli.err;
+        EXPECT_EQ(d.stop(SIGTERM), 0);
+    }
+    {
+        Daemon d;
+        ASSERT_EQ(start(d, state, ctx_arg), "");
+        Client c(d.socket);
+        ds4::client::SessionInfo s;
+        try {
+            s = c.open_session("full");
+        } catch (const ServerError &e) {
+            FAIL() << "the full session does not reopen: " << e.what();
+        }
+        EXPECT_FALSE(s.created);
+        EXPECT_EQ(s.n_tokens, kCtx);
+        EXPECT_EQ(s.ctx, kCtx);
+        expect_full(c, s.id);
+        // Asking for a larger context enlarges the live session; it goes on from its state.
+        ds4::client::SessionInfo big = c.open_session("full", 2 * kCtx);
+        EXPECT_EQ(big.id, s.id);
+        EXPECT_EQ(big.ctx, 2 * kCtx);
+        size_t streamed = 0;
+        DoneInfo done = turn(c, s.id, {5, 6, 7}, 3, &streamed);
+        EXPECT_EQ(done.reason, ds4::client::FinishReason::Length);
+        EXPECT_EQ(done.cached_tokens, kCtx) << "the stored state was not used";
+        EXPECT_EQ(c.list_sessions().at(0).stored_tokens, kCtx + 6);
+        EXPECT_EQ(d.stop(SIGTERM), 0);
+    }
+    Daemon d;
+    ASSERT_EQ(start(d, state, ctx_arg), "");
+    Client c(d.socket);
+    try {
+        c.open_session("full", 32);
+        ADD_FAILURE() << "a session of " << kCtx + 6 << " tokens opened in a context of 32";
+    } catch (const ServerError &e) {
+        EXPECT_EQ(e.code_name, "ContextOverflow");
+        EXPECT_NE(std::string(e.what()).find("holds " + std::to_string(kCtx + 6) + " tokens"), std::string::npos)
+            << e.what();
+    }
+    ds4::client::SessionInfo s = c.open_session("full");
+    EXPECT_EQ(s.ctx, 2 * kCtx) << "a stored session reopens in the context it was saved with";
+    EXPECT_EQ(s.n_tokens, kCtx + 6);
+    EXPECT_EQ(d.stop(SIGTERM), 0);
+}
+
+// When the store's budget evicts a named session, a client that reopens the name is told
+// (SessionOpened.evicted, LoadSession's error, the ds4 command's warning, the list of
+// recently evicted names), across restarts, until the name is stored again.
+TEST_F(PersistE2E, ReopeningASessionTheBudgetEvictedSaysSo) {
+    const std::string state = dir->path + "/evict";
+    uint64_t bytes = 0;
+    {
+        Daemon d;
+        ASSERT_EQ(start(d, state), "");
+        Client c(d.socket);
+        // Four turns: about as long as the ds4 command's turn below (payloads grow with tokens).
+        const uint64_t s = c.open_session("a").id;
+        for (int i = 0; i < 4; ++i) run_turn(c, s, i);
+        bytes = c.save_session("a").bytes;
+        EXPECT_EQ(d.stop(SIGTERM), 0);
+    }
+    const std::vector<std::string> budget = {"--store-budget", std::to_string(bytes + bytes / 2)};  // room for one
+    {
+        Daemon d;
+        ASSERT_EQ(start(d, state, budget), "");
+        Client c(d.socket);
+        const uint64_t s = c.open_session("b").id;
+        for (int i = 0; i < 4; ++i) run_turn(c, s, i);  // the first save evicts a, not live here
+        std::vector<ds4::client::EvictedSession> evicted;
+        auto list = c.list_sessions(&evicted);
+        ASSERT_EQ(list.size(), 1u);
+        EXPECT_EQ(list[0].name, "b");
+        ASSERT_EQ(evicted.size(), 1u);
+        EXPECT_EQ(evicted[0].name, "a");
+        EXPECT_GT(evicted[0].evicted_unix, 0u);
+        EXPECT_NE(evicted[0].reason.find("while saving session 'b'"), std::string::npos) << evicted[0].reason;
+        try {
+            c.load_session("a");
+            ADD_FAILURE() << "an evicted session loaded";
+        } catch (const ServerError &e) {
+            EXPECT_EQ(e.code_name, "UnknownSession");
+            EXPECT_NE(std::string(e.what()).find("was evicted"), std::string::npos) << e.what();
+        }
+        ds4::client::SessionInfo a = c.open_session("a");
+        EXPECT_TRUE(a.created);
+        EXPECT_EQ(a.n_tokens, 0u);
+        EXPECT_NE(a.evicted.find("stored session 'a' was evicted on "), std::string::npos) << a.evicted;
+        EXPECT_NE(a.evicted.find("budget of " + budget[1] + " bytes"), std::string::npos) << a.evicted;
+        EXPECT_EQ(c.open_session("b").evicted, "");
+        EXPECT_EQ(d.stop(SIGTERM), 0);
+    }
+    // After a restart (a was opened but never stored again) the ds4 command warns; its turn
+    // stores a again, which evicts b.
+    Daemon d;
+    ASSERT_EQ(start(d, state, budget), "");
+    auto ds4 = [&](std::vector<std::string> args) {
+        args.insert(args.begin(), {DS4_CLI_PATH, "--socket", d.socket});
+        return run_cmd(args, dir->path);
+    };
+    CmdResult r = ds4({"run", "--session", "a", "--max-tokens", "2", "hi"});
+    EXPECT_EQ(r.rc, 0) << r.err;
+    EXPECT_NE(r.err.find("ds4: warning: stored session 'a' was evicted on "), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("session a starts again, empty"), std::string::npos) << r.err;
+    Client c(d.socket);
+    EXPECT_EQ(c.open_session("a").evicted, "") << "a is stored again";
+    CmdResult list = ds4({"sessions", "list"});
+    ASSERT_EQ(list.rc, 0) << list.err;
+    const size_t at = list.out.find("recently evicted");
+    ASSERT_NE(at, std::string::npos) << list.out;
+    EXPECT_NE(list.out.find("\nb ", at), std::string::npos) << list.out;
+    EXPECT_NE(list.out.find("while saving session 'a'", at), std::string::npos) << list.out;
+    EXPECT_EQ(d.stop(SIGTERM), 0);
+}
+
 }  // namespace
 
 #endif

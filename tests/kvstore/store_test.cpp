@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "kvstore/index_records.h"
 #include "kvstore/session_name.h"
 #include "tests/kvstore/faulty_file_io.h"
 #include "tests/kvstore/test_util.h"
@@ -354,6 +355,63 @@ TEST_F(StoreTest, LoweredBudgetIsEnforcedAtOpen) {
     LoadedPayload lp;
     EXPECT_EQ(s->load("old", &lp).code(), Code::kNotFound);
     expect_loads(*s, "new", b);
+}
+
+// An evicted session leaves a tombstone (when, why) so a client reopening the name can be
+// told; it survives a reopen, goes when the name is saved or removed again, and only the
+// latest kMaxTombstones are kept.
+TEST_F(StoreTest, EvictedSessionsLeaveABoundedTombstone) {
+    const auto a = make_payload(1, 10, 50000), b = make_payload(2, 10, 50000);
+    auto o = options();
+    o.budget_bytes = a.size() + a.size() / 2;  // room for one
+    {
+        auto s = open_store(o);
+        EvictedInfo ev;
+        EXPECT_EQ(s->evicted("a", &ev).code(), Code::kNotFound);
+        ASSERT_TRUE(s->save("a", a.data(), a.size()));
+        ASSERT_TRUE(s->save("b", b.data(), b.size()));  // evicts a
+        const Status st = s->evicted("a", &ev);
+        ASSERT_TRUE(st) << st.to_string();
+        EXPECT_EQ(ev.name, "a");
+        EXPECT_NE(ev.why.find("budget"), std::string::npos) << ev.why;
+        EXPECT_NE(ev.why.find("while saving session 'b'"), std::string::npos) << ev.why;
+        EXPECT_GT(ev.evicted_ms, 0u);
+    }
+    auto s = open_store(o);
+    EvictedInfo ev;
+    ASSERT_TRUE(s->evicted("a", &ev)) << "the tombstone did not survive a reopen";
+    ASSERT_TRUE(s->save("a", a.data(), a.size()));  // stored again (evicts b)
+    EXPECT_EQ(s->evicted("a", &ev).code(), Code::kNotFound);
+    ASSERT_TRUE(s->evicted("b", &ev));
+    EXPECT_EQ(s->remove("b").code(), Code::kNotFound) << "b is not stored";
+    EXPECT_EQ(s->evicted("b", &ev).code(), Code::kNotFound) << "remove keeps the tombstone";
+
+    // Many evictions: the latest kMaxTombstones are listed, most recent first.
+    const size_t n = kMaxTombstones + 5;
+    for (size_t i = 0; i < n; ++i) ASSERT_TRUE(s->save("s" + std::to_string(i), b.data(), b.size()));
+    std::vector<EvictedInfo> list;
+    ASSERT_TRUE(s->list_evicted(&list));
+    ASSERT_EQ(list.size(), kMaxTombstones);
+    for (size_t i = 1; i < list.size(); ++i) EXPECT_GE(list[i - 1].evicted_ms, list[i].evicted_ms);
+    EXPECT_EQ(list.front().name, "s" + std::to_string(n - 2));
+    EXPECT_EQ(list.back().name, "s4");
+    EXPECT_EQ(s->evicted("a", &ev).code(), Code::kNotFound) << "the oldest tombstone was kept";
+    EXPECT_EQ(s->evicted("s3", &ev).code(), Code::kNotFound) << "the oldest tombstone was kept";
+}
+
+TEST_F(StoreTest, EvictionAtOpenLeavesATombstone) {
+    const auto a = make_payload(1, 10, 50000), b = make_payload(2, 10, 50000);
+    {
+        auto s = open_store();
+        ASSERT_TRUE(s->save("old", a.data(), a.size()));
+        ASSERT_TRUE(s->save("new", b.data(), b.size()));
+    }
+    auto o = options();
+    o.budget_bytes = b.size() + 10;
+    auto s = open_store(o);
+    EvictedInfo ev;
+    ASSERT_TRUE(s->evicted("old", &ev));
+    EXPECT_NE(ev.why.find("at start-up"), std::string::npos) << ev.why;
 }
 
 TEST_F(StoreTest, SessionNamesAreValidated) {
