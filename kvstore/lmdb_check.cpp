@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <vector>
 
 namespace ds4::kvstore {
 namespace {
@@ -58,6 +59,141 @@ std::string parse_meta(const uint8_t *page, Meta *m) {
     return {};
 }
 
+// Walks the trees the newest meta page names (the free list, the main table and the
+// tables recorded in it) with pread, so that no page LMDB will follow can make it read
+// past the end of the mapped file or of its own page: every page number lies inside the
+// file and is used once, every node lies inside its page, every value inside its page or
+// its overflow pages, and free-list records name only pages of the file. Page layout
+// (mdb.c, LP64): u64 pgno, u16 pad, u16 flags, u16 lower, u16 upper (u32 page count on
+// overflow pages), then u16 node offsets; a node is u16 lo, u16 hi, u16 flags, u16 key
+// size, key, value (leaf: size lo|hi<<16; branch: child page lo|hi<<16|flags<<32).
+class TreeWalk {
+public:
+    TreeWalk(int fd, uint32_t page_size, uint64_t last_page)
+        : fd_(fd), ps_(page_size), last_(last_page), used_(last_page + 1, false) {}
+
+    // Empty when every tree is sound, else why not.
+    std::string run(uint64_t free_root, uint64_t main_root) {
+        if (!tree(free_root, kFree) || !tree(main_root, kMain)) return why_;
+        // A page both free and in use would be handed out while still referenced (LMDB
+        // asserts on it in mdb_page_touch); a page freed twice likewise.
+        for (const uint64_t pg : free_)
+            if (used_[pg]) return "page " + std::to_string(pg) + " is both free and in use";
+            else used_[pg] = true;
+        return {};
+    }
+
+private:
+    static constexpr uint16_t kBranch = 0x01, kLeaf = 0x02, kOverflow = 0x04, kPageKinds = 0x7f;
+    static constexpr uint16_t kBigData = 0x01, kSubData = 0x02;
+    static constexpr int kMaxDepth = 32;  // LMDB's cursor stack
+    enum Kind { kFree, kMain, kSub };
+
+    bool fail(const std::string &why) {
+        if (why_.empty()) why_ = why;
+        return false;
+    }
+    bool read(uint64_t pgno, uint64_t pages, std::vector<uint8_t> *buf) {
+        buf->resize(pages * ps_);
+        const ssize_t got = pread(fd_, buf->data(), buf->size(), off_t(pgno * ps_));
+        if (got != ssize_t(buf->size())) return fail("page " + std::to_string(pgno) + " cannot be read");
+        if (le(buf->data(), 8) != pgno) return fail("page " + std::to_string(pgno) + " is labelled as another page");
+        return true;
+    }
+    // Marks pages [pgno, pgno + n) as used by a tree.
+    bool claim(uint64_t pgno, uint64_t n) {
+        if (pgno < 2 || n == 0 || pgno > last_ || n > last_ - pgno + 1)
+            return fail("a tree names pages " + std::to_string(pgno) + "+" + std::to_string(n) + " outside the file");
+        for (uint64_t i = pgno; i < pgno + n; ++i) {
+            if (used_[i]) return fail("page " + std::to_string(i) + " is used twice");
+            used_[i] = true;
+        }
+        return true;
+    }
+    bool tree(uint64_t root, Kind kind) {
+        if (root == kNoPage) return true;
+        int leaf_depth = -1;
+        return page(root, 0, kind, &leaf_depth);
+    }
+    // A free-list record: a u64 count, then that many page numbers of this file.
+    bool free_record(const uint8_t *d, uint64_t n) {
+        if (n < 8 || n % 8) return fail("a free-list record has " + std::to_string(n) + " bytes");
+        const uint64_t count = le(d, 8);
+        if (count > n / 8 - 1) return fail("a free-list record counts more pages than it holds");
+        for (uint64_t i = 1; i <= count; ++i) {
+            const uint64_t pg = le(d + 8 * i, 8);
+            if (pg < 2 || pg > last_) return fail("the free list names page " + std::to_string(pg) + " outside the file");
+            free_.push_back(pg);
+        }
+        return true;
+    }
+    bool page(uint64_t pgno, int depth, Kind kind, int *leaf_depth) {
+        if (depth >= kMaxDepth) return fail("a tree is deeper than LMDB can follow");
+        if (!claim(pgno, 1)) return false;
+        std::vector<uint8_t> b;
+        if (!read(pgno, 1, &b)) return false;
+        const std::string at = "page " + std::to_string(pgno);
+        const uint16_t type = uint16_t(le(&b[10], 2) & kPageKinds);
+        if (type != kBranch && type != kLeaf) return fail(at + " is neither a branch nor a leaf");
+        const uint64_t lower = le(&b[12], 2), upper = le(&b[14], 2);
+        if (lower < kPageHeader + 2 || lower > upper || upper > ps_ || (lower - kPageHeader) % 2)
+            return fail(at + " has impossible bounds");
+        if (type == kLeaf) {
+            if (*leaf_depth >= 0 && *leaf_depth != depth) return fail(at + " is a leaf at another depth");
+            *leaf_depth = depth;
+        }
+        const uint64_t n = (lower - kPageHeader) / 2;
+        for (uint64_t i = 0; i < n; ++i) {
+            const uint64_t off = le(&b[kPageHeader + 2 * i], 2);
+            if (off < upper || off + 8 > ps_) return fail(at + " has a node outside the page");
+            const uint8_t *node = &b[off];
+            const uint64_t flags = le(node + 4, 2), ksize = le(node + 6, 2), key_end = off + 8 + ksize;
+            if (key_end > ps_) return fail(at + " has a key past the end of the page");
+            if (type == kBranch) {
+                if (kind == kFree && ksize != 0 && ksize != 8) return fail(at + " has a free-list key of another size");
+                const uint64_t child = le(node, 2) | le(node + 2, 2) << 16 | flags << 32;
+                if (!page(child, depth + 1, kind, leaf_depth)) return false;
+                continue;
+            }
+            if (flags & ~uint64_t(kBigData | kSubData)) return fail(at + " has a node with unknown flags");
+            if (kind == kFree && ksize != 8) return fail(at + " has a free-list key of another size");
+            const uint64_t dsize = le(node, 2) | le(node + 2, 2) << 16;
+            const uint8_t *data = node + 8 + ksize;
+            std::vector<uint8_t> big;
+            if (flags & kBigData) {
+                if (key_end + 8 > ps_) return fail(at + " has an overflow reference past the end of the page");
+                const uint64_t opg = le(data, 8);
+                if (opg < 2 || opg > last_) return fail(at + " names overflow page " + std::to_string(opg) + " outside the file");
+                std::vector<uint8_t> head;
+                if (!read(opg, 1, &head)) return false;
+                const uint64_t pages = le(&head[12], 4);
+                if (!(le(&head[10], 2) & kOverflow)) return fail("page " + std::to_string(opg) + " is not an overflow page");
+                if (!claim(opg, pages)) return false;
+                if (dsize > pages * ps_ - kPageHeader) return fail(at + " has a value longer than its overflow pages");
+                if (kind == kFree) {
+                    if (!read(opg, pages, &big)) return false;
+                    data = big.data() + kPageHeader;
+                }
+            } else if (key_end + dsize > ps_) {
+                return fail(at + " has a value past the end of the page");
+            }
+            if (kind == kFree && !free_record(data, dsize)) return false;
+            if (flags & kSubData) {
+                if (kind != kMain || (flags & kBigData) || dsize != 48) return fail(at + " has a bad table record");
+                if (le(data + 4, 2) & 0x74) return fail(at + " records a table with duplicate keys");   // DUPSORT etc.
+                if (!tree(le(data + 40, 8), kSub)) return false;
+            }
+        }
+        return true;
+    }
+
+    int fd_;
+    uint64_t ps_, last_;
+    std::vector<bool> used_;
+    std::vector<uint64_t> free_;  // pages the free list names
+    std::string why_;
+};
+
 }  // namespace
 
 Status check_lmdb_data_file(const std::string &path, LmdbMetaInfo *info) {
@@ -93,25 +229,36 @@ Status check_lmdb_data_file(const std::string &path, LmdbMetaInfo *info) {
                                            : parse_meta(page, &metas[i]);
         if (i == 0 && !why[0].empty()) break;  // no page size: page 1 cannot be found
     }
-    ::close(fd);
     // LMDB refuses the file (or worse) unless both meta pages are sane.
     for (int i = 0; i < 2; ++i)
-        if (!why[i].empty()) return {Code::kCorrupt, path + ": meta page " + std::to_string(i) + " " + why[i]};
-    if (metas[1].page_size != metas[0].page_size)
+        if (!why[i].empty()) {
+            ::close(fd);
+            return {Code::kCorrupt, path + ": meta page " + std::to_string(i) + " " + why[i]};
+        }
+    if (metas[1].page_size != metas[0].page_size) {
+        ::close(fd);
         return {Code::kCorrupt, path + ": the meta pages disagree on the page size (" +
                                     std::to_string(metas[0].page_size) + " and " + std::to_string(metas[1].page_size) +
                                     ")"};
+    }
     const Meta &m = metas[1].txnid > metas[0].txnid ? metas[1] : metas[0];
     info->page_size = m.page_size;
     info->last_page = m.last_page;
     info->txnid = m.txnid;
     info->file_bytes = size;
     const uint64_t need = (m.last_page + 1) * uint64_t(m.page_size);
-    if (m.last_page > (uint64_t(1) << 40) || size < need)
+    if (m.last_page > (uint64_t(1) << 40) || size < need) {
+        ::close(fd);
         return {Code::kCorrupt, path + " is " + std::to_string(size) + " bytes but its newest meta page (txn " +
                                     std::to_string(m.txnid) + ") uses pages up to " + std::to_string(m.last_page) +
                                     " of " + std::to_string(m.page_size) + " bytes (" + std::to_string(need) +
                                     " bytes): the file was cut short"};
+    }
+    // LMDB also trusts every other page: a node offset or value size pointing past the
+    // page reads past the end of the file (SIGBUS) or of the map.
+    const std::string bad = TreeWalk(fd, m.page_size, m.last_page).run(m.roots[0], m.roots[1]);
+    ::close(fd);
+    if (!bad.empty()) return {Code::kCorrupt, path + " (txn " + std::to_string(m.txnid) + "): " + bad};
     return Status::ok();
 }
 

@@ -382,8 +382,8 @@ TEST_F(DamagedIndexTest, NewestMetaPointsPastTheEnd) {
 }
 
 TEST_F(DamagedIndexTest, TableRootPageZeroed) {
-    // Meta pages intact, the main table's root page wiped: the pre-check passes and LMDB
-    // itself reports MDB_CORRUPTED from mdb_dbi_open, which is handled the same way.
+    // Meta pages intact, the main table's root page wiped: the pre-check's tree walk finds
+    // it (LMDB itself would report MDB_CORRUPTED from mdb_dbi_open).
     damage_and_reopen([](const std::string &f) {
         const auto bytes = testing::read_file(f);
         ASSERT_GE(bytes.size(), 2 * 4096u);
@@ -397,7 +397,59 @@ TEST_F(DamagedIndexTest, TableRootPageZeroed) {
         ASSERT_GE(root, 2u);
         ASSERT_LE((root + 1) * 4096, bytes.size());
         overwrite(f, root * 4096, std::vector<uint8_t>(4096, 0));
-    }, true, "MDB_CORRUPTED");
+    }, true, "is labelled as another page");
+}
+
+// The newest meta's page (0 or 1) and its free-list and main table roots.
+static void newest_meta(const std::vector<uint8_t> &bytes, uint64_t *free_root, uint64_t *main_root) {
+    uint64_t best_txn = 0;
+    for (const size_t page : {size_t(0), size_t(4096)}) {
+        uint64_t txn, fr, mr;
+        memcpy(&txn, bytes.data() + page + 16 + 128, 8);
+        memcpy(&fr, bytes.data() + page + 16 + 24 + 40, 8);
+        memcpy(&mr, bytes.data() + page + 16 + 24 + 48 + 40, 8);
+        if (page == 0 || txn > best_txn) best_txn = txn, *free_root = fr, *main_root = mr;
+    }
+}
+
+TEST_F(DamagedIndexTest, NodeOffsetsPastTheirPage) {
+    // Found by fuzz_store_recovery: node offsets of a live page pointing past the page made
+    // LMDB read past the end of the mapped file (SIGBUS) during the open. The pre-check
+    // now walks every page the newest meta reaches.
+    damage_and_reopen([](const std::string &f) {
+        const auto bytes = testing::read_file(f);
+        uint64_t free_root, root;
+        newest_meta(bytes, &free_root, &root);
+        ASSERT_GE(root, 2u);
+        ASSERT_LE((root + 1) * 4096, bytes.size());
+        overwrite(f, root * 4096 + 16, std::vector<uint8_t>(8, 0xff));
+    }, true, "has a node outside the page");
+}
+
+TEST_F(DamagedIndexTest, FreeListNamesAPageInUse) {
+    // Found by fuzz_store_recovery: a free list naming a live page went unnoticed, and LMDB
+    // handed that page out again on a later write (the fuzzer hit "Assertion 'mp->mp_pgno
+    // != pgno' failed in mdb_page_touch", an abort, when the store closed).
+    damage_and_reopen([](const std::string &f) {
+        const auto bytes = testing::read_file(f);
+        uint64_t free_root, root;
+        newest_meta(bytes, &free_root, &root);
+        ASSERT_GE(root, 2u);
+        ASSERT_NE(free_root, ~uint64_t(0)) << "populate() leaves freed pages behind";
+        ASSERT_LE((free_root + 1) * 4096, bytes.size());
+        const uint8_t *page = bytes.data() + free_root * 4096;
+        uint16_t flags, off, ksize;
+        memcpy(&flags, page + 10, 2);
+        ASSERT_EQ(flags & 0x02, 0x02) << "the free list fits one leaf page";
+        memcpy(&off, page + 16, 2);
+        memcpy(&ksize, page + off + 6, 2);
+        uint64_t count;
+        memcpy(&count, page + off + 8 + ksize, 8);
+        ASSERT_GE(count, 1u);
+        std::vector<uint8_t> pg(8);
+        memcpy(pg.data(), &root, 8);
+        overwrite(f, free_root * 4096 + off + 8 + ksize + 8, pg);
+    }, true, "is both free and in use");
 }
 
 TEST_F(DamagedIndexTest, EveryPageButTheMetasAndMainRootZeroed) {
