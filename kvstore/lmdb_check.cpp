@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <vector>
@@ -127,6 +128,51 @@ private:
         }
         return true;
     }
+    // LMDB keeps a page's nodes packed from `upper` to the end of the page, each
+    // EVEN(8 + key + value part) bytes, with their keys in ascending order (a branch's
+    // first key is empty), and its node edits trust both: mdb_node_del shifts the others by
+    // the deleted node's size, so a page that lies about it is turned into one whose
+    // offsets point anywhere.
+    bool packed_and_sorted(const std::vector<uint8_t> &b, uint16_t type, Kind kind, uint64_t upper, uint64_t n,
+                           const std::string &at) {
+        std::vector<std::pair<uint64_t, uint64_t>> spans;  // offset, size
+        const uint8_t *prev = nullptr;
+        uint64_t prev_size = 0;
+        for (uint64_t i = 0; i < n; ++i) {
+            const uint64_t off = le(&b[kPageHeader + 2 * i], 2);
+            if (off < upper || off + 8 > ps_) return fail(at + " has a node outside the page");
+            const uint8_t *node = &b[off];
+            const uint64_t ksize = le(node + 6, 2);
+            if (off + 8 + ksize > ps_) return fail(at + " has a key past the end of the page");
+            uint64_t size = 8 + ksize;
+            if (type == kLeaf) size += (le(node + 4, 2) & kBigData) ? 8 : (le(node, 2) | le(node + 2, 2) << 16);
+            spans.push_back({off, size + (size & 1)});
+            if (type == kBranch && i == 0) continue;
+            const uint8_t *key = node + 8;
+            if (prev) {
+                int c;
+                if (kind == kFree) {
+                    c = prev_size == 8 && ksize == 8 ? (le(prev, 8) < le(key, 8) ? -1 : 1) : -1;   // sizes checked later
+                    if (prev_size == 8 && ksize == 8 && le(prev, 8) == le(key, 8)) c = 0;
+                } else {
+                    c = std::memcmp(prev, key, std::min(prev_size, ksize));
+                    if (c == 0) c = prev_size < ksize ? -1 : prev_size > ksize ? 1 : 0;
+                }
+                if (c >= 0) return fail(at + " has its keys out of order");
+            }
+            prev = key;
+            prev_size = ksize;
+        }
+        std::sort(spans.begin(), spans.end());
+        uint64_t at_off = upper;
+        for (const auto &[off, size] : spans) {
+            if (off != at_off) return fail(at + " has nodes that overlap or leave gaps");
+            at_off += size;
+        }
+        if (at_off != ps_) return fail(at + " has nodes that overlap or leave gaps");
+        return true;
+    }
+
     bool page(uint64_t pgno, int depth, Kind kind, int *leaf_depth) {
         if (depth >= kMaxDepth) return fail("a tree is deeper than LMDB can follow");
         if (!claim(pgno, 1)) return false;
@@ -143,6 +189,7 @@ private:
             *leaf_depth = depth;
         }
         const uint64_t n = (lower - kPageHeader) / 2;
+        if (!packed_and_sorted(b, type, kind, upper, n, at)) return false;
         for (uint64_t i = 0; i < n; ++i) {
             const uint64_t off = le(&b[kPageHeader + 2 * i], 2);
             if (off < upper || off + 8 > ps_) return fail(at + " has a node outside the page");

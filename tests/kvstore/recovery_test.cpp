@@ -426,6 +426,44 @@ TEST_F(DamagedIndexTest, NodeOffsetsPastTheirPage) {
     }, true, "has a node outside the page");
 }
 
+TEST_F(DamagedIndexTest, NodeSizeThatOverlapsTheNextNode) {
+    // Found by fuzz_store_recovery: a sessions-table node claiming a value 2 bytes longer
+    // than it holds passed the bounds checks; the first write (recovery dropping a stale
+    // record) let LMDB shift the page's other nodes by that size, and the next read went
+    // past the end of the file (SIGBUS). Nodes must tile their page exactly.
+    damage_and_reopen([](const std::string &f) {
+        const auto bytes = testing::read_file(f);
+        uint64_t free_root, root;
+        newest_meta(bytes, &free_root, &root);
+        ASSERT_GE(root, 2u);
+        ASSERT_LE((root + 1) * 4096, bytes.size());
+        // The main table's root is a leaf holding the table records; find "sessions".
+        const uint8_t *page = bytes.data() + root * 4096;
+        uint16_t lower, table = 0;
+        memcpy(&lower, page + 12, 2);
+        uint64_t sessions_root = ~uint64_t(0);
+        for (uint16_t i = 0; i < (lower - 16) / 2; ++i) {
+            uint16_t off, ksize;
+            memcpy(&off, page + 16 + 2 * i, 2);
+            memcpy(&ksize, page + off + 6, 2);
+            if (std::string(reinterpret_cast<const char *>(page + off + 8), ksize) == "sessions")
+                memcpy(&sessions_root, page + off + 8 + ksize + 40, 8), table = off;
+        }
+        ASSERT_NE(table, 0) << "no sessions table record";
+        ASSERT_LE((sessions_root + 1) * 4096, bytes.size());
+        const uint8_t *leaf = bytes.data() + sessions_root * 4096;
+        uint16_t flags, off, dlo;
+        memcpy(&flags, leaf + 10, 2);
+        ASSERT_EQ(flags & 0x02, 0x02) << "the sessions table fits one leaf page";
+        memcpy(&off, leaf + 16, 2);
+        memcpy(&dlo, leaf + off, 2);
+        dlo = uint16_t(dlo + 2);
+        std::vector<uint8_t> v(2);
+        memcpy(v.data(), &dlo, 2);
+        overwrite(f, sessions_root * 4096 + off, v);
+    }, true, "has nodes that overlap or leave gaps");
+}
+
 TEST_F(DamagedIndexTest, FreeListNamesAPageInUse) {
     // Found by fuzz_store_recovery: a free list naming a live page went unnoticed, and LMDB
     // handed that page out again on a later write (the fuzzer hit "Assertion 'mp->mp_pgno
