@@ -16,16 +16,18 @@
 // checkpoint through find_longest_prefix/load_longest_prefix, reads stats, closes it, and
 // opens it once more: the first open having repaired the dir, the second must succeed.
 // Errors, quarantines and a moved-aside index are all fine; a crash (SIGBUS from a mapped
-// file cut short, an abort, a sanitizer report) is not. Scratch dirs live on /dev/shm
-// when it is there (tmpfs: fsync is free), else under $TMPDIR or /tmp, and are removed
-// after each input.
+// file cut short, an abort, a sanitizer report) is not. Scratch dirs live under
+// $DS4_FUZZ_TMPDIR, else on /dev/shm when it is there (tmpfs: fsync is free), else under
+// $TMPDIR or /tmp; each input's copy is removed after it, the whole tree at exit.
 #include <dirent.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -55,6 +57,22 @@ int g_iter = 0;
 void remove_tree(const std::string &p) {
     nftw(p.c_str(), [](const char *f, const struct stat *, int, struct FTW *) { return ::remove(f); }, 16,
          FTW_DEPTH | FTW_PHYS);
+}
+
+// Scratch dirs are named <prefix><pid>-XXXXXX; a fuzzer that died on a crash leaves its
+// dir behind, so each start removes those of processes that are gone.
+void remove_stale(const std::string &base, const std::string &prefix, void (*rm)(const std::string &)) {
+    DIR *d = opendir(base.c_str());
+    if (!d) return;
+    std::vector<std::string> stale;
+    while (struct dirent *e = readdir(d)) {
+        const std::string n = e->d_name;
+        if (n.compare(0, prefix.size(), prefix) != 0) continue;
+        const long pid = std::strtol(n.c_str() + prefix.size(), nullptr, 10);
+        if (pid > 0 && kill(pid_t(pid), 0) != 0 && errno == ESRCH) stale.push_back(base + "/" + n);
+    }
+    closedir(d);
+    for (const std::string &p : stale) rm(p);
 }
 
 void copy_file(const std::string &from, const std::string &to) {
@@ -196,7 +214,8 @@ extern "C" int LLVMFuzzerInitialize(int *, char ***) {
     else if (stat("/dev/shm", &st) == 0 && S_ISDIR(st.st_mode) && access("/dev/shm", W_OK) == 0) base = "/dev/shm";
     else if (const char *t2 = getenv("TMPDIR"); t2 && *t2) base = t2;
     else base = "/tmp";
-    std::string tmpl = base + "/ds4-fuzz-store-XXXXXX";
+    remove_stale(base, "ds4-fuzz-store-", remove_tree);
+    std::string tmpl = base + "/ds4-fuzz-store-" + std::to_string(getpid()) + "-XXXXXX";
     if (!mkdtemp(tmpl.data())) die("mkdtemp in " + base + " failed");
     g_root = tmpl;
     std::atexit([] { remove_tree(g_root); });

@@ -11,9 +11,12 @@
 // return an error with a message (bridge) and leave the session exactly as it was:
 // pos(), tokens, logits and generation. An accepted one must save back to the same
 // bytes, and the session must still run a step.
+#include <dirent.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -80,6 +83,27 @@ std::vector<uint8_t> bridge_payload() {
     return buf;
 }
 
+// Scratch dirs are named <prefix><pid>-XXXXXX; a fuzzer that died on a crash leaves its
+// dir behind, so each start removes those of processes that are gone.
+void remove_stale(const std::string &base, const std::string &prefix, void (*rm)(const std::string &)) {
+    DIR *d = opendir(base.c_str());
+    if (!d) return;
+    std::vector<std::string> stale;
+    while (struct dirent *e = readdir(d)) {
+        const std::string n = e->d_name;
+        if (n.compare(0, prefix.size(), prefix) != 0) continue;
+        const long pid = std::strtol(n.c_str() + prefix.size(), nullptr, 10);
+        if (pid > 0 && kill(pid_t(pid), 0) != 0 && errno == ESRCH) stale.push_back(base + "/" + n);
+    }
+    closedir(d);
+    for (const std::string &p : stale) rm(p);
+}
+
+void remove_dir(const std::string &dir) {
+    std::remove((dir + "/tiny.gguf").c_str());
+    rmdir(dir.c_str());
+}
+
 void write_file(const std::string &path, const std::vector<uint8_t> &b) {
     FILE *f = std::fopen(path.c_str(), "wb");
     if (!f) return;
@@ -92,10 +116,7 @@ void cleanup() {
     g_model.reset();
     ds4_bridge_session_free(g_bsess);
     ds4_bridge_model_free(g_bmodel);
-    if (!g_dir.empty()) {
-        std::remove((g_dir + "/tiny.gguf").c_str());
-        rmdir(g_dir.c_str());
-    }
+    if (!g_dir.empty()) remove_dir(g_dir);
 }
 
 struct EngineSnap {
@@ -141,8 +162,9 @@ bool same(const BridgeSnap &a, const BridgeSnap &b) {
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int *argc, char ***argv) {
-    char tmpl[] = "/tmp/ds4-fuzz-tail-XXXXXX";
-    check(mkdtemp(tmpl) != nullptr, "mkdtemp failed");
+    remove_stale("/tmp", "ds4-fuzz-tail-", remove_dir);
+    std::string tmpl = "/tmp/ds4-fuzz-tail-" + std::to_string(getpid()) + "-XXXXXX";
+    check(mkdtemp(tmpl.data()) != nullptr, "mkdtemp failed");
     g_dir = tmpl;
     std::atexit(cleanup);
     const std::string model = g_dir + "/tiny.gguf";
