@@ -36,6 +36,7 @@ uint64_t le(const uint8_t *p, int n) {
 struct Meta {
     uint32_t page_size;
     uint64_t roots[2];
+    uint16_t depths[2];  // md_depth: levels of each tree (0 when empty)
     uint64_t last_page;
     uint64_t txnid;
 };
@@ -49,6 +50,8 @@ std::string parse_meta(const uint8_t *page, Meta *m) {
     m->page_size = uint32_t(le(p + 24, 4));
     m->roots[0] = le(p + 24 + 40, 8);
     m->roots[1] = le(p + 24 + 48 + 40, 8);
+    m->depths[0] = uint16_t(le(p + 24 + 6, 2));
+    m->depths[1] = uint16_t(le(p + 24 + 48 + 6, 2));
     m->last_page = le(p + 120, 8);
     m->txnid = le(p + 128, 8);
     if (m->page_size < 512 || m->page_size > 65536 || (m->page_size & (m->page_size - 1)))
@@ -74,8 +77,8 @@ public:
         : fd_(fd), ps_(page_size), last_(last_page), used_(last_page + 1, false) {}
 
     // Empty when every tree is sound, else why not.
-    std::string run(uint64_t free_root, uint64_t main_root) {
-        if (!tree(free_root, kFree) || !tree(main_root, kMain)) return why_;
+    std::string run(const uint64_t roots[2], const uint16_t depths[2]) {
+        if (!tree(roots[0], depths[0], kFree) || !tree(roots[1], depths[1], kMain)) return why_;
         // A page both free and in use would be handed out while still referenced (LMDB
         // asserts on it in mdb_page_touch); a page freed twice likewise.
         for (const uint64_t pg : free_)
@@ -111,10 +114,15 @@ private:
         }
         return true;
     }
-    bool tree(uint64_t root, Kind kind) {
-        if (root == kNoPage) return true;
+    // A tree and the depth its record states (LMDB sizes its page spilling by that depth).
+    bool tree(uint64_t root, uint64_t depth, Kind kind) {
+        if (root == kNoPage) return depth == 0 || fail("an empty table is recorded with depth " + std::to_string(depth));
         int leaf_depth = -1;
-        return page(root, 0, kind, &leaf_depth);
+        if (!page(root, 0, kind, &leaf_depth)) return false;
+        if (depth != uint64_t(leaf_depth) + 1)
+            return fail("the tree at page " + std::to_string(root) + " has " + std::to_string(leaf_depth + 1) +
+                        " levels but is recorded with " + std::to_string(depth));
+        return true;
     }
     // A free-list record: a u64 count, then that many page numbers of this file.
     bool free_record(const uint8_t *d, uint64_t n) {
@@ -228,7 +236,7 @@ private:
             if (flags & kSubData) {
                 if (kind != kMain || (flags & kBigData) || dsize != 48) return fail(at + " has a bad table record");
                 if (le(data + 4, 2) & 0x74) return fail(at + " records a table with duplicate keys");   // DUPSORT etc.
-                if (!tree(le(data + 40, 8), kSub)) return false;
+                if (!tree(le(data + 40, 8), le(data + 6, 2), kSub)) return false;
             }
         }
         return true;
@@ -303,7 +311,7 @@ Status check_lmdb_data_file(const std::string &path, LmdbMetaInfo *info) {
     }
     // LMDB also trusts every other page: a node offset or value size pointing past the
     // page reads past the end of the file (SIGBUS) or of the map.
-    const std::string bad = TreeWalk(fd, m.page_size, m.last_page).run(m.roots[0], m.roots[1]);
+    const std::string bad = TreeWalk(fd, m.page_size, m.last_page).run(m.roots, m.depths);
     ::close(fd);
     if (!bad.empty()) return {Code::kCorrupt, path + " (txn " + std::to_string(m.txnid) + "): " + bad};
     return Status::ok();

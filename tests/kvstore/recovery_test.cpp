@@ -464,6 +464,22 @@ TEST_F(DamagedIndexTest, NodeSizeThatOverlapsTheNextNode) {
     }, true, "has nodes that overlap or leave gaps");
 }
 
+TEST_F(DamagedIndexTest, TableDepthThatIsNotTheTrees) {
+    // Found by fuzz_store_recovery: a main table recorded with depth 65535 opened fine, and
+    // LMDB, which sizes its page spilling by that depth, leaked 1 MiB per write transaction.
+    damage_and_reopen([](const std::string &f) {
+        const auto bytes = testing::read_file(f);
+        uint64_t best_txn = 0;
+        size_t newest = 0;
+        for (const size_t page : {size_t(0), size_t(4096)}) {
+            uint64_t txn;
+            memcpy(&txn, bytes.data() + page + 16 + 128, 8);
+            if (page == 0 || txn > best_txn) best_txn = txn, newest = page;
+        }
+        overwrite(f, newest + 16 + 24 + 48 + 6, {0xff, 0xff});  // mm_dbs[MAIN_DBI].md_depth
+    }, true, "levels but is recorded with 65535");
+}
+
 TEST_F(DamagedIndexTest, FreeListNamesAPageInUse) {
     // Found by fuzz_store_recovery: a free list naming a live page went unnoticed, and LMDB
     // handed that page out again on a later write (the fuzzer hit "Assertion 'mp->mp_pgno
