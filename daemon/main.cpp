@@ -89,6 +89,7 @@ int main(int argc, char **argv) {
         wc.max_sessions = opt.max_sessions;
         wc.prefill_chunk = opt.prefill_chunk;
         wc.queue_bytes = opt.queue_bytes;
+        wc.max_reply = opt.max_frame;
         wc.store = store.get();
         wc.checkpoint_every = opt.checkpoint_every;
         wc.max_checkpoints = opt.max_checkpoints;

@@ -137,6 +137,16 @@ struct Worker::Impl {
 
     void emit(const std::shared_ptr<ConnShared> &conn, uint64_t rid, Frame &&bytes, bool final) {
         if (!conn || conn->closed.load(std::memory_order_acquire)) return;
+        // A client refuses frames above its limit (and drops the connection), so an oversized
+        // reply becomes this request's error instead.
+        if (bytes.size() > cfg.max_reply + 4) {
+            log_line("request %llu: a reply of %zu bytes exceeds the frame limit of %zu; sent an error instead",
+                     static_cast<unsigned long long>(rid), bytes.size() - 4, cfg.max_reply);
+            bytes = error_frame(rid, fb::ErrorCode::BadRequest,
+                                "the reply (" + std::to_string(bytes.size() - 4) + " bytes) would exceed the frame limit of " +
+                                    std::to_string(cfg.max_reply) + " bytes (--max-frame); ask for less at a time");
+            final = true;
+        }
         conn->queued_bytes.fetch_add(bytes.size(), std::memory_order_relaxed);
         out.push(Outgoing{conn->id, std::move(bytes), rid, final});
     }

@@ -35,6 +35,8 @@ struct WorkerConfig {
     uint32_t checkpoint_every = 1024;
     uint32_t max_checkpoints = 8;
     uint32_t prefix_min = 256;
+    // Largest reply frame (after the length prefix): --max-frame, the limit clients apply too.
+    size_t max_reply = 16u << 20;
 };
 
 class Worker {

@@ -196,6 +196,26 @@ uint64_t vm_data(pid_t pid) {
 // their reserved space) just above what it uses once a first tokenize of the same size has
 // run on this connection, so the loop already holds its read buffer: the loop's copy of
 // the text fits, the handler's token buffer (4 bytes per text byte) does not.
+TEST_F(HardeningE2E, AReplyLargerThanTheFrameLimitIsAnErrorNotADroppedConnection) {
+    Daemon d;
+    ASSERT_EQ(start(d, {"--max-frame", "1048576", "--input-budget", "4194304"}), "");
+    // The daemon's limit is also the clients' own: a client that kept the default would
+    // accept the big reply, one that did not would drop the connection.
+    Client c(d.socket);
+    std::string text(900u << 10, 'x');
+    for (size_t i = 0; i < text.size(); ++i) text[i] = char('a' + (i * 7919) % 26);   // no long merges
+    try {
+        const size_t n = c.tokenize(text).size();
+        ADD_FAILURE() << "a " << n << "-token reply came back above the 1 MiB frame limit";
+    } catch (const ServerError &e) {
+        EXPECT_EQ(e.code_name, "BadRequest") << e.what();
+        EXPECT_TRUE(contains(e.server_message, "frame limit")) << e.what();
+    }
+    EXPECT_GT(c.tokenize("still here").size(), 0u);   // the connection survived
+    EXPECT_TRUE(contains(read_file(d.log), "exceeds the frame limit")) << read_file(d.log);
+    EXPECT_EQ(d.stop(SIGTERM), 0);
+}
+
 TEST_F(HardeningE2E, AFailedAllocationFailsOnlyItsOwnRequest) {
     Daemon d;
     // Every block of 64 KiB or more is its own mapping, returned when freed: what the
@@ -305,8 +325,11 @@ TEST_F(HardeningE2E, HalfAFrameIsDroppedAfterTheClientTimeout) {
 TEST_F(HardeningE2E, UnfinishedFramesShareOneBudget) {
     Daemon d;
     ASSERT_EQ(start(d, {"--max-frame", "1048576", "--input-budget", "1048576"}), "");
+    // A big request with a small reply (the reply must fit --max-frame too): 225 Ki token ids
+    // of single bytes detokenize to 225 KiB of text.
+    const std::vector<int32_t> ids(225 * 1024, int32_t('x'));
     const std::vector<uint8_t> big = frame([&](auto &fbb) {
-        ds4::ipc::finish_frame(fbb, 2, fb::CreateTokenize(fbb, fbb.CreateString(std::string(900 * 1024, 'x'))));
+        ds4::ipc::finish_frame(fbb, 2, fb::CreateDetokenize(fbb, fbb.CreateVector(ids)));
     });
     const size_t part = 700 * 1024;
     RawConn a(d.socket), b(d.socket);
@@ -324,7 +347,7 @@ TEST_F(HardeningE2E, UnfinishedFramesShareOneBudget) {
     ASSERT_TRUE(a.send(big.data() + part, big.size() - part));
     const fb::Envelope *r = a.next(15000);
     ASSERT_NE(r, nullptr);
-    EXPECT_EQ(r->body_type(), fb::Message::TokenizeResult);
+    EXPECT_EQ(r->body_type(), fb::Message::DetokenizeResult);
     EXPECT_TRUE(contains(read_file(d.log), "(--input-budget 1048576)")) << read_file(d.log);
     EXPECT_EQ(run_cmd({DS4D_PATH, "--model", model_path, "--max-frame", "2097152", "--input-budget", "1048576"},
                       dir->path)
