@@ -57,6 +57,11 @@ std::string parse_meta(const uint8_t *page, Meta *m) {
     if (m->page_size < 512 || m->page_size > 65536 || (m->page_size & (m->page_size - 1)))
         return "names an impossible page size " + std::to_string(m->page_size);
     if (m->last_page < 1) return "names an impossible last page " + std::to_string(m->last_page);
+    // Duplicate-key flags (DUPSORT, DUPFIXED, INTEGERDUP, REVERSEDUP) on the free list or
+    // the main table make LMDB expect sub-cursors it never set up (an assertion, abort).
+    for (int i = 0; i < 2; ++i)
+        if (le(p + 24 + 48 * i + 4, 2) & 0x74)
+            return "records " + std::string(i ? "the main table" : "the free list") + " with duplicate keys";
     for (const uint64_t r : m->roots)
         if (r != kNoPage && (r < 2 || r > m->last_page))
             return "names a table root (page " + std::to_string(r) + ") outside its pages";

@@ -480,6 +480,24 @@ TEST_F(DamagedIndexTest, TableDepthThatIsNotTheTrees) {
     }, true, "levels but is recorded with 65535");
 }
 
+TEST_F(DamagedIndexTest, FreeListFlaggedWithDuplicateKeys) {
+    // Found by fuzz_store_recovery: the free list's record flagged DUPSORT opened, and the
+    // first delete during recovery aborted in LMDB ("Assertion 'mx != NULL' failed in
+    // mdb_cursor_init").
+    damage_and_reopen([](const std::string &f) {
+        const auto bytes = testing::read_file(f);
+        uint64_t best_txn = 0;
+        size_t newest = 0;
+        for (const size_t page : {size_t(0), size_t(4096)}) {
+            uint64_t txn;
+            memcpy(&txn, bytes.data() + page + 16 + 128, 8);
+            if (page == 0 || txn > best_txn) best_txn = txn, newest = page;
+        }
+        const uint8_t flags = uint8_t(bytes[newest + 16 + 24 + 4] | 0x04);   // mm_dbs[FREE_DBI].md_flags |= DUPSORT
+        overwrite(f, newest + 16 + 24 + 4, {flags});
+    }, true, "records the free list with duplicate keys");
+}
+
 TEST_F(DamagedIndexTest, FreeListNamesAPageInUse) {
     // Found by fuzz_store_recovery: a free list naming a live page went unnoticed, and LMDB
     // handed that page out again on a later write (the fuzzer hit "Assertion 'mp->mp_pgno
