@@ -4,12 +4,15 @@ find_program(DS4_CLANGXX NAMES clang++-14 clang++)
 set(DS4_FUZZ_SECONDS 30 CACHE STRING "Seconds each fuzzer runs under ctest")
 
 # ds4_add_fuzzer(NAME SOURCES a.cpp b.cpp [INCLUDES dirs...] [LIBS -lfoo ...] [CORPUS dir]
-#                [DEFINES X=1 ...] [DEPENDS targets/files...])
+#                [DEFINES X=1 ...] [DEPENDS targets/files...] [RUNS n])
+# RUNS: under ctest, run exactly n inputs from a fixed seed instead of DS4_FUZZ_SECONDS of
+# random ones, so CI is reproducible for a target whose input space still hides deep finds
+# (run it by hand without -runs to explore).
 # LIBS may name archives built by the main build ($<TARGET_FILE:lib>; list the target in
 # DEPENDS too): that code is then linked in but not instrumented, so list in SOURCES the
 # sources whose coverage and bounds the fuzzer is about.
 function(ds4_add_fuzzer name)
-  cmake_parse_arguments(F "" "CORPUS" "SOURCES;INCLUDES;LIBS;DEFINES;DEPENDS" ${ARGN})
+  cmake_parse_arguments(F "" "CORPUS;RUNS" "SOURCES;INCLUDES;LIBS;DEFINES;DEPENDS" ${ARGN})
   if(NOT DS4_CLANGXX)
     message(STATUS "ds4: clang++ not found, fuzzer ${name} not built")
     return()
@@ -42,7 +45,11 @@ function(ds4_add_fuzzer name)
   if(F_CORPUS)
     get_filename_component(seed ${F_CORPUS} ABSOLUTE)
   endif()
+  set(budget -max_total_time=${DS4_FUZZ_SECONDS})
+  if(F_RUNS)
+    set(budget "-seed=1 -runs=${F_RUNS}")
+  endif()
   add_test(NAME ${name}
            COMMAND ${CMAKE_COMMAND} -E env ASAN_OPTIONS=detect_leaks=1
-                   sh -c "mkdir -p ${corpus_dir} && exec ${out} -max_total_time=${DS4_FUZZ_SECONDS} -rss_limit_mb=2048 -timeout=10 ${corpus_dir} ${seed}")
+                   sh -c "mkdir -p ${corpus_dir} && exec ${out} ${budget} -rss_limit_mb=2048 -timeout=10 ${corpus_dir} ${seed}")
 endfunction()
