@@ -160,25 +160,6 @@ bool same(const BridgeSnap &a, const BridgeSnap &b) {
            std::memcmp(a.logits.data(), b.logits.data(), a.logits.size() * 4) == 0;
 }
 
-// A copy of session_tail.cpp's checksum (the fuzzer only uses it to get mutated tails past
-// it; if the two drift apart, fixed-up tails are merely rejected).
-uint64_t tail_checksum(const uint8_t *p, size_t n) {
-    uint64_t h = 0x9e3779b97f4a7c15ull ^ n;
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        uint64_t w;
-        std::memcpy(&w, p + i, 8);
-        h = (h ^ (w * 0xff51afd7ed558ccdull)) * 0xc4ceb9fe1a85ec53ull;
-        h = (h << 27) | (h >> 37);
-    }
-    if (i < n) {
-        uint64_t w = 0;
-        std::memcpy(&w, p + i, n - i);
-        h = (h ^ (w * 0xff51afd7ed558ccdull)) * 0xc4ceb9fe1a85ec53ull;
-    }
-    h ^= h >> 33;
-    return h * 0xff51afd7ed558ccdull ^ (h >> 29);
-}
 
 // One Session::load_tail and its invariants.
 void engine_load(const uint8_t *tail, size_t tail_n, const std::vector<int32_t> &toks) {
@@ -286,7 +267,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         // logits get past the checksum and are loaded and run.
         if (tail_n >= 40) {
             std::vector<uint8_t> fixed(tail, tail + tail_n);
-            const uint64_t c = tail_checksum(fixed.data(), tail_n - 8);
+            const uint64_t c = ds4::session_tail_checksum(fixed.data(), tail_n - 8);
             if (std::memcmp(&c, fixed.data() + tail_n - 8, 8) != 0) {
                 std::memcpy(fixed.data() + tail_n - 8, &c, 8);
                 engine_load(fixed.data(), tail_n, toks);

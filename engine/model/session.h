@@ -114,6 +114,10 @@ private:
     std::vector<float> out_;
 };
 
+// The tail's trailing checksum, over its first n bytes (for tools and fuzzers that rewrite
+// tails; the tail codec itself checks it on load).
+uint64_t session_tail_checksum(const uint8_t *p, size_t n);
+
 // One row of a batch-first step across sessions (like llama_batch): the session, its next
 // token and that token's position (the session's length plus the rows of it before this
 // one), and whether its logits are wanted.

@@ -21,26 +21,6 @@ namespace {
 constexpr uint32_t kTailMagic = 0x54345344;   // "DS4T"
 constexpr uint32_t kTailVersion = 2;
 
-// 64-bit checksum over 8-byte words (multiply + rotate per word, several GB/s); the tail
-// is always a multiple of 4 bytes, a last half word is padded with zeros.
-uint64_t tail_checksum(const uint8_t *p, size_t n) {
-    uint64_t h = 0x9e3779b97f4a7c15ull ^ n;
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        uint64_t w;
-        std::memcpy(&w, p + i, 8);
-        h = (h ^ (w * 0xff51afd7ed558ccdull)) * 0xc4ceb9fe1a85ec53ull;
-        h = (h << 27) | (h >> 37);
-    }
-    if (i < n) {
-        uint64_t w = 0;
-        std::memcpy(&w, p + i, n - i);
-        h = (h ^ (w * 0xff51afd7ed558ccdull)) * 0xc4ceb9fe1a85ec53ull;
-    }
-    h ^= h >> 33;
-    return h * 0xff51afd7ed558ccdull ^ (h >> 29);
-}
-
 struct Out {
     std::vector<uint8_t> &b;
     void raw(const void *p, size_t n) {
@@ -65,6 +45,27 @@ struct In {
 };
 
 }  // namespace
+
+// 64-bit checksum over 8-byte words (multiply + rotate per word, several GB/s); the tail
+// is always a multiple of 4 bytes, a last half word is padded with zeros.
+uint64_t session_tail_checksum(const uint8_t *p, size_t n) {
+    uint64_t h = 0x9e3779b97f4a7c15ull ^ n;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        std::memcpy(&w, p + i, 8);
+        h = (h ^ (w * 0xff51afd7ed558ccdull)) * 0xc4ceb9fe1a85ec53ull;
+        h = (h << 27) | (h >> 37);
+    }
+    if (i < n) {
+        uint64_t w = 0;
+        std::memcpy(&w, p + i, n - i);
+        h = (h ^ (w * 0xff51afd7ed558ccdull)) * 0xc4ceb9fe1a85ec53ull;
+    }
+    h ^= h >> 33;
+    return h * 0xff51afd7ed558ccdull ^ (h >> 29);
+}
+
 
 namespace {
 
@@ -132,7 +133,7 @@ std::vector<uint8_t> Session::save_tail() const {
         }
     }
     o.raw(logits_.data(), logits_.size() * 4);
-    o.pod(tail_checksum(buf.data(), buf.size()));
+    o.pod(session_tail_checksum(buf.data(), buf.size()));
     return buf;
 }
 
@@ -160,7 +161,7 @@ void Session::load_tail(const uint8_t *data, size_t size, std::span<const int32_
     {
         uint64_t stored;
         std::memcpy(&stored, data + size - 8, 8);
-        if (stored != tail_checksum(data, size - 8)) fail("session tail: checksum mismatch (the payload is corrupt)");
+        if (stored != session_tail_checksum(data, size - 8)) fail("session tail: checksum mismatch (the payload is corrupt)");
     }
     // Validated: now mutate.
     ++generation_;
