@@ -9,23 +9,14 @@
 #include "engine/model/model.h"
 #include "engine/model/session.h"
 #include "tests/engine/fixture.h"
+#include "tests/engine/mix_model_test.h"
 
 using namespace ds4;
 using namespace ds4test;
 
 namespace {
 
-struct BatchTest : ::testing::Test {
-    static void SetUpTestSuite() {
-        fx = new RefFixture(load_fixture("mix"));
-        model = Model::open(converted_gguf("mix", "f32"), {2}).release();
-    }
-    static void TearDownTestSuite() {
-        delete model;
-        delete fx;
-    }
-    static RefFixture *fx;
-    static Model *model;
+struct BatchTest : MixModelTest<BatchTest> {
     // Session i's prompt: a different slice of the fixture's tokens, 3..38 long.
     static std::vector<int32_t> prompt(int i) {
         const int len = 3 + 5 * i, off = (7 * i) % 20;
@@ -34,8 +25,6 @@ struct BatchTest : ::testing::Test {
     // Session i's continuation tokens (fixed, so alone and batched see the same input).
     static int32_t next_token(int i, int step) { return fx->tokens[(11 * i + 3 * step + 1) % fx->tokens.size()]; }
 };
-RefFixture *BatchTest::fx;
-Model *BatchTest::model;
 
 double rel(const std::vector<float> &ref, const std::vector<float> &got) {
     EXPECT_EQ(ref.size(), got.size());

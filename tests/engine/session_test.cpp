@@ -8,27 +8,16 @@
 #include "engine/model/model.h"
 #include "engine/model/session.h"
 #include "tests/engine/fixture.h"
+#include "tests/engine/mix_model_test.h"
 
 using namespace ds4;
 using namespace ds4test;
 
 namespace {
 
-struct SessionTest : ::testing::Test {
-    static void SetUpTestSuite() {
-        fx = new RefFixture(load_fixture("mix"));
-        model = Model::open(converted_gguf("mix", "f32"), {2}).release();
-    }
-    static void TearDownTestSuite() {
-        delete model;
-        delete fx;
-    }
-    static RefFixture *fx;
-    static Model *model;
+struct SessionTest : MixModelTest<SessionTest> {
     std::span<const int32_t> toks(size_t n) const { return std::span<const int32_t>(fx->tokens).first(n); }
 };
-RefFixture *SessionTest::fx;
-Model *SessionTest::model;
 
 std::vector<float> row(const RefFixture &fx, size_t i) {
     return std::vector<float>(fx.logits.begin() + i * fx.vocab, fx.logits.begin() + (i + 1) * fx.vocab);

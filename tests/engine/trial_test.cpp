@@ -10,26 +10,14 @@
 #include "engine/model/model.h"
 #include "engine/model/session.h"
 #include "tests/engine/fixture.h"
+#include "tests/engine/mix_model_test.h"
 
 using namespace ds4;
 using namespace ds4test;
 
 namespace {
 
-struct TrialTest : ::testing::Test {
-    static void SetUpTestSuite() {
-        fx = new RefFixture(load_fixture("mix"));
-        model = Model::open(converted_gguf("mix", "f32"), {2}).release();
-    }
-    static void TearDownTestSuite() {
-        delete model;
-        delete fx;
-    }
-    static RefFixture *fx;
-    static Model *model;
-};
-RefFixture *TrialTest::fx;
-Model *TrialTest::model;
+struct TrialTest : MixModelTest<TrialTest> {};
 
 double rel(const float *ref, const float *got, size_t n) {
     float mx = 0, d = 0;
