@@ -212,4 +212,38 @@ private:
     ds4_bridge_session *s_ = nullptr;
 };
 
+// One forward step over several sessions (ds4_bridge_batch_eval); borrows the model.
+class Batch {
+public:
+    explicit Batch(Model &m) {
+        detail::Err e;
+        if (ds4_bridge_batch_create(&b_, m.handle(), e.buf, sizeof e.buf) != 0) e.raise("create batch");
+    }
+    ~Batch() { ds4_bridge_batch_free(b_); }
+    Batch(const Batch &) = delete;
+    Batch &operator=(const Batch &) = delete;
+
+    // sessions[i] appends counts[i] tokens, taken in order from `tokens`.
+    void eval(std::span<ds4_bridge_session *const> sessions, std::span<const int32_t> counts,
+              std::span<const int32_t> tokens) {
+        size_t total = 0;
+        for (int32_t c : counts) total += size_t(c > 0 ? c : 0);
+        if (sessions.size() != counts.size() || total != tokens.size())
+            throw BridgeError("batch eval: sessions, counts and tokens disagree in size");
+        detail::Err e;
+        if (ds4_bridge_batch_eval(b_, sessions.data(), counts.data(), int(sessions.size()), tokens.data(), e.buf,
+                                  sizeof e.buf) != 0)
+            e.raise("batch eval");
+    }
+    ds4_bridge_batch_stats_t stats() const {
+        ds4_bridge_batch_stats_t s{};
+        detail::Err e;
+        if (ds4_bridge_batch_stats(b_, &s, e.buf, sizeof e.buf) != 0) e.raise("batch stats");
+        return s;
+    }
+
+private:
+    ds4_bridge_batch *b_ = nullptr;
+};
+
 }  // namespace ds4::bridge

@@ -412,6 +412,89 @@ int ds4_bridge_session_top_logprobs(ds4_bridge_session *s, int n, int32_t *ids, 
     });
 }
 
+// ---- batches ----
+
+struct ds4_bridge_batch {
+    ds4_bridge_model *model = nullptr;
+    std::vector<ds4::BatchRow> rows;   // reused across steps
+    ds4_bridge_batch_stats_t stats{};
+};
+
+int ds4_bridge_batch_create(ds4_bridge_batch **out, ds4_bridge_model *m, char *err, size_t errlen) {
+    NEED(out, "out is NULL");
+    *out = nullptr;
+    NEED(m, "model is NULL");
+    return guarded(err, errlen, [&] {
+        auto b = std::make_unique<ds4_bridge_batch>();
+        b->model = m;
+        *out = b.release();
+        return 0;
+    });
+}
+
+void ds4_bridge_batch_free(ds4_bridge_batch *b) { delete b; }
+
+int ds4_bridge_batch_eval(ds4_bridge_batch *b, ds4_bridge_session *const *sessions, const int32_t *counts,
+                          int n_sessions, const int32_t *tokens, char *err, size_t errlen) {
+    NEED(b, "batch is NULL");
+    NEED(n_sessions > 0, "n_sessions must be positive");
+    NEED(sessions && counts && tokens, "sessions, counts or tokens is NULL");
+    // The engine checks rows again before it runs; these checks name the caller's mistake
+    // in the caller's terms (session i, not row r).
+    int64_t total = 0;
+    for (int i = 0; i < n_sessions; ++i) {
+        ds4_bridge_session *s = sessions[i];
+        if (!s) return bad(err, errlen, ("sessions[" + std::to_string(i) + "] is NULL").c_str());
+        if (s->owner != b->model)
+            return bad(err, errlen, ("sessions[" + std::to_string(i) + "] belongs to another model").c_str());
+        if (s->in_callback)
+            return bad(err, errlen, ("sessions[" + std::to_string(i) + "] is inside its progress callback").c_str());
+        for (int k = 0; k < i; ++k)
+            if (sessions[k] == s)
+                return bad(err, errlen, ("sessions[" + std::to_string(i) + "] appears twice").c_str());
+        if (counts[i] < 1 || counts[i] > s->s->prefill_cap()) {
+            set_err(err, errlen, "counts[" + std::to_string(i) + "] is " + std::to_string(counts[i]) + ", outside [1, " +
+                                     std::to_string(s->s->prefill_cap()) + "] (the session's prefill cap)");
+            return -1;
+        }
+        total += counts[i];
+    }
+    return guarded(err, errlen, [&] {
+        b->rows.clear();
+        b->rows.reserve(size_t(total));
+        const int32_t *t = tokens;
+        for (int i = 0; i < n_sessions; ++i) {
+            ds4::Session *s = sessions[i]->s.get();
+            for (int k = 0; k < counts[i]; ++k)
+                b->rows.push_back(ds4::BatchRow{s, *t++, int64_t(s->pos()) + k, k + 1 == counts[i]});
+        }
+        std::vector<uint64_t> gens(static_cast<size_t>(n_sessions));
+        for (int i = 0; i < n_sessions; ++i) gens[size_t(i)] = sessions[i]->s->generation();
+        try {
+            ds4::forward_batch(*b->model->ex, b->rows, nullptr);
+        } catch (...) {
+            // Rejected before running: nothing changed. Otherwise the engine invalidated them.
+            for (int i = 0; i < n_sessions; ++i)
+                if (sessions[i]->s->generation() != gens[size_t(i)]) {
+                    ++b->stats.failed;
+                    break;
+                }
+            throw;
+        }
+        ++b->stats.steps;
+        b->stats.rows += uint64_t(total);
+        b->stats.sessions += uint64_t(n_sessions);
+        return 0;
+    });
+}
+
+int ds4_bridge_batch_stats(ds4_bridge_batch *b, ds4_bridge_batch_stats_t *out, char *err, size_t errlen) {
+    NEED(b, "batch is NULL");
+    NEED(out, "out is NULL");
+    *out = b->stats;
+    return 0;
+}
+
 int ds4_bridge_session_pos(ds4_bridge_session *s) { return s ? s->s->pos() : -1; }
 int ds4_bridge_session_ctx(ds4_bridge_session *s) { return s ? s->s->ctx() : -1; }
 

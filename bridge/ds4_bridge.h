@@ -123,6 +123,33 @@ DS4_BRIDGE_API int ds4_bridge_session_prefill_cap(ds4_bridge_session *s);    /* 
 DS4_BRIDGE_API int ds4_bridge_session_top_logprobs(ds4_bridge_session *s, int n, int32_t *ids, float *logprobs,
                                                    int *n_out, char *err, size_t errlen);
 
+/* --- batches: one forward step over several sessions -------------------------------- */
+/* A batch runs decode tokens of some sessions and prefill chunks of others in one step, so
+ * the weights are read once for all of them (continuous batching). It borrows its model
+ * (free the batch first) and, for each call only, the sessions it is given. Like sessions it
+ * is thread-affine and shares the model's thread pool. */
+typedef struct ds4_bridge_batch ds4_bridge_batch;
+typedef struct {
+    uint64_t steps;    /* ds4_bridge_batch_eval calls that ran */
+    uint64_t rows;     /* tokens evaluated in them */
+    uint64_t sessions; /* session segments in them (steps * mean sessions per step) */
+    uint64_t failed;   /* steps that failed after the engine started (sessions invalidated) */
+} ds4_bridge_batch_stats_t;
+
+DS4_BRIDGE_API int ds4_bridge_batch_create(ds4_bridge_batch **out, ds4_bridge_model *m, char *err, size_t errlen);
+DS4_BRIDGE_API void ds4_bridge_batch_free(ds4_bridge_batch *b);
+/* Appends counts[i] tokens to sessions[i] for i < n_sessions, in one step; `tokens` holds
+ * them back to back (sum of counts). Sessions are distinct, of the batch's model, not in a
+ * callback; 1 <= counts[i] <= ds4_bridge_session_prefill_cap(sessions[i]); each fits its
+ * context. Afterwards every session's logits are those after its last token, exactly as
+ * if it had evaluated its tokens alone. Rejected arguments change nothing; a failure
+ * inside the step invalidates every session in it (their generations bump). */
+DS4_BRIDGE_API int ds4_bridge_batch_eval(ds4_bridge_batch *b, ds4_bridge_session *const *sessions,
+                                         const int32_t *counts, int n_sessions, const int32_t *tokens, char *err,
+                                         size_t errlen);
+DS4_BRIDGE_API int ds4_bridge_batch_stats(ds4_bridge_batch *b, ds4_bridge_batch_stats_t *out, char *err,
+                                          size_t errlen);
+
 /* --- payloads (docs/ARCHITECTURE.md section 4) ------------------------------------- */
 DS4_BRIDGE_API int ds4_bridge_session_save_payload(ds4_bridge_session *s, const char *path, char *err, size_t errlen);
 DS4_BRIDGE_API int ds4_bridge_session_load_payload(ds4_bridge_session *s, const char *path, char *err, size_t errlen);
