@@ -1,0 +1,129 @@
+// The step planner's fairness rules (daemon/scheduler.h), simulated over many steps the way
+// the worker drives it: candidates in round-robin order, those that ran moved to the back.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+
+#include "daemon/scheduler.h"
+
+using namespace ds4::daemon;
+
+namespace {
+
+struct Req {
+    int id;
+    bool decoding;
+    uint32_t prefill_left;
+    uint64_t arrival;
+};
+
+// Runs `steps` steps; returns, per request id, the steps in which it ran, and checks the
+// per-step invariants on the way.
+std::map<int, std::vector<int>> simulate(std::vector<Req> reqs, const StepLimits &lim, int steps, uint32_t cap = 256) {
+    std::map<int, std::vector<int>> ran;
+    for (int s = 0; s < steps; ++s) {
+        std::vector<StepCandidate> c;
+        for (const Req &r : reqs) c.push_back({r.decoding, r.prefill_left, cap, r.arrival});
+        const auto plan = plan_step(c, lim);
+        uint32_t rows = 0;
+        std::vector<bool> used(reqs.size(), false);
+        for (const PlannedSegment &p : plan) {
+            EXPECT_LT(p.candidate, reqs.size());
+            EXPECT_FALSE(used[p.candidate]) << "a request twice in one step";
+            used[p.candidate] = true;
+            const Req &r = reqs[p.candidate];
+            if (r.decoding) EXPECT_EQ(p.rows, 1u);
+            else {
+                EXPECT_GE(p.rows, 1u);
+                EXPECT_LE(p.rows, std::min({r.prefill_left, lim.prefill_chunk, cap}));
+            }
+            rows += p.rows;
+        }
+        EXPECT_LE(plan.size(), lim.max_batch);
+        EXPECT_LE(rows, lim.step_tokens);
+        // Apply: prefill advances (and becomes decoding when done); ran ones go to the back.
+        std::vector<Req> front, back;
+        for (size_t i = 0; i < reqs.size(); ++i) {
+            Req r = reqs[i];
+            if (used[i]) {
+                ran[r.id].push_back(s);
+                for (const PlannedSegment &p : plan)
+                    if (p.candidate == i && !r.decoding) {
+                        r.prefill_left -= p.rows;
+                        if (r.prefill_left == 0) r.decoding = true;
+                    }
+                back.push_back(r);
+            } else {
+                front.push_back(r);
+            }
+        }
+        front.insert(front.end(), back.begin(), back.end());
+        reqs = front;
+    }
+    return ran;
+}
+
+TEST(StepPlanner, NothingReadyPlansNothing) {
+    EXPECT_TRUE(plan_step({}, StepLimits{}).empty());
+    EXPECT_TRUE(plan_step({{false, 0, 256, 1}}, StepLimits{}).empty());
+}
+
+TEST(StepPlanner, AllDecodersShareEachStepUpToMaxBatch) {
+    std::vector<Req> reqs;
+    for (int i = 0; i < 8; ++i) reqs.push_back({i, true, 0, uint64_t(i)});
+    const auto ran = simulate(reqs, StepLimits{16, 512, 256}, 10);
+    for (int i = 0; i < 8; ++i) EXPECT_EQ(ran.at(i).size(), 10u) << "decoder " << i << " missed a step";
+}
+
+TEST(StepPlanner, BeyondMaxBatchDecodersRotateWithBoundedWait) {
+    std::vector<Req> reqs;
+    for (int i = 0; i < 40; ++i) reqs.push_back({i, true, 0, uint64_t(i)});
+    const StepLimits lim{16, 512, 256};
+    const auto ran = simulate(reqs, lim, 60);
+    for (int i = 0; i < 40; ++i) {
+        const auto &v = ran.at(i);
+        ASSERT_FALSE(v.empty());
+        EXPECT_LE(v.front(), 2) << "decoder " << i << " waited too long to start";
+        for (size_t k = 1; k < v.size(); ++k) EXPECT_LE(v[k] - v[k - 1], 3) << "decoder " << i;
+        // Equal shares over the run: 60 steps * 16 rows / 40 decoders = 24 each.
+        EXPECT_NEAR(double(v.size()), 24.0, 1.0) << "decoder " << i;
+    }
+}
+
+TEST(StepPlanner, APromptAdvancesEveryStepWhileAFullBatchDecodes) {
+    std::vector<Req> reqs;
+    for (int i = 0; i < 16; ++i) reqs.push_back({i, true, 0, uint64_t(i)});
+    reqs.push_back({99, false, 1000, 100});
+    const StepLimits lim{16, 512, 256};
+    const auto ran = simulate(reqs, lim, 6);
+    // ceil(1000 / 256) = 4 prefill steps in a row, then it decodes in rotation with the others.
+    ASSERT_GE(ran.at(99).size(), 5u);
+    for (int s = 0; s < 4; ++s) EXPECT_EQ(ran.at(99)[size_t(s)], s);
+    EXPECT_LE(ran.at(99)[4], 5);
+    // Decoders keep 15 of 16 slots meanwhile: each still runs at least every other step.
+    for (int i = 0; i < 16; ++i) EXPECT_GE(ran.at(i).size(), 3u) << "decoder " << i;
+}
+
+TEST(StepPlanner, PrefillsAreOldestFirstWithinTheTokenBudget) {
+    std::vector<StepCandidate> c = {{false, 300, 256, 7}, {true, 0, 256, 1}, {false, 50, 256, 3}, {false, 900, 128, 5}};
+    const auto plan = plan_step(c, StepLimits{16, 400, 256});
+    ASSERT_EQ(plan.size(), 4u);
+    EXPECT_EQ(plan[0].candidate, 1u);  // the decode row
+    EXPECT_EQ(plan[1].candidate, 2u);  // arrival 3: all 50
+    EXPECT_EQ(plan[1].rows, 50u);
+    EXPECT_EQ(plan[2].candidate, 3u);  // arrival 5: its cap of 128
+    EXPECT_EQ(plan[2].rows, 128u);
+    EXPECT_EQ(plan[3].candidate, 0u);  // arrival 7: what the budget leaves, 400 - 1 - 50 - 128
+    EXPECT_EQ(plan[3].rows, 221u);
+}
+
+TEST(StepPlanner, MaxBatchOneTimeSlicesRoundRobin) {
+    std::vector<Req> reqs = {{0, true, 0, 0}, {1, false, 600, 1}, {2, true, 0, 2}};
+    const auto ran = simulate(reqs, StepLimits{1, 512, 256}, 9);
+    EXPECT_EQ(ran.at(0).size(), 3u);
+    EXPECT_EQ(ran.at(1).size(), 3u);
+    EXPECT_EQ(ran.at(2).size(), 3u);
+}
+
+}  // namespace
