@@ -489,6 +489,25 @@ Stats Client::stats() {
     s.prefill_tok_s = r->prefill_tok_s();
     s.decode_tok_s = r->decode_tok_s();
     s.saves_failed = r->saves_failed();
+    s.steps = r->steps();
+    s.step_rows = r->step_rows();
+    s.step_requests = r->step_requests();
+    s.step_seconds = r->step_seconds();
+    s.max_batch = r->max_batch();
+    s.step_tokens = r->step_tokens();
+    if (r->streams())
+        for (const fb::StreamStats *x : *r->streams()) {
+            if (!x) continue;
+            Stats::Stream st;
+            st.request_id = x->request_id();
+            if (x->session()) st.session = x->session()->str();
+            st.prefilling = x->prefilling();
+            st.prompt_tokens = x->prompt_tokens();
+            st.prefilled = x->prefilled();
+            st.generated = x->generated();
+            st.tok_s = x->tok_s();
+            s.streams.push_back(std::move(st));
+        }
     if (const fb::MemoryStats *m = r->memory()) {
         s.memory.weights_bytes = m->weights_bytes();
         s.memory.cache_bytes = m->cache_bytes();

@@ -308,6 +308,21 @@ int cmd_stats(Client &client) {
                     bytes(s.memory.device_total).c_str());
     std::printf("\n");
     std::printf("store        %llu failed session saves\n", static_cast<unsigned long long>(s.saves_failed));
+    if (s.steps) {
+        const double rows = double(s.step_rows) / double(s.steps), reqs = double(s.step_requests) / double(s.steps);
+        std::printf("batching     %llu steps, %.2f requests and %.1f tokens per step (occupancy %.0f%% of "
+                    "--max-batch %u, --step-tokens %u), %.1f steps/s while busy\n",
+                    static_cast<unsigned long long>(s.steps), reqs, rows, s.max_batch ? 100.0 * reqs / s.max_batch : 0.0,
+                    s.max_batch, s.step_tokens, s.step_seconds > 0 ? double(s.steps) / s.step_seconds : 0.0);
+    }
+    for (const Stats::Stream &x : s.streams) {
+        if (x.prefilling)
+            std::printf("  request %-6llu %-16s prefill %u/%u tokens\n", static_cast<unsigned long long>(x.request_id),
+                        x.session.empty() ? "(one-shot)" : x.session.c_str(), x.prefilled, x.prompt_tokens);
+        else
+            std::printf("  request %-6llu %-16s %u tokens, %.1f tok/s\n", static_cast<unsigned long long>(x.request_id),
+                        x.session.empty() ? "(one-shot)" : x.session.c_str(), x.generated, x.tok_s);
+    }
     return kExitOk;
 }
 

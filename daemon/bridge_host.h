@@ -70,6 +70,9 @@ public:
     int32_t argmax();
     int32_t sample(float temperature, int top_k, float top_p, float min_p, uint64_t *rng);
     int pos();
+    void rewind(int pos) { s_.rewind(pos); }
+    int prefill_cap() const { return s_.prefill_cap(); }
+    ds4_bridge_session *handle() const { return s_.handle(); }
     // The whole state as a payload (docs/ARCHITECTURE.md §4), and its inverse.
     std::vector<uint8_t> save_payload();
     void load_payload(std::span<const uint8_t> bytes);

@@ -88,6 +88,8 @@ int main(int argc, char **argv) {
         wc.ctx = opt.ctx;
         wc.max_sessions = opt.max_sessions;
         wc.prefill_chunk = opt.prefill_chunk;
+        wc.max_batch = opt.max_batch;
+        wc.step_tokens = opt.step_tokens;
         wc.queue_bytes = opt.queue_bytes;
         wc.max_reply = opt.max_frame;
         wc.store = store.get();

@@ -52,7 +52,12 @@ std::string daemon_usage() {
            "  --threads N            CPU threads (default 0: all cores)\n"
            "  --backend B            auto (default: CUDA, else CPU), cpu or cuda\n"
            "  --max-sessions N       sessions held at once (default 64)\n"
-           "  --prefill-chunk N      prefill tokens per scheduling step, so other sessions keep\n"
+           "  --max-batch N          requests that share one forward step: every generating\n"
+           "                         request decodes a token per step, waiting prompts get a\n"
+           "                         prefill chunk in it (default 16; 1: one request per step)\n"
+           "  --step-tokens N        tokens per forward step, decode rows and prefill chunks\n"
+           "                         together (default 512; more than --max-batch)\n"
+           "  --prefill-chunk N      prefill tokens of one request per step, so the others keep\n"
            "                         streaming during a long prompt (default 256)\n"
            "  --max-frame BYTES      largest request frame accepted (default 16777216)\n"
            "  --queue-bytes BYTES    unsent output per connection before its generation pauses\n"
@@ -112,6 +117,10 @@ DaemonOptions parse_daemon_args(int argc, const char *const *argv) {
             else throw UsageError("--backend must be auto, cpu or cuda, got \"" + b + "\"");
         } else if (a == "--max-sessions") {
             o.max_sessions = uint32_t(parse_uint(a, value(i, a), 1, 100000));
+        } else if (a == "--max-batch") {
+            o.max_batch = uint32_t(parse_uint(a, value(i, a), 1, 1024));
+        } else if (a == "--step-tokens") {
+            o.step_tokens = uint32_t(parse_uint(a, value(i, a), 1, 1u << 20));
         } else if (a == "--prefill-chunk") {
             o.prefill_chunk = uint32_t(parse_uint(a, value(i, a), 1, 1u << 20));
         } else if (a == "--max-frame") {
@@ -137,6 +146,9 @@ DaemonOptions parse_daemon_args(int argc, const char *const *argv) {
     if (o.input_budget < o.max_frame)
         throw UsageError("--input-budget (" + std::to_string(o.input_budget) + ") must be at least --max-frame (" +
                          std::to_string(o.max_frame) + "), or no frame of full size could be received");
+    if (o.step_tokens <= o.max_batch && o.max_batch > 1)
+        throw UsageError("--step-tokens (" + std::to_string(o.step_tokens) + ") must exceed --max-batch (" +
+                         std::to_string(o.max_batch) + "): every step keeps room for a prefill chunk");
     if (o.socket_path.empty()) o.socket_path = ipc::default_socket_path();
     if (o.socket_path.size() > ipc::kMaxSocketPath)
         throw UsageError("socket path is longer than " + std::to_string(ipc::kMaxSocketPath) +

@@ -25,7 +25,9 @@ struct DaemonOptions {
     int32_t threads = 0;              // 0: all cores
     enum class Backend { Auto, Cpu, Cuda } backend = Backend::Auto;
     uint32_t max_sessions = 64;
-    uint32_t prefill_chunk = 256;     // tokens per scheduling step of a prefill
+    uint32_t prefill_chunk = 256;     // prefill tokens of one request per step
+    uint32_t max_batch = 16;          // requests sharing one forward step
+    uint32_t step_tokens = 512;       // tokens per forward step
     size_t max_frame = 16u << 20;     // largest accepted request frame
     size_t queue_bytes = 1u << 20;    // per-connection output bound (back-pressure)
     uint32_t max_inflight = 64;       // requests per connection at once

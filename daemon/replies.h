@@ -27,6 +27,17 @@ struct StatsFields {
     double prefill_tok_s = 0, decode_tok_s = 0;
     MemorySnapshot memory;
     uint64_t saves_failed = 0;
+    uint64_t steps = 0, step_rows = 0, step_requests = 0;
+    double step_seconds = 0;
+    uint32_t max_batch = 0, step_tokens = 0;
+    struct Stream {
+        uint64_t request_id = 0;
+        std::string session;
+        bool prefilling = false;
+        uint32_t prompt_tokens = 0, prefilled = 0, generated = 0;
+        double tok_s = 0;
+    };
+    std::vector<Stream> streams;
 };
 
 struct SessionListEntry {

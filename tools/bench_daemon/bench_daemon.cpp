@@ -26,12 +26,12 @@
 
 #include "bridge/ds4.hpp"
 #include "client/ds4client.hpp"
+#include "tools/bench_daemon/own_daemon.h"
 
 #ifndef DS4D_DEFAULT_PATH
 #define DS4D_DEFAULT_PATH "ds4d"
 #endif
 
-extern "C" char **environ;
 
 namespace {
 
@@ -126,52 +126,6 @@ Args parse(int argc, char **argv) {
     return a;
 }
 
-// A private ds4d for the run.
-struct OwnDaemon {
-    pid_t pid = -1;
-    std::string dir, socket;
-    ~OwnDaemon() {
-        if (pid > 0) {
-            kill(pid, SIGTERM);
-            waitpid(pid, nullptr, 0);
-        }
-        if (!dir.empty()) std::filesystem::remove_all(dir);
-    }
-    void start(const Args &a) {
-        char tmpl[] = "/tmp/ds4-bench-daemon-XXXXXX";
-        if (!mkdtemp(tmpl)) throw std::runtime_error("mkdtemp failed");
-        dir = tmpl;
-        socket = dir + "/ds4.sock";
-        const std::string log = dir + "/ds4d.log";
-        std::vector<std::string> argv = {a.ds4d, "--model", a.model, "--socket", socket, "--backend", "cpu",
-                                         "--threads", std::to_string(a.threads)};
-        std::vector<char *> av;
-        for (auto &s : argv) av.push_back(s.data());
-        av.push_back(nullptr);
-        posix_spawn_file_actions_t fa;
-        posix_spawn_file_actions_init(&fa);
-        posix_spawn_file_actions_addopen(&fa, 2, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        int rc = posix_spawn(&pid, av[0], &fa, nullptr, av.data(), environ);
-        posix_spawn_file_actions_destroy(&fa);
-        if (rc != 0) throw std::runtime_error("cannot start " + a.ds4d + " (use --ds4d PATH)");
-        const auto deadline = Clock::now() + std::chrono::seconds(120);
-        while (Clock::now() < deadline) {
-            int st = 0;
-            if (waitpid(pid, &st, WNOHANG) == pid) {
-                pid = -1;
-                throw std::runtime_error("ds4d exited during start-up; see " + log);
-            }
-            try {
-                ds4::client::Client probe(socket, "bench-probe");
-                return;
-            } catch (const ds4::client::ConnectError &) {
-                std::this_thread::sleep_for(std::chrono::milliseconds(20));
-            }
-        }
-        throw std::runtime_error("ds4d did not listen within 120 s");
-    }
-};
-
 // The machine's floor: a one-byte ping-pong between two threads over a socketpair (two
 // wake-ups per round trip, as a daemon request has four).
 double thread_ping_pong_us(int iters) {
@@ -213,7 +167,7 @@ int main(int argc, char **argv) {
         OwnDaemon own;
         std::string socket = a.socket;
         if (socket.empty()) {
-            own.start(a);
+            own.start(a.ds4d, {"--model", a.model, "--backend", "cpu", "--threads", std::to_string(a.threads)});
             socket = own.socket;
         }
         ds4::client::Client client(socket, "ds4-bench-daemon");

@@ -1,0 +1,265 @@
+// The worker's internals, shared by the files that implement it: worker.cpp (thread,
+// commands, the loop), handlers.cpp (requests), generation.cpp (batched steps and the job
+// lifecycle), session_table.cpp (live sessions) and persistence.cpp (the store). Only
+// those include this header; everything here runs on the worker thread unless marked.
+#pragma once
+#include <chrono>
+#include <condition_variable>
+#include <future>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "daemon/bridge_host.h"
+#include "daemon/replies.h"
+#include "daemon/scheduler.h"
+#include "daemon/session_saver.h"
+#include "daemon/text_stream.h"
+#include "daemon/worker.h"
+
+namespace ds4::daemon {
+
+namespace fb = ipc::fb;
+using Clock = std::chrono::steady_clock;
+
+constexpr size_t kPoolMax = 4;  // idle bridge sessions kept for one-shot requests
+
+inline uint64_t splitmix64(uint64_t x) {
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+inline size_t common_prefix(const std::vector<int32_t> &a, const std::vector<int32_t> &b) {
+    const size_t n = std::min(a.size(), b.size());
+    size_t i = 0;
+    while (i < n && a[i] == b[i]) ++i;
+    return i;
+}
+
+inline uint64_t ns_since(Clock::time_point t0) {
+    return uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
+}
+
+struct Job;
+
+// A session the worker holds in memory: its conversation and the bridge state of it.
+struct LiveSession {
+    uint64_t id = 0;
+    std::string name;         // empty: anonymous
+    uint64_t owner = 0;       // connection owning an anonymous session; 0 for named
+    uint32_t ctx = 0;
+    bool ephemeral = false;   // one-shot: freed when its request ends
+    std::vector<int32_t> history;    // the whole conversation
+    std::unique_ptr<BridgeSession> bridge;
+    std::vector<int32_t> evaluated;  // the tokens the bridge session holds
+    Job *busy = nullptr;
+    uint64_t created_unix = 0, used_unix = 0;
+};
+
+// One Generate request from arrival to Done: prefill (in chunks), then decode.
+struct Job {
+    std::shared_ptr<ConnShared> conn;
+    uint64_t rid = 0;
+    uint64_t arrival = 0;        // order of arrival: prefills are served oldest first
+    LiveSession *session = nullptr;
+    std::unique_ptr<LiveSession> ephemeral;
+    GenerateParams p;
+    std::vector<int32_t> full;   // history + prompt: what prefill must reach
+    size_t base_len = 0;         // history length before this request
+    uint32_t prompt_tokens = 0;
+    size_t cached = 0;
+    size_t synced = 0;           // prefill frontier: the session holds full[0, synced)
+    bool started = false;
+    bool decoding = false;
+    int32_t pending = -1;        // sampled, streamed, not yet evaluated
+    uint32_t generated = 0;
+    uint64_t rng = 0;
+    TextStream text;
+    uint64_t prefill_ns = 0, decode_ns = 0;
+    Clock::time_point first_token_at{};
+    size_t last_checkpoint = 0;  // prefill frontier of the last checkpoint (or the cached start)
+    uint32_t checkpoints = 0;
+};
+
+struct Pooled {
+    std::unique_ptr<BridgeSession> bridge;
+    std::vector<int32_t> evaluated;
+};
+
+struct Command {
+    enum class Kind { Request, Cancel, Disconnect, Shutdown } kind;
+    Request request;
+    std::shared_ptr<ConnShared> conn;
+    uint64_t target = 0;
+    std::chrono::milliseconds grace{0};
+};
+
+struct Worker::Impl {
+    WorkerConfig cfg;
+    OutQueue &out;
+    std::thread thread;
+
+    // Shared with other threads.
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<Command> commands;
+    bool woken = false;
+
+    // Worker thread only (model_summary/default_ctx are read-only after start()).
+    std::unique_ptr<BridgeModel> model;
+    std::unique_ptr<ds4::bridge::Batch> batch;
+    ModelSummary model_summary;
+    uint32_t default_ctx = 0;
+    std::vector<int32_t> template_prefix;
+    std::unordered_map<uint64_t, std::unique_ptr<LiveSession>> sessions;
+    std::unordered_map<std::string, uint64_t> names;
+    uint64_t next_session = 1;
+    uint64_t next_arrival = 1;
+    std::list<std::unique_ptr<Job>> jobs;  // round-robin order: those that ran go to the back
+    std::vector<Pooled> pool;
+    bool stopping = false;
+    Clock::time_point deadline;
+    Clock::time_point started_at = Clock::now();
+
+    // Persistence (cfg.store non-null).
+    std::unique_ptr<SessionSaver> saver;
+    uint64_t fingerprint = 0;
+    std::set<std::string> quarantined;  // names whose stored payload failed its checks
+    kvstore::LoadedPayload loadbuf;     // reused across loads
+    bool saving_suppressed = false;     // the session is being deleted
+
+    // Counters for Stats.
+    uint64_t requests_total = 0, tokens_in = 0, tokens_cached = 0, tokens_out = 0;
+    uint64_t prefill_tokens = 0, prefill_ns_total = 0, decode_ns_total = 0;
+    uint64_t steps = 0, step_rows = 0, step_sessions = 0, step_ns_total = 0;
+
+    Impl(WorkerConfig c, OutQueue &o) : cfg(std::move(c)), out(o) {}
+
+    // ---- output (worker.cpp) ----
+
+    void emit(const std::shared_ptr<ConnShared> &conn, uint64_t rid, Frame &&bytes, bool final);
+
+    void reply_error(const Request &r, fb::ErrorCode code, const std::string &msg);
+
+    // ---- start-up (worker.cpp) ----
+
+    void open_model();
+
+    // ---- persistence (persistence.cpp) ----
+
+    enum class Loaded { Yes, Absent, Failed };
+
+    // Loads the stored session `name` into s (bridge, history, ctx). Failed: code/msg say why.
+    Loaded load_stored(const std::string &name, uint32_t ctx_req, LiveSession &s, fb::ErrorCode *code, std::string *msg);
+
+    // Brings the bridge up to the whole history when only the turn's last sampled token is
+    // missing, so a payload of it resumes exactly where the conversation stands.
+    void settle(LiveSession *s);
+
+    // After a turn of a named session: queue its state for the store thread.
+    void persist(LiveSession *s);
+
+    // Before a prefill: when much of it is uncached, start from the longest stored prefix.
+    void reuse_stored_prefix(Job &j);
+
+    // At a prefill chunk frontier: the session holds exactly full[0, target).
+    void maybe_checkpoint(Job &j, size_t target);
+
+    // ---- sessions (session_table.cpp) ----
+
+    LiveSession *lookup(const std::shared_ptr<ConnShared> &conn, uint64_t id);
+
+    void erase_session(LiveSession *s);
+
+    void ensure_bridge(Job &j);
+
+    void release_to_pool(LiveSession *s);
+
+    // A live session asked for a larger context (e.g. because it filled its own): its state
+    // moves into a bigger bridge session through a payload. Empty on success, else why not.
+    std::string grow_ctx(LiveSession *s, uint32_t ctx);
+
+    // ---- requests (handlers.cpp) ----
+
+    // When a stored session `name` was evicted to keep the store's budget (and not stored
+    // since): a note saying so; empty otherwise.
+    std::string eviction_note(const std::string &name) const;
+
+    static std::string utc_time(uint64_t unix_s);
+
+    // Why the latest save of this session failed (its stored version is behind); empty if
+    // it did not. Does not wait for queued saves.
+    std::string save_error_of(const std::string &name) const;
+
+    // Any failure inside a handler (std::bad_alloc included) fails only its own request;
+    // the worker, and every other request, goes on.
+    void handle(Request &r);
+
+    void on(Request &r, OpenSessionParams &p);
+
+    void on(Request &r, LoadSessionParams &p);
+
+    void on(Request &r, SaveSessionParams &p);
+
+    void on(Request &r, PinSessionParams &p);
+
+    void on(Request &r, CloseParams &p);
+
+    void on(Request &r, DeleteSessionParams &p);
+
+    // The store's remembered evictions of names neither stored (`stored`) nor live now.
+    std::vector<EvictedEntry> evicted_entries(const std::unordered_map<std::string, size_t> &stored) const;
+
+    void on(Request &r, ListSessionsParams &);
+
+    void on(Request &r, TokenizeParams &p);
+
+    void on(Request &r, DetokenizeParams &p);
+
+    void on(Request &r, StatsParams &p);
+
+    void on(Request &r, GenerateParams &p);
+
+    // ---- generation (generation.cpp) ----
+
+    bool runnable(const Job &j) const;
+
+    void finish_job(Job &j, fb::FinishReason reason, int32_t stop_token = -1);
+
+    void fail_job(Job &j, fb::ErrorCode code, const std::string &msg);
+
+    void end_job(Job &j);
+
+    bool in_stop_tokens(const Job &j, int32_t t) const;
+
+    bool prepare(Job &j);
+    bool take_token(Job &j);
+    bool run_step();
+
+    // ---- commands and the loop (worker.cpp) ----
+
+    void on_cancel(const std::shared_ptr<ConnShared> &conn, uint64_t target);
+
+    void on_disconnect(const std::shared_ptr<ConnShared> &conn);
+
+    void cancel_all();
+
+    void process(std::vector<Command> &cmds);
+
+    void loop();
+
+    void teardown();
+
+    void main(std::promise<void> &ready);
+
+    void push(Command &&c);
+};
+
+}  // namespace ds4::daemon
