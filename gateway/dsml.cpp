@@ -459,8 +459,16 @@ void DsmlParser::run(std::vector<DsmlEvent> &out, bool final) {
                 continue;
             }
             if (final) return;
-            const size_t keep = buf_.size() - partial_suffix(buf_, kParamClose);
+            size_t keep = buf_.size() - partial_suffix(buf_, kParamClose);
             if (param_string_) {
+                // Never escape half a UTF-8 character: keep an unfinished one for later.
+                for (size_t back = 1; back <= 3 && back <= keep; ++back) {
+                    const unsigned char c = static_cast<unsigned char>(buf_[keep - back]);
+                    if ((c & 0xC0) == 0x80) continue;   // continuation byte
+                    const size_t len = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+                    if (len > back) keep -= back;
+                    break;
+                }
                 // String values stream as they are generated.
                 if (keep) {
                     std::string d;

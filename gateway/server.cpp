@@ -597,7 +597,7 @@ void Server::start() {
     sockaddr_in v4{};
     sockaddr_in6 v6{};
     sockaddr *sa = nullptr;
-    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME;
     if (host == "localhost") host = "127.0.0.1";
     if (inet_pton(AF_INET, host.c_str(), &v4.sin_addr) == 1) {
         v4.sin_family = AF_INET;
