@@ -262,6 +262,7 @@ struct Server::Impl {
         g.max_tokens = req.max_tokens ? req.max_tokens : opt.default_max_tokens;
         g.stop_strings = req.stop;
         g.thinking = req.prompt_options.thinking;
+        g.ignore_eos = req.ignore_eos;
 
         Reply reply(req, model, prompt_tokens);
         DsmlParser parser(req.parse_tools, !req.raw_prompt && req.prompt_options.thinking);

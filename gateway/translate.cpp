@@ -88,6 +88,7 @@ void common_sampling(const Json &b, Request &r, double max_temperature) {
     if (const Json *v = field(b, "seed")) r.seed = uint64_t(want_int(*v, "seed", INT64_MIN, INT64_MAX));
     if (const Json *v = field(b, "stream")) r.stream = want_bool(*v, "stream");
     if (const Json *v = field(b, "session")) (void)v, not_supported("session");
+    if (const Json *v = field(b, "ignore_eos")) r.ignore_eos = want_bool(*v, "ignore_eos");
 }
 
 void read_stop(const Json *v, const std::string &name, Request &r) {

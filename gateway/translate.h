@@ -49,6 +49,7 @@ struct Request {
     float min_p = 0.0f;
     std::optional<uint64_t> seed;
     std::vector<std::string> stop;
+    bool ignore_eos = false;        // extension (as vLLM): generate through end-of-sentence
 };
 
 // Throws ApiError for a body the API would refuse.
