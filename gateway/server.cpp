@@ -41,6 +41,8 @@ namespace {
 
 // One request's exchange between its worker and the HTTP thread. The worker appends
 // output; the HTTP thread drains it and suspends the connection while there is none.
+constexpr size_t kMaxBuffered = 8u << 20;
+
 struct Job {
     std::mutex mu;
     MHD_Connection *conn = nullptr;   // null once the request is over (client gone)
@@ -82,6 +84,8 @@ struct Job {
     void push(const std::string &s, bool last = false) {
         std::lock_guard lk(mu);
         out += s;
+        // A client that stops reading must not make us buffer its whole answer.
+        if (out.size() > kMaxBuffered) cancelled = true;
         if (last) done = true;
         wake_locked();
     }
@@ -251,7 +255,13 @@ struct Server::Impl {
             // DeepSeek's encoding is applied to the whole rendered text, special tokens
             // included (as the reference tokenizer does).
             g.kind = cl::GenerateRequest::Prompt::Tokens;
-            g.tokens = c.tokenize(render_prompt(req.messages, req.prompt_options), true);
+            try {
+                g.tokens = c.tokenize(render_prompt(req.messages, req.prompt_options), true);
+            } catch (const cl::ServerError &e) {
+                const ApiError ae = from_server_error(e);
+                metrics.count(endpoint_name(req.api), ae.status);
+                return job.respond(ae.status, error_body(req.api, ae));
+            }
             prompt_tokens = uint32_t(g.tokens.size());
         }
         g.temperature = req.temperature;

@@ -3,8 +3,11 @@
 // renderer (what the front writes into a prompt, it reads back the same from the model).
 #include <gtest/gtest.h>
 
+#include <fstream>
+
 #include "engine/tokenizer/chat_template.h"
 #include "gateway/dsml.h"
+#include "gateway/translate.h"
 
 using namespace ds4::gateway;
 
@@ -176,4 +179,20 @@ TEST(GatewayDsml, MalformedOrCutOffCallsEndCleanly) {
 
 TEST(GatewayDsml, PythonJsonSpacing) {
     EXPECT_EQ(python_json(Json::parse(R"({"a":[1,2.5,"x\u0001é"],"b":{}})")), "{\"a\": [1, 2.5, \"x\\u0001é\"], \"b\": {}}");
+}
+
+// Conversations with the prompt text DeepSeek's encoding_dsv4 gives for them (fixture).
+TEST(GatewayDsml, MatchesTheReferenceEncodingFixture) {
+    std::ifstream f(DS4_GATEWAY_FIXTURES "/dsv4_encoding.json");
+    ASSERT_TRUE(f) << "missing fixture";
+    Json doc = Json::parse(f);
+    ASSERT_GE(doc["cases"].size(), 8u);
+    for (size_t i = 0; i < doc["cases"].size(); ++i) {
+        const Json &c = doc["cases"][i];
+        Json body = {{"messages", c["messages"]}};
+        if (c.contains("tools")) body["tools"] = c["tools"];
+        if (c.value("thinking", false)) body["thinking"] = true;
+        Request r = parse_request(Api::Chat, body.dump());
+        EXPECT_EQ(render_prompt(r.messages, r.prompt_options), c["expected"].get<std::string>()) << "case " << i;
+    }
 }
