@@ -5,7 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PKGS=(build-essential cmake pkg-config git libuv1-dev libflatbuffers-dev flatbuffers-compiler
-      liblmdb-dev liburing-dev libgtest-dev nlohmann-json3-dev clang-14 libclang-rt-14-dev unicode-data)
+      liblmdb-dev liburing-dev libgtest-dev nlohmann-json3-dev clang-14 libclang-rt-14-dev unicode-data
+      libmicrohttpd-dev curl)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

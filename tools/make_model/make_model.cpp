@@ -13,6 +13,7 @@
 #include "tools/convert/type_policy.h"
 #include "tools/convert/vocab.h"
 #include "tools/make_model/random_fill.h"
+#include "tools/make_model/scripted.h"
 
 namespace ds4::make_model {
 
@@ -20,7 +21,7 @@ using convert::Role;
 using convert::TensorSpec;
 using gguf::Type;
 
-const char *const kPresetNames = "tiny, small, flash-shape";
+const char *const kPresetNames = "tiny, small, flash-shape, scripted";
 
 void apply_layer_pattern(const std::string &preset, ModelConfig &c) {
     const int n = c.n_layer;
@@ -114,6 +115,8 @@ ModelConfig preset_config(const std::string &preset, int n_layer) {
         c.n_ctx_train = 1048576;
         c.yarn_factor = 16.f;
         c.yarn_orig_ctx = 65536;
+    } else if (preset == "scripted") {
+        return scripted_config();
     } else {
         fail("unknown preset '" + preset + "' (presets: " + kPresetNames + ")");
     }
@@ -137,7 +140,21 @@ MakeModelResult make_model(const MakeModelOptions &opt, const std::string &out_p
     w.set("general.name", gguf::Value::str(opt.name));
     w.set("general.source.format", gguf::Value::str("ds4-make-model random"));
     w.set("ds4.make_model.seed", gguf::Value::u64(opt.seed));
-    w.set("ds4.make_model.mode", gguf::Value::str(opt.sparse ? "sparse" : opt.fast ? "fast" : "exact"));
+    w.set("ds4.make_model.mode", gguf::Value::str(opt.scripted ? "scripted" : opt.sparse ? "sparse" : opt.fast ? "fast" : "exact"));
+    if (opt.scripted) {
+        // Fixed weights and vocabulary that make greedy decoding follow a script.
+        tok::write_vocab(w, scripted_vocab(cfg.n_vocab));
+        for (const TensorSpec &s : convert::model_layout(cfg)) {
+            if (s.role == Role::HashTable) fail("scripted model: hash-routed layers are not part of the script");
+            const std::vector<float> v = scripted_values(s, cfg);
+            w.add_tensor(s.gguf, Type::F32, s.ne, v.data(), v.size() * sizeof(float));
+            res.tensor_bytes += v.size() * sizeof(float);
+        }
+        w.write(out_path);
+        res.n_tensors = w.tensor_count();
+        res.written_bytes = res.tensor_bytes;
+        return res;
+    }
     convert::write_vocabulary(w, "", cfg.n_vocab, -1, -1, &res.warnings);
 
     struct Item {
@@ -218,6 +235,9 @@ const char *kUsage =
     "  tiny         vocab 512, 64 wide, 4 layers (sliding, CSA 4, HCA 128, CSA), 4x32 heads,\n"
     "               8 experts (2 used), 16 indexer heads, f32: ~2 MB. The embedded default.\n"
     "  small        vocab 8192, 256 wide, 6 layers, 8x64 heads, 32 experts (4 used), ~65 MB f32\n"
+    "  scripted     one sliding layer whose fixed weights make greedy decoding follow a\n"
+    "               script (a DSML tool call after a chat prompt, a plain answer once a\n"
+    "               <tool_result> is in the window): the HTTP front's end-to-end fixture.\n"
     "  flash-shape  the real V4-Flash widths: 4096 wide, 64x512 heads (rope 64), q_lora 1024,\n"
     "               8 output groups x 1024, 256 experts (6 used + 1 shared, 2048 wide), vocab\n"
     "               129280, indexer 64x128 top-512, window 128, 2 layers by default (CSA +\n"
@@ -282,6 +302,7 @@ int make_model_main(int argc, char **argv) {
         }
         MakeModelOptions o;
         o.cfg = preset_config(preset);
+        o.scripted = preset == "scripted";
         const bool flash = preset == "flash-shape";
         o.type = flash ? "q8_0" : "f32";
         o.fast = flash;

@@ -33,6 +33,7 @@ struct MakeModelOptions {
     uint64_t seed = 1;
     bool fast = false;          // hash-synthesised blocks instead of exact Gaussian values
     bool sparse = false;        // matrices left as holes (zeros; no disk)
+    bool scripted = false;      // the scripted preset's fixed weights (scripted.h); shape options are ignored
     int threads = 0;            // 0: one per core
     bool progress = true;
     std::string name = "ds4-random";

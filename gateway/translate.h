@@ -1,0 +1,61 @@
+// The HTTP APIs' request bodies (OpenAI chat completions, completions, responses;
+// Anthropic messages) read into one Request, and the errors each API reports. Pure
+// functions of the body: no I/O, so the fuzzer drives them directly.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "gateway/dsml.h"
+
+namespace ds4::gateway {
+
+enum class Api { Chat, Completions, Responses, Messages };
+
+// An error answered to the client: HTTP status, the API's error type, a message, and the
+// request field it concerns (empty when none).
+struct ApiError : std::runtime_error {
+    ApiError(int status, std::string type, std::string message, std::string param = {}, std::string code = {})
+        : std::runtime_error(message), status(status), type(std::move(type)), param(std::move(param)),
+          code(std::move(code)) {}
+    int status;
+    std::string type;
+    std::string param;
+    std::string code;
+};
+
+// 400 invalid_request_error for field `param`.
+[[noreturn]] void bad_request(const std::string &param, const std::string &message);
+// 400 for a field the daemon cannot serve yet (the error says so and names it).
+[[noreturn]] void not_supported(const std::string &param);
+
+struct Request {
+    Api api = Api::Chat;
+    std::string model;
+    bool stream = false;
+    bool include_usage = false;     // chat/completions streams: a final usage chunk
+    bool raw_prompt = false;        // completions: prompt is plain text, no template
+    std::string prompt;             // completions
+    std::vector<Message> messages;  // the others
+    PromptOptions prompt_options;   // tools (function definitions), thinking
+    bool parse_tools = false;       // tools given and tool_choice allows them
+    uint32_t max_tokens = 0;        // 0: the front's default
+    float temperature = 1.0f;
+    float top_p = 1.0f;
+    int32_t top_k = 0;
+    float min_p = 0.0f;
+    std::optional<uint64_t> seed;
+    std::vector<std::string> stop;
+    bool ignore_eos = false;        // extension (as vLLM): generate through end-of-sentence
+};
+
+// Throws ApiError for a body the API would refuse.
+Request parse_request(Api api, std::string_view body);
+
+// The error as the API's JSON body.
+std::string error_body(Api api, const ApiError &e);
+
+}  // namespace ds4::gateway

@@ -1,0 +1,133 @@
+// Request bodies of the four APIs read into the front's Request, and the errors each API
+// expects (status, shape, the field named).
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "gateway/api_key.h"
+#include "gateway/translate.h"
+
+using namespace ds4::gateway;
+
+namespace {
+
+ApiError error_of(Api api, const std::string &body) {
+    try {
+        parse_request(api, body);
+    } catch (const ApiError &e) {
+        return e;
+    }
+    ADD_FAILURE() << "no error for " << body;
+    return ApiError(0, "", "");
+}
+
+}  // namespace
+
+TEST(GatewayTranslate, ChatFields) {
+    Request r = parse_request(Api::Chat, R"({"model":"m","messages":[{"role":"system","content":"s"},
+        {"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]},
+        {"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{\"x\":1}"}}]},
+        {"role":"tool","tool_call_id":"c","content":"r"}],
+        "tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}],
+        "max_completion_tokens":7,"temperature":0.5,"top_p":0.9,"top_k":40,"min_p":0.1,"seed":3,"stop":"END",
+        "stream":true,"stream_options":{"include_usage":true},"reasoning_effort":"high"})");
+    ASSERT_EQ(r.messages.size(), 4u);
+    EXPECT_EQ(r.messages[1].content, "ab");
+    EXPECT_EQ(r.messages[2].tool_calls.at(0).arguments, "{\"x\":1}");
+    EXPECT_EQ(r.messages[3].tool_call_id, "c");
+    EXPECT_TRUE(r.parse_tools);
+    EXPECT_EQ(r.max_tokens, 7u);
+    EXPECT_FLOAT_EQ(r.temperature, 0.5f);
+    EXPECT_EQ(r.top_k, 40);
+    EXPECT_EQ(*r.seed, 3u);
+    EXPECT_EQ(r.stop, std::vector<std::string>{"END"});
+    EXPECT_TRUE(r.stream && r.include_usage && r.prompt_options.thinking);
+    // tool_choice none: no tools in the prompt, none parsed.
+    Request n = parse_request(Api::Chat, R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"none",
+        "tools":[{"type":"function","function":{"name":"f"}}]})");
+    EXPECT_FALSE(n.parse_tools);
+    EXPECT_TRUE(n.prompt_options.tools.empty());
+}
+
+TEST(GatewayTranslate, AnthropicMessages) {
+    Request r = parse_request(Api::Messages, R"({"model":"m","max_tokens":9,"system":[{"type":"text","text":"sys"}],
+        "messages":[{"role":"user","content":"hi"},
+          {"role":"assistant","content":[{"type":"thinking","thinking":"hm","signature":""},{"type":"text","text":"ok"},
+                                          {"type":"tool_use","id":"t1","name":"f","input":{"a":1}}]},
+          {"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":[{"type":"text","text":"res"}]},
+                                    {"type":"text","text":"more"}]}],
+        "tools":[{"name":"f","input_schema":{"type":"object"}}],"stop_sequences":["Z"],"thinking":{"type":"enabled","budget_tokens":100}})");
+    ASSERT_EQ(r.messages.size(), 5u);
+    EXPECT_EQ(r.messages[0].role, Role::System);
+    EXPECT_EQ(r.messages[2].reasoning, "hm");
+    EXPECT_EQ(Json::parse(r.messages[2].tool_calls.at(0).arguments), Json::parse(R"({"a":1})"));
+    EXPECT_EQ(r.messages[3].role, Role::Tool);
+    EXPECT_EQ(r.messages[3].content, "res");
+    EXPECT_EQ(r.messages[4].content, "more");
+    EXPECT_EQ(r.prompt_options.tools[0]["parameters"]["type"], "object");
+    EXPECT_TRUE(r.prompt_options.thinking);
+    EXPECT_EQ(r.stop, std::vector<std::string>{"Z"});
+}
+
+TEST(GatewayTranslate, ResponsesItems) {
+    Request r = parse_request(Api::Responses, R"({"model":"m","instructions":"be nice","max_output_tokens":5,
+        "input":[{"role":"user","content":[{"type":"input_text","text":"q"}]},
+                 {"type":"function_call","call_id":"c","name":"f","arguments":"{}"},
+                 {"type":"function_call_output","call_id":"c","output":"out"}],
+        "tools":[{"type":"function","name":"f","parameters":{"type":"object"}}]})");
+    ASSERT_EQ(r.messages.size(), 4u);
+    EXPECT_EQ(r.messages[0].content, "be nice");
+    EXPECT_EQ(r.messages[2].role, Role::Assistant);
+    EXPECT_EQ(r.messages[2].tool_calls.at(0).id, "c");
+    EXPECT_EQ(r.messages[3].content, "out");
+    EXPECT_EQ(r.max_tokens, 5u);
+    Request c = parse_request(Api::Completions, R"({"prompt":["abc"]})");
+    EXPECT_EQ(c.prompt, "abc");
+    EXPECT_EQ(c.max_tokens, 16u);
+}
+
+TEST(GatewayTranslate, Errors) {
+    EXPECT_EQ(error_of(Api::Chat, "{").code, "invalid_json");
+    ApiError e = error_of(Api::Chat, R"({"messages":[]})");
+    EXPECT_EQ(e.status, 400);
+    EXPECT_EQ(e.param, "messages");
+    for (const char *f : {R"("logprobs":true)", R"("top_logprobs":2)", R"("frequency_penalty":0.5)", R"("presence_penalty":1)",
+                          R"("n":2)", R"("logit_bias":{"1":2})", R"("tool_choice":"required")", R"("session":"s")",
+                          R"("response_format":{"type":"json_object"})"}) {
+        ApiError u = error_of(Api::Chat, std::string(R"({"messages":[{"role":"user","content":"x"}],)") + f + "}");
+        EXPECT_EQ(u.status, 400) << f;
+        EXPECT_EQ(u.code, "unsupported_parameter") << f;
+    }
+    EXPECT_EQ(error_of(Api::Chat, R"({"messages":[{"role":"user","content":"x"}],"temperature":3})").param, "temperature");
+    EXPECT_EQ(error_of(Api::Chat, R"({"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]})").code,
+              "unsupported_content");
+    EXPECT_EQ(error_of(Api::Messages, R"({"model":"m","messages":[{"role":"user","content":"x"}]})").param, "max_tokens");
+    // Shapes: OpenAI {"error":{message,type,param,code}}, Anthropic {"type":"error","error":{type,message}}.
+    const ApiError x(400, "invalid_request_error", "bad", "p", "c");
+    Json o = Json::parse(error_body(Api::Chat, x));
+    EXPECT_EQ(o["error"]["message"], "bad");
+    EXPECT_EQ(o["error"]["param"], "p");
+    Json a = Json::parse(error_body(Api::Messages, ApiError(401, "authentication_error", "no key")));
+    EXPECT_EQ(a["type"], "error");
+    EXPECT_EQ(a["error"]["type"], "authentication_error");
+}
+
+TEST(GatewayKey, CreatedPrivateAndStable) {
+    const std::string dir = std::filesystem::temp_directory_path() / ("ds4-gw-key-" + std::to_string(getpid()));
+    std::filesystem::remove_all(dir);
+    const std::string path = dir + "/sub/http-key";
+    const std::string k = load_or_create_key(path);
+    EXPECT_GE(k.size(), 32u);
+    struct stat st;
+    ASSERT_EQ(stat(path.c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0600u);
+    EXPECT_EQ(load_or_create_key(path), k);
+    EXPECT_TRUE(same_secret(k, k));
+    EXPECT_FALSE(same_secret(k, k + "x"));
+    chmod(path.c_str(), 0644);
+    EXPECT_THROW(load_or_create_key(path), std::runtime_error);
+    std::filesystem::remove_all(dir);
+}
