@@ -106,6 +106,8 @@ pub struct GgufFile {
     /// Where the data section starts in the file.
     pub data_offset: u64,
     pub file_size: u64,
+    /// Byte range of the metadata key/value section (for hosts that rewrite files).
+    pub metadata_span: (u64, u64),
 }
 
 const MAX_ARRAY_DEPTH: u32 = 8;
@@ -224,6 +226,7 @@ impl GgufFile {
             return c.fail("tensor or metadata count is more than the file can hold".to_string());
         }
         let mut metadata = Vec::with_capacity(n_kv as usize);
+        let kv_start = c.pos;
         for _ in 0..n_kv {
             let key = String::from_utf8(c.string("metadata key")?)
                 .map_err(|_| Error::new(format!("{}: metadata key is not UTF-8", c.src)))?;
@@ -237,6 +240,7 @@ impl GgufFile {
             let v = c.value(ty, 0)?;
             metadata.push((key, v));
         }
+        let metadata_span = (kv_start, c.pos);
         let mut alignment = 32u64;
         if let Some((_, v)) = metadata.iter().find(|(k, _)| k == "general.alignment") {
             match v.as_i64() {
@@ -294,7 +298,7 @@ impl GgufFile {
                 }
             }
         }
-        Ok(GgufFile { version, alignment, metadata, tensors, data_offset, file_size: size })
+        Ok(GgufFile { version, alignment, metadata, tensors, data_offset, file_size: size, metadata_span })
     }
 
     pub fn get(&self, key: &str) -> Option<&Value> {

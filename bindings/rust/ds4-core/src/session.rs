@@ -251,6 +251,12 @@ impl<'m> Session<'m> {
         unsafe { sys::ds4_bridge_session_ctx(self.raw()) }
     }
 
+    /// Tokens per prefill chunk: progress callbacks come at multiples of it.
+    pub fn prefill_cap(&self) -> i32 {
+        // SAFETY: live handle.
+        unsafe { sys::ds4_bridge_session_prefill_cap(self.raw()) }
+    }
+
     /// Bumped whenever the session's history is cut or lost (rewind, invalidate, failure).
     pub fn generation(&self) -> u64 {
         // SAFETY: live handle.
