@@ -11,7 +11,8 @@ pub struct SyncPlan {
     /// Length of the common prefix of the timeline and the prompt.
     pub common: usize,
     /// Tokens kept: the common prefix, less one when the prompt ends inside it (its last
-    /// token is evaluated again so the next logits are fresh).
+    /// token is evaluated again so the next logits are fresh); all of it when the session
+    /// already holds exactly the prompt.
     pub keep: usize,
     /// Whether positions are dropped (keep < timeline length), which bumps the generation.
     pub rewinds: bool,
@@ -51,6 +52,10 @@ impl Ledger {
     /// The plan for making the session hold exactly `prompt` (non-empty).
     pub fn plan(&self, prompt: &[i32]) -> SyncPlan {
         let common = self.timeline.iter().zip(prompt).take_while(|(a, b)| a == b).count();
+        if common == prompt.len() && common == self.timeline.len() {
+            // Already there (a non-empty timeline always has its logits): nothing to do.
+            return SyncPlan { common, keep: common, rewinds: false, prefill: 0 };
+        }
         let keep = common.min(prompt.len().saturating_sub(1));
         SyncPlan { common, keep, rewinds: keep < self.timeline.len(), prefill: prompt.len() - keep }
     }
@@ -72,6 +77,9 @@ impl Ledger {
             return Err(Error::new("ledger: empty prompt"));
         }
         let plan = self.plan(prompt);
+        if plan.prefill == 0 {
+            return Ok(plan);
+        }
         if plan.rewinds {
             self.rewind(s, plan.keep)?;
         }
