@@ -6,7 +6,8 @@ use std::fs;
 use std::path::PathBuf;
 
 fn main() {
-    let src = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap()).join("../../../engine/tokenizer/unicode_tables.inc");
+    let src =
+        PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap()).join("../../../engine/tokenizer/unicode_tables.inc");
     println!("cargo:rerun-if-changed={}", src.display());
     let text = fs::read_to_string(&src).unwrap_or_else(|e| panic!("reading {}: {}", src.display(), e));
     let mut rows = String::new();
@@ -19,8 +20,11 @@ fn main() {
         rows.push('\n');
     }
     let out = PathBuf::from(env::var("OUT_DIR").unwrap()).join("unicode_tables.rs");
-    fs::write(&out, format!("/// (first, last, class bits), sorted.\npub static RANGES: &[(u32, u32, u8)] = &[\n{}];\n", rows))
-        .unwrap();
+    fs::write(
+        &out,
+        format!("/// (first, last, class bits), sorted.\npub static RANGES: &[(u32, u32, u8)] = &[\n{}];\n", rows),
+    )
+    .unwrap();
     if let Ok(dir) = env::var("DEP_DS4_LIBDIR") {
         println!("cargo:rustc-link-arg=-Wl,-rpath,{}", dir);
     }

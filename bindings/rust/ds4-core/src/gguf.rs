@@ -264,7 +264,9 @@ impl GgufFile {
                 if e <= 0 {
                     return c.fail(format!("tensor '{}': dimension {} is not positive", name, e));
                 }
-                nel = nel.checked_mul(e).ok_or_else(|| Error::new(format!("tensor '{}': element count overflows", name)))?;
+                nel = nel
+                    .checked_mul(e)
+                    .ok_or_else(|| Error::new(format!("tensor '{}': element count overflows", name)))?;
                 ne.push(e);
             }
             let type_id = c.u32("tensor type")?;
@@ -425,7 +427,12 @@ impl TensorInventory {
                 }
             } else {
                 if count != Some(n as i64) {
-                    return Err(Error::new(format!("{}: split.count is {:?}, the file name says {}", p.display(), count, n)));
+                    return Err(Error::new(format!(
+                        "{}: split.count is {:?}, the file name says {}",
+                        p.display(),
+                        count,
+                        n
+                    )));
                 }
                 if no != Some(k as i64) {
                     return Err(Error::new(format!("{}: split.no is {:?}, the file name says {}", p.display(), no, k)));

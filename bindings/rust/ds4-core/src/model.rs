@@ -143,7 +143,13 @@ pub struct OpenOptions<'t> {
 
 impl<'t> OpenOptions<'t> {
     pub fn new(path: impl AsRef<Path>) -> OpenOptions<'t> {
-        OpenOptions { path: path.as_ref().to_path_buf(), backend: Backend::Cpu, n_threads: 0, defer_prewarm: false, tables: None }
+        OpenOptions {
+            path: path.as_ref().to_path_buf(),
+            backend: Backend::Cpu,
+            n_threads: 0,
+            defer_prewarm: false,
+            tables: None,
+        }
     }
     pub fn backend(mut self, b: Backend) -> Self {
         self.backend = b;
@@ -298,7 +304,16 @@ impl Model {
             // SAFETY: text is text.len() readable bytes; out holds out.len() ids (tokens never
             // outnumber bytes, plus slack).
             unsafe {
-                f(self.raw(), text.as_ptr() as *const c_char, text.len(), out.as_mut_ptr(), out.len() as i32, &mut n, e, en)
+                f(
+                    self.raw(),
+                    text.as_ptr() as *const c_char,
+                    text.len(),
+                    out.as_mut_ptr(),
+                    out.len() as i32,
+                    &mut n,
+                    e,
+                    en,
+                )
             }
         })?;
         out.truncate(n as usize);
@@ -423,7 +438,9 @@ impl NativeGguf {
         let (mut len, mut count) = (0usize, 0i32);
         let _ = check("required tensors", |e, n| {
             // SAFETY: a zero-capacity query: nothing is written to the NULL buffer.
-            unsafe { sys::ds4_bridge_gguf_required_tensors(self.raw.as_ptr(), ptr::null_mut(), 0, &mut len, &mut count, e, n) }
+            unsafe {
+                sys::ds4_bridge_gguf_required_tensors(self.raw.as_ptr(), ptr::null_mut(), 0, &mut len, &mut count, e, n)
+            }
         });
         let mut buf = vec![0u8; len];
         check("required tensors", |e, n| {

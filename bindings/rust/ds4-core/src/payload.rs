@@ -169,9 +169,9 @@ pub fn read_file_prefix(path: &Path, offset: u64, length: u64) -> Result<(Header
     }
     let read = |f: &mut File, at: u64, n: u64| -> Result<Vec<u8>> {
         let mut b = vec![0u8; n as usize];
-        f.seek(SeekFrom::Start(at)).and_then(|_| f.read_exact(&mut b)).map_err(|e| {
-            Error::new(format!("reading {} failed: {}", path.display(), e))
-        })?;
+        f.seek(SeekFrom::Start(at))
+            .and_then(|_| f.read_exact(&mut b))
+            .map_err(|e| Error::new(format!("reading {} failed: {}", path.display(), e)))?;
         Ok(b)
     };
     let head = read(&mut f, offset, HEADER_BYTES.min(length))?;

@@ -208,7 +208,9 @@ impl<'m> Session<'m> {
         let mut t = 0;
         check("sample", |e, n| {
             // SAFETY: live handle; rng and t writable.
-            unsafe { sys::ds4_bridge_session_sample(self.raw(), s.temperature, s.top_k, s.top_p, s.min_p, rng, &mut t, e, n) }
+            unsafe {
+                sys::ds4_bridge_session_sample(self.raw(), s.temperature, s.top_k, s.top_p, s.min_p, rng, &mut t, e, n)
+            }
         })?;
         Ok(t)
     }
@@ -236,7 +238,9 @@ impl<'m> Session<'m> {
         let mut got = 0;
         check("top logprobs", |e, en| {
             // SAFETY: ids and lp hold n entries each.
-            unsafe { sys::ds4_bridge_session_top_logprobs(self.raw(), n, ids.as_mut_ptr(), lp.as_mut_ptr(), &mut got, e, en) }
+            unsafe {
+                sys::ds4_bridge_session_top_logprobs(self.raw(), n, ids.as_mut_ptr(), lp.as_mut_ptr(), &mut got, e, en)
+            }
         })?;
         Ok(ids.into_iter().zip(lp).take(got as usize).collect())
     }

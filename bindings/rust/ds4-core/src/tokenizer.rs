@@ -5,9 +5,9 @@
 use crate::error::{Error, Result};
 use crate::gguf::{GgufFile, TensorInventory, Value};
 use crate::unicode::{self as u, INVALID};
-use std::collections::HashMap;
-use std::collections::{BinaryHeap, BTreeMap};
 use std::cmp::Reverse;
+use std::collections::HashMap;
+use std::collections::{BTreeMap, BinaryHeap};
 use std::path::Path;
 
 const CONTROL: i32 = 3;
@@ -33,9 +33,13 @@ pub struct Vocab {
 }
 
 fn strings(v: Option<&Value>, key: &str) -> Result<Vec<Vec<u8>>> {
-    let a = v.and_then(|v| v.as_array()).ok_or_else(|| Error::new(format!("GGUF key {} is missing or not an array", key)))?;
+    let a = v
+        .and_then(|v| v.as_array())
+        .ok_or_else(|| Error::new(format!("GGUF key {} is missing or not an array", key)))?;
     a.iter()
-        .map(|x| x.as_str().map(|s| s.to_vec()).ok_or_else(|| Error::new(format!("GGUF key {}: expected strings", key))))
+        .map(|x| {
+            x.as_str().map(|s| s.to_vec()).ok_or_else(|| Error::new(format!("GGUF key {}: expected strings", key)))
+        })
         .collect()
 }
 
@@ -98,9 +102,10 @@ impl Vocab {
             "<｜▁pad▁｜>".as_bytes().to_vec(),
         ];
         let mut types = vec![CONTROL; 3];
+        let bm = u::ByteMap::new();
         for b in 0..=255u8 {
             let mut s = Vec::new();
-            u::utf8_append(&mut s, u::byte_to_unicode(b));
+            u::utf8_append(&mut s, bm.to_unicode(b));
             tokens.push(s);
             types.push(1);
         }
@@ -134,10 +139,11 @@ impl Vocab {
                 token_to_id.entry(tokens[i].clone()).or_insert(i as i32);
             }
         }
+        let bm = u::ByteMap::new();
         let mut byte_id = [-1i32; 256];
         for (b, slot) in byte_id.iter_mut().enumerate() {
             let mut s = Vec::new();
-            u::utf8_append(&mut s, u::byte_to_unicode(b as u8));
+            u::utf8_append(&mut s, bm.to_unicode(b as u8));
             *slot = token_to_id.get(&s).copied().unwrap_or(-1);
         }
         let mut mm = HashMap::with_capacity(merges.len());
@@ -145,7 +151,12 @@ impl Vocab {
             let sp = m.iter().skip(1).position(|&c| c == b' ').map(|p| p + 1);
             let sp = match sp {
                 Some(sp) if sp + 1 < m.len() => sp,
-                _ => return Err(Error::new(format!("tokenizer.ggml.merges[{}] is not two tokens separated by a space", r))),
+                _ => {
+                    return Err(Error::new(format!(
+                        "tokenizer.ggml.merges[{}] is not two tokens separated by a space",
+                        r
+                    )))
+                }
             };
             let (a, b) = (&m[..sp], &m[sp + 1..]);
             let ab: Vec<u8> = [a, b].concat();
@@ -167,7 +178,7 @@ impl Vocab {
             let mut k = 0;
             while k < t.len() {
                 let (cp, len) = u::utf8_decode(t, k);
-                match if cp == INVALID { None } else { u::unicode_to_byte(cp) } {
+                match if cp == INVALID { None } else { bm.to_byte(cp) } {
                     Some(b) => d.push(b),
                     None => d.extend_from_slice(&t[k..k + len]),
                 }
@@ -220,7 +231,11 @@ impl Vocab {
     /// Decoded bytes of one token.
     pub fn token_bytes(&self, id: i32) -> Result<&[u8]> {
         if id < 0 || id as usize >= self.decoded.len() {
-            return Err(Error::new(format!("token id {} is outside the vocabulary of {} tokens", id, self.decoded.len())));
+            return Err(Error::new(format!(
+                "token id {} is outside the vocabulary of {} tokens",
+                id,
+                self.decoded.len()
+            )));
         }
         Ok(&self.decoded[id as usize])
     }

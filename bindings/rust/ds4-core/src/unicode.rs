@@ -64,20 +64,40 @@ pub fn utf8_append(out: &mut Vec<u8>, cp: u32) {
     }
 }
 
-/// GPT-2's byte-level alphabet: byte -> printable code point.
-pub fn byte_to_unicode(b: u8) -> u32 {
-    let printable = |x: u32| (0x21..=0x7E).contains(&x) || (0xA1..=0xAC).contains(&x) || (0xAE..=0xFF).contains(&x);
-    if printable(b as u32) {
-        return b as u32;
-    }
-    // Non-printable bytes take 256, 257, ... in byte order.
-    256 + (0..b as u32).filter(|&x| !printable(x)).count() as u32
+/// GPT-2's byte-level alphabet: every byte maps to one printable code point; the printable
+/// ones to themselves, the rest to 256, 257, ... in byte order.
+pub struct ByteMap {
+    to_cp: [u32; 256],
+    to_byte: [i16; 324], // the alphabet lies in [0, 324)
 }
 
-/// The inverse, for code points in the alphabet.
-pub fn unicode_to_byte(cp: u32) -> Option<u8> {
-    if cp >= 324 {
-        return None;
+impl ByteMap {
+    pub fn new() -> ByteMap {
+        let mut m = ByteMap { to_cp: [0; 256], to_byte: [-1; 324] };
+        let mut extra = 0;
+        for b in 0..256u32 {
+            let printable = (0x21..=0x7E).contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b);
+            let cp = if printable {
+                b
+            } else {
+                extra += 1;
+                255 + extra
+            };
+            m.to_cp[b as usize] = cp;
+            m.to_byte[cp as usize] = b as i16;
+        }
+        m
     }
-    (0..=255u8).find(|&b| byte_to_unicode(b) == cp)
+    pub fn to_unicode(&self, b: u8) -> u32 {
+        self.to_cp[b as usize]
+    }
+    pub fn to_byte(&self, cp: u32) -> Option<u8> {
+        self.to_byte.get(cp as usize).and_then(|&b| if b < 0 { None } else { Some(b as u8) })
+    }
+}
+
+impl Default for ByteMap {
+    fn default() -> Self {
+        ByteMap::new()
+    }
 }

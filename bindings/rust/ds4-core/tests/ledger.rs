@@ -18,12 +18,12 @@ fn ledger_plans_what_the_engine_does() {
     edited[k] = other[3];
     let prompts = vec![
         base.clone(),
-        extended.clone(),     // pure extension: nothing dropped
-        extended.clone(),     // the same prompt again: only the last token re-evaluated
-        base[..10].to_vec(),  // a prefix: drop the rest
-        edited.clone(),       // diverges near the end
-        other.clone(),        // diverges at once (after BOS)
-        other[..1].to_vec(),  // down to BOS alone
+        extended.clone(),    // pure extension: nothing dropped
+        extended.clone(),    // the same prompt again: only the last token re-evaluated
+        base[..10].to_vec(), // a prefix: drop the rest
+        edited.clone(),      // diverges near the end
+        other.clone(),       // diverges at once (after BOS)
+        other[..1].to_vec(), // down to BOS alone
     ];
 
     let mut a = m.session(256).unwrap(); // driven by the ledger

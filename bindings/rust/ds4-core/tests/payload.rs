@@ -24,8 +24,10 @@ fn the_host_codec_reads_and_writes_the_engines_prefix() {
     assert_eq!(toks, p);
     assert_eq!(h.ctx_size, 200);
     assert_eq!(h.fingerprint, m.fingerprint());
-    assert_eq!((h.n_layer as i32, h.n_embd as i32, h.n_vocab as i32, h.head_dim as i32),
-               (info.n_layer, info.n_embd, info.n_vocab, info.head_dim));
+    assert_eq!(
+        (h.n_layer as i32, h.n_embd as i32, h.n_vocab as i32, h.head_dim as i32),
+        (info.n_layer, info.n_embd, info.n_vocab, info.head_dim)
+    );
     assert_eq!(h.total_bytes(), bytes.len() as u64);
     // Re-encoding gives the engine's bytes exactly.
     let pre = encode_prefix(&h, &toks).unwrap();

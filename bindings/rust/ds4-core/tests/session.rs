@@ -145,4 +145,3 @@ fn a_panicking_progress_callback_is_caught() {
     assert_eq!(s.pos() as usize, p.len());
     s.eval(p[1]).unwrap();
 }
-

@@ -17,7 +17,9 @@ fn corpus() -> Vec<Vec<u8>> {
         let mut names: Vec<PathBuf> = std::fs::read_dir(repo().join(d))
             .unwrap()
             .map(|e| e.unwrap().path())
-            .filter(|p| matches!(p.extension().and_then(|e| e.to_str()), Some("py") | Some("md") | Some("cpp") | Some("h")))
+            .filter(|p| {
+                matches!(p.extension().and_then(|e| e.to_str()), Some("py") | Some("md") | Some("cpp") | Some("h"))
+            })
             .collect();
         names.sort();
         files.extend(names);

@@ -222,8 +222,7 @@ extern "C" {
     ) -> c_int;
     pub fn ds4_bridge_session_pos(s: *mut ds4_bridge_session) -> c_int;
     pub fn ds4_bridge_session_ctx(s: *mut ds4_bridge_session) -> c_int;
-    pub fn ds4_bridge_session_rewind(s: *mut ds4_bridge_session, pos: c_int, err: *mut c_char, errlen: usize)
-        -> c_int;
+    pub fn ds4_bridge_session_rewind(s: *mut ds4_bridge_session, pos: c_int, err: *mut c_char, errlen: usize) -> c_int;
     pub fn ds4_bridge_session_invalidate(s: *mut ds4_bridge_session, err: *mut c_char, errlen: usize) -> c_int;
     pub fn ds4_bridge_session_generation(s: *mut ds4_bridge_session) -> u64;
     pub fn ds4_bridge_session_prefill_cap(s: *mut ds4_bridge_session) -> c_int;

@@ -30,20 +30,68 @@ macro_rules! layout {
 
 fn rust_layout() -> BTreeMap<String, usize> {
     let mut m = BTreeMap::new();
-    layout!(m, ds4_bridge_model_open_options {
-        model_path, mtp_path, backend, n_threads, defer_boot_prewarm, ssd_streaming, ssd_streaming_cold,
-        ssd_streaming_cache_experts, ssd_streaming_cache_bytes, mtp_draft_tokens, tensor_directory, bind_plan,
-    });
-    layout!(m, ds4_bridge_model_info_t {
-        family, name, n_layer, n_embd, n_vocab, n_head, head_dim, n_expert, n_expert_used, n_ctx_max, fingerprint,
-    });
-    layout!(m, ds4_bridge_memory_t {
-        weights_bytes, cache_bytes, scratch_bytes, device_free, device_total, device_weights_bytes, backend, device,
-    });
+    layout!(
+        m,
+        ds4_bridge_model_open_options {
+            model_path,
+            mtp_path,
+            backend,
+            n_threads,
+            defer_boot_prewarm,
+            ssd_streaming,
+            ssd_streaming_cold,
+            ssd_streaming_cache_experts,
+            ssd_streaming_cache_bytes,
+            mtp_draft_tokens,
+            tensor_directory,
+            bind_plan,
+        }
+    );
+    layout!(
+        m,
+        ds4_bridge_model_info_t {
+            family,
+            name,
+            n_layer,
+            n_embd,
+            n_vocab,
+            n_head,
+            head_dim,
+            n_expert,
+            n_expert_used,
+            n_ctx_max,
+            fingerprint,
+        }
+    );
+    layout!(
+        m,
+        ds4_bridge_memory_t {
+            weights_bytes,
+            cache_bytes,
+            scratch_bytes,
+            device_free,
+            device_total,
+            device_weights_bytes,
+            backend,
+            device,
+        }
+    );
     layout!(m, ds4_bridge_chat_msg { role, content, content_len });
-    layout!(m, ds4_bridge_gguf_info_t {
-        family, name, n_layer, n_embd, n_vocab, n_head, n_expert, n_tensors, split_count, tensor_bytes,
-    });
+    layout!(
+        m,
+        ds4_bridge_gguf_info_t {
+            family,
+            name,
+            n_layer,
+            n_embd,
+            n_vocab,
+            n_head,
+            n_expert,
+            n_tensors,
+            split_count,
+            tensor_bytes,
+        }
+    );
     layout!(m, ds4_bridge_gguf_tensor_t { name, type_ = "type", n_dims, ne, split, offset, nbytes });
     layout!(m, ds4_bridge_host_tensor { name, type_ = "type", n_dims, ne, split, offset, nbytes });
     layout!(m, ds4_bridge_tensor_directory { tensors, n_tensors, n_splits, split_data_offset });
