@@ -52,6 +52,12 @@ int main(void) {
     F(ds4_bridge_chat_msg, content);
     F(ds4_bridge_chat_msg, content_len);
 
+    S(ds4_bridge_batch_stats_t);
+    F(ds4_bridge_batch_stats_t, steps);
+    F(ds4_bridge_batch_stats_t, rows);
+    F(ds4_bridge_batch_stats_t, sessions);
+    F(ds4_bridge_batch_stats_t, failed);
+
     S(ds4_bridge_gguf_info_t);
     F(ds4_bridge_gguf_info_t, family);
     F(ds4_bridge_gguf_info_t, name);

@@ -6,6 +6,7 @@
 //! contract gives the host are here in Rust: GGUF identification and the tensor inventory
 //! ([`gguf`]), the tables an open can take ([`HostTables`]), the payload prefix codec
 //! ([`payload`]), the session ledger ([`ledger`]) and the tokenizer ([`Vocab`]).
+mod batch;
 mod error;
 pub mod gguf;
 pub mod ledger;
@@ -15,6 +16,7 @@ mod session;
 pub mod tokenizer;
 mod unicode;
 
+pub use batch::{Batch, BatchStats};
 pub use error::{Error, Result};
 pub use gguf::{identify_gguf, GgufIdentity, TensorEntry, TensorInventory};
 pub use model::{Backend, HostTables, Model, ModelInfo, NativeGguf, OpenOptions};

@@ -253,6 +253,11 @@ impl Model {
         Ok(Session::from_raw(raw, self))
     }
 
+    /// A batch for stepping several of this model's sessions at once.
+    pub fn batch(&self) -> Result<crate::Batch<'_>> {
+        crate::Batch::new(self)
+    }
+
     pub fn info(&self) -> Result<ModelInfo> {
         let mut i = std::mem::MaybeUninit::<sys::ds4_bridge_model_info_t>::zeroed();
         check("model info", |e, n| {

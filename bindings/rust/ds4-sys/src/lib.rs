@@ -20,6 +20,11 @@ pub struct ds4_bridge_model {
 pub struct ds4_bridge_session {
     _private: [u8; 0],
 }
+/// Opaque batch handle (one forward step over several sessions).
+#[repr(C)]
+pub struct ds4_bridge_batch {
+    _private: [u8; 0],
+}
 /// Opaque GGUF identification handle.
 #[repr(C)]
 pub struct ds4_bridge_gguf {
@@ -84,6 +89,15 @@ pub struct ds4_bridge_chat_msg {
     pub role: *const c_char,
     pub content: *const c_char,
     pub content_len: usize,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ds4_bridge_batch_stats_t {
+    pub steps: u64,
+    pub rows: u64,
+    pub sessions: u64,
+    pub failed: u64,
 }
 
 #[repr(C)]
@@ -232,6 +246,30 @@ extern "C" {
         ids: *mut i32,
         logprobs: *mut f32,
         n_out: *mut c_int,
+        err: *mut c_char,
+        errlen: usize,
+    ) -> c_int;
+
+    // --- batches ---
+    pub fn ds4_bridge_batch_create(
+        out: *mut *mut ds4_bridge_batch,
+        m: *mut ds4_bridge_model,
+        err: *mut c_char,
+        errlen: usize,
+    ) -> c_int;
+    pub fn ds4_bridge_batch_free(b: *mut ds4_bridge_batch);
+    pub fn ds4_bridge_batch_eval(
+        b: *mut ds4_bridge_batch,
+        sessions: *const *mut ds4_bridge_session,
+        counts: *const i32,
+        n_sessions: c_int,
+        tokens: *const i32,
+        err: *mut c_char,
+        errlen: usize,
+    ) -> c_int;
+    pub fn ds4_bridge_batch_stats(
+        b: *mut ds4_bridge_batch,
+        out: *mut ds4_bridge_batch_stats_t,
         err: *mut c_char,
         errlen: usize,
     ) -> c_int;

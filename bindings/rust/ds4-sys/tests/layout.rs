@@ -77,6 +77,7 @@ fn rust_layout() -> BTreeMap<String, usize> {
         }
     );
     layout!(m, ds4_bridge_chat_msg { role, content, content_len });
+    layout!(m, ds4_bridge_batch_stats_t { steps, rows, sessions, failed });
     layout!(
         m,
         ds4_bridge_gguf_info_t {
@@ -127,4 +128,50 @@ fn struct_layout_matches_the_c_header() {
     }
     assert!(diffs.is_empty(), "ds4-sys does not mirror ds4_bridge.h:\n{}", diffs.join("\n"));
     assert!(c.len() > 60, "the C side printed only {} entries", c.len());
+}
+
+// Every function and struct the header declares is declared here and laid out by the C side:
+// a header addition that is not mirrored fails (names only; the layouts are checked above).
+#[test]
+fn every_header_declaration_is_mirrored() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../..");
+    let header = std::fs::read_to_string(root.join("bridge/ds4_bridge.h")).unwrap();
+    let sys = std::fs::read_to_string(root.join("bindings/rust/ds4-sys/src/lib.rs")).unwrap();
+    let layout_c = std::fs::read_to_string(root.join("tests/rust/abi_layout.c")).unwrap();
+    let ident = |s: &str| {
+        s.chars()
+            .rev()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect::<String>()
+            .chars()
+            .rev()
+            .collect::<String>()
+    };
+    let mut missing = Vec::new();
+    let mut n_fn = 0;
+    for decl in header.split("DS4_BRIDGE_API").skip(2) {
+        // skip(2): the text before the first use and the #define itself
+        let name = ident(decl.split('(').next().unwrap().trim_end());
+        n_fn += 1;
+        if !sys.contains(&format!("pub fn {}(", name)) {
+            missing.push(format!("function {}", name));
+        }
+    }
+    let mut n_struct = 0;
+    for part in header.split("\n}").skip(1) {
+        // "} name;" closes a typedef'd struct
+        let name = part.lines().next().unwrap_or("").trim().trim_end_matches(';').to_string();
+        if !name.starts_with("ds4_bridge_") || name != ident(&name) {
+            continue;
+        }
+        n_struct += 1;
+        if !sys.contains(&format!("pub struct {} {{", name)) {
+            missing.push(format!("struct {}", name));
+        }
+        if !layout_c.contains(&format!("S({});", name)) {
+            missing.push(format!("struct {} in tests/rust/abi_layout.c", name));
+        }
+    }
+    assert!(n_fn > 40 && n_struct >= 9, "parsed {} functions and {} structs from the header", n_fn, n_struct);
+    assert!(missing.is_empty(), "ds4_bridge.h declares what ds4-sys does not:\n{}", missing.join("\n"));
 }
