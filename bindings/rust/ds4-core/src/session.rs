@@ -22,6 +22,15 @@ use std::ptr::NonNull;
 /// let _ = session.pos();
 /// ```
 ///
+/// Nor can a session move to another thread:
+///
+/// ```compile_fail
+/// fn on_another_thread<T: Send>(_: T) {}
+/// let model = ds4_core::Model::open("m.gguf").unwrap();
+/// let session = model.session(64).unwrap();
+/// on_another_thread(session); // error: `*mut ds4_bridge_session` cannot be sent between threads
+/// ```
+///
 /// The same code in the right order compiles:
 ///
 /// ```no_run
