@@ -30,6 +30,7 @@ pub struct HostTables {
     plan_names: Vec<CString>,
     plan_name_ptrs: Vec<*const c_char>,
     plan_slots: Vec<i32>,
+    with_directory: bool,
 }
 
 impl HostTables {
@@ -85,7 +86,15 @@ impl HostTables {
             plan_names,
             plan_name_ptrs,
             plan_slots: plan_slots.to_vec(),
+            with_directory: true,
         })
+    }
+
+    /// Hands only the bind plan to the open (its slots then index the file's own tensor
+    /// table, which the engine parses itself).
+    pub fn plan_only(mut self) -> HostTables {
+        self.with_directory = false;
+        self
     }
 
     // The raw views point into this value's vectors (CStrings are heap-allocated, so moving
@@ -227,7 +236,9 @@ impl Model {
         if let Some(t) = o.tables {
             dir = t.directory();
             plan = t.plan();
-            opt.tensor_directory = &dir;
+            if t.with_directory {
+                opt.tensor_directory = &dir;
+            }
             opt.bind_plan = &plan;
         }
         let mut out = ptr::null_mut();

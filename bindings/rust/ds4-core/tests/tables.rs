@@ -37,6 +37,12 @@ fn host_tables_give_bit_identical_logits() {
     drop(inv);
     assert_eq!(m.fingerprint(), plain.fingerprint());
     assert_eq!(logits(&m, &p), logits(&plain, &p));
+
+    // The plan alone, over the engine's own parse of the tensor table.
+    let inv = TensorInventory::open(model_path()).unwrap();
+    let plan_only = HostTables::new(&inv, &required).unwrap().plan_only();
+    let m2 = open_with(&plan_only).unwrap();
+    assert_eq!(logits(&m2, &p), logits(&plain, &p));
 }
 
 #[test]
