@@ -185,6 +185,64 @@ int bytes_out(const std::string &s, char *buf, size_t cap, size_t *len_out, char
     return 0;
 }
 
+// The host's tables as engine structures (names copied), with the checks that need no file.
+ds4::gguf::HostDirectory to_host_directory(const ds4_bridge_tensor_directory &d) {
+    if (d.n_tensors < 0) throw ds4::Error("tensor directory: n_tensors is negative");
+    if (d.n_splits < 1) throw ds4::Error("tensor directory: n_splits must be at least 1");
+    if (d.n_tensors > 0 && !d.tensors) throw ds4::Error("tensor directory: tensors is NULL");
+    if (!d.split_data_offset) throw ds4::Error("tensor directory: split_data_offset is NULL");
+    ds4::gguf::HostDirectory out;
+    out.data_offset.assign(d.split_data_offset, d.split_data_offset + d.n_splits);
+    out.tensors.reserve((size_t)d.n_tensors);
+    std::set<std::string_view> names;
+    for (int32_t i = 0; i < d.n_tensors; ++i) {
+        const ds4_bridge_host_tensor &h = d.tensors[i];
+        const std::string at = "tensor directory entry " + std::to_string(i);
+        if (!h.name || !h.name[0]) throw ds4::Error(at + " has no name");
+        if (h.n_dims < 1 || h.n_dims > 4) throw ds4::Error(at + " (" + h.name + ") has " + std::to_string(h.n_dims) + " dimensions");
+        if (!ds4::gguf::type_known(h.type) || !ds4::gguf::type_supported((ds4::gguf::Type)h.type))
+            throw ds4::Error(at + " (" + h.name + ") has unsupported type id " + std::to_string(h.type));
+        if (h.split < 0 || h.split >= d.n_splits)
+            throw ds4::Error(at + " (" + h.name + ") is in split " + std::to_string(h.split) + " of " + std::to_string(d.n_splits));
+        if (!names.insert(h.name).second) throw ds4::Error(at + ": duplicate tensor name " + h.name);
+        ds4::gguf::TensorInfo t;
+        t.name = h.name;
+        t.type = (ds4::gguf::Type)h.type;
+        t.ne.assign(h.ne, h.ne + h.n_dims);
+        t.split = h.split;
+        t.offset = h.offset;
+        t.nbytes = h.nbytes;
+        int64_t nel = 1;
+        for (int64_t e : t.ne) {
+            if (e <= 0 || __builtin_mul_overflow(nel, e, &nel)) throw ds4::Error(at + " (" + h.name + ") has a bad dimension");
+        }
+        const int64_t be = ds4::gguf::type_block_elems(t.type);
+        if (t.ne[0] % be != 0) throw ds4::Error(at + " (" + h.name + "): row length is not a multiple of the block size");
+        uint64_t nb;
+        if (__builtin_mul_overflow(ds4::gguf::row_bytes(t.type, t.ne[0]), (uint64_t)(nel / t.ne[0]), &nb) || nb != t.nbytes)
+            throw ds4::Error(at + " (" + h.name + ") says " + std::to_string(t.nbytes) + " bytes, its type and shape make " +
+                             std::to_string(nb));
+        out.tensors.push_back(std::move(t));
+    }
+    return out;
+}
+
+ds4::TensorPlan to_plan(const ds4_bridge_bind_plan &p, size_t n_inventory) {
+    if (p.n < 0) throw ds4::Error("bind plan: n is negative");
+    if (p.n > 0 && (!p.names || !p.slots)) throw ds4::Error("bind plan: names or slots is NULL");
+    ds4::TensorPlan out;
+    out.reserve((size_t)p.n);
+    for (int32_t i = 0; i < p.n; ++i) {
+        if (!p.names[i]) throw ds4::Error("bind plan entry " + std::to_string(i) + " has a NULL name");
+        if (p.slots[i] < 0 || (size_t)p.slots[i] >= n_inventory)
+            throw ds4::Error("bind plan entry " + std::to_string(i) + " (" + p.names[i] + ") has slot " + std::to_string(p.slots[i]) +
+                             ", the inventory holds " + std::to_string(n_inventory) + " tensors");
+        if (!out.emplace(p.names[i], (size_t)p.slots[i]).second)
+            throw ds4::Error(std::string("bind plan names tensor ") + p.names[i] + " twice");
+    }
+    return out;
+}
+
 }  // namespace
 
 extern "C" {
@@ -214,6 +272,20 @@ int ds4_bridge_model_open(ds4_bridge_model **out, const ds4_bridge_model_open_op
         mo.backend = opt->backend == DS4_BRIDGE_BACKEND_CUDA  ? ds4::BackendKind::Cuda
                      : opt->backend == DS4_BRIDGE_BACKEND_AUTO ? ds4::BackendKind::Auto
                                                                : ds4::BackendKind::Cpu;
+        // The host's tables live only for this call: converted (names copied) here, dropped
+        // when it returns; nothing the model keeps points into them.
+        ds4::gguf::HostDirectory dir;
+        ds4::TensorPlan plan;
+        if (opt->tensor_directory) {
+            dir = to_host_directory(*opt->tensor_directory);
+            mo.directory = &dir;
+        }
+        if (opt->bind_plan) {
+            // Slots index the directory when there is one; the file's own table is checked by
+            // the binder (a slot past it fails there).
+            plan = to_plan(*opt->bind_plan, opt->tensor_directory ? dir.tensors.size() : SIZE_MAX);
+            mo.plan = &plan;
+        }
         m->model = ds4::Model::open(opt->model_path, mo);
         m->ex = m->model->make_executor();
         const ds4::gguf::Reader &r = m->model->reader();
@@ -651,6 +723,7 @@ int ds4_bridge_token_is_stop(ds4_bridge_model *m, int32_t token) {
 
 struct ds4_bridge_gguf {
     std::unique_ptr<ds4::gguf::Reader> r;
+    std::string path;
 };
 
 int ds4_bridge_gguf_open(ds4_bridge_gguf **out, const char *path, char *err, size_t errlen) {
@@ -660,6 +733,7 @@ int ds4_bridge_gguf_open(ds4_bridge_gguf **out, const char *path, char *err, siz
     return guarded(err, errlen, [&] {
         auto g = std::make_unique<ds4_bridge_gguf>();
         g->r = ds4::gguf::Reader::open(path, false);
+        g->path = path;
         *out = g.release();
         return 0;
     });
@@ -703,6 +777,68 @@ int ds4_bridge_gguf_tensor(ds4_bridge_gguf *g, int index, ds4_bridge_gguf_tensor
     out->offset = t.offset;
     out->nbytes = t.nbytes;
     return 0;
+}
+
+int ds4_bridge_gguf_required_tensors(ds4_bridge_gguf *g, char *buf, size_t cap, size_t *len_out, int32_t *n_out, char *err,
+                                     size_t errlen) {
+    NEED(g, "gguf handle is NULL");
+    return guarded(err, errlen, [&] {
+        const std::vector<std::string> names =
+            ds4::ModelWeights::required_names(*g->r, ds4::ModelConfig::from_gguf(*g->r));
+        std::string all;
+        for (const std::string &n : names) all.append(n).push_back('\0');
+        if (n_out) *n_out = (int32_t)names.size();
+        if (len_out) *len_out = all.size();
+        if (cap < all.size()) {
+            set_err(err, errlen, "name buffer too small: need " + std::to_string(all.size()) + " bytes");
+            return -1;
+        }
+        if (!all.empty()) {
+            if (!buf) throw ds4::Error("name buffer is NULL");
+            std::memcpy(buf, all.data(), all.size());
+        }
+        return 0;
+    });
+}
+
+int ds4_bridge_bind_plan_check(ds4_bridge_gguf *g, const ds4_bridge_tensor_directory *inventory,
+                               const ds4_bridge_bind_plan *plan, char *err, size_t errlen) {
+    NEED(plan, "bind plan is NULL");
+    NEED(inventory || g, "give an inventory, a gguf handle or both");
+    return guarded(err, errlen, [&] {
+        ds4::gguf::HostDirectory dir;
+        if (inventory) dir = to_host_directory(*inventory);
+        const ds4::TensorPlan p = to_plan(*plan, inventory ? dir.tensors.size() : g->r->tensors().size());
+        if (g) {
+            // The directory read against g's files (headers only), then the binder's dry run.
+            std::unique_ptr<ds4::gguf::Reader> r;
+            if (inventory) r = ds4::gguf::Reader::open(g->path, false, &dir);
+            const ds4::gguf::Reader &use = r ? *r : *g->r;
+            ds4::ModelWeights::required_names(use, ds4::ModelConfig::from_gguf(use), &p);
+        }
+        return 0;
+    });
+}
+
+int ds4_bridge_bind_plan_match(const ds4_bridge_tensor_directory *inventory, const ds4_bridge_bind_plan *plan,
+                               int32_t *identity_out, char *err, size_t errlen) {
+    NEED(inventory, "inventory is NULL");
+    NEED(plan, "bind plan is NULL");
+    NEED(plan->n >= 0, "bind plan: n is negative");
+    NEED(plan->n == 0 || (plan->names && plan->slots && identity_out), "bind plan arrays or identity_out are NULL");
+    NEED(inventory->n_tensors >= 0 && (inventory->n_tensors == 0 || inventory->tensors), "inventory tensors are NULL");
+    return guarded(err, errlen, [&] {
+        for (int32_t i = 0; i < plan->n; ++i) {
+            const int32_t slot = plan->slots[i];
+            if (slot < 0 || slot >= inventory->n_tensors) {
+                identity_out[i] = -1;
+                continue;
+            }
+            const char *have = inventory->tensors[slot].name;
+            identity_out[i] = have && plan->names[i] && std::strcmp(have, plan->names[i]) == 0 ? 1 : 0;
+        }
+        return 0;
+    });
 }
 
 }  // extern "C"

@@ -52,6 +52,9 @@ typedef struct { /* POD; initialise with ds4_bridge_model_open_options_init */
     uint32_t ssd_streaming_cache_experts;
     uint64_t ssd_streaming_cache_bytes;
     int32_t mtp_draft_tokens;
+    /* Host-owned tables (see "host-owned tables" at the end of this header); NULL = none. */
+    const struct ds4_bridge_tensor_directory *tensor_directory;
+    const struct ds4_bridge_bind_plan *bind_plan;
 } ds4_bridge_model_open_options;
 
 typedef struct {
@@ -206,6 +209,66 @@ DS4_BRIDGE_API void ds4_bridge_gguf_free(ds4_bridge_gguf *g);
 DS4_BRIDGE_API int ds4_bridge_gguf_info(ds4_bridge_gguf *g, ds4_bridge_gguf_info_t *out, char *err, size_t errlen);
 DS4_BRIDGE_API int ds4_bridge_gguf_tensor(ds4_bridge_gguf *g, int index, ds4_bridge_gguf_tensor_t *out, char *err,
                                           size_t errlen);
+
+/* === host-owned tables ================================================================
+ * A host that parses the GGUF itself (the Rust binding does) hands its tables to the open
+ * instead of letting the engine parse them again. They are borrowed for the _open call only:
+ * the engine checks every entry, copies what it keeps (names included) and holds no pointer
+ * into them once _open returns, so the host may free them right after.
+ *
+ * An open with a directory and a plan that describe the file exactly behaves like an open
+ * without them (bit-identical logits, same fingerprint). */
+
+/* One tensor of the host's inventory. name: NUL-terminated. type: the GGML type id as the
+ * file stores it. split: 0-based index of the split file that holds it; offset: within that
+ * split's data section; nbytes: must equal what type and ne make. */
+typedef struct ds4_bridge_host_tensor {
+    const char *name;
+    uint32_t type;
+    int32_t n_dims;
+    int64_t ne[4];
+    int32_t split;
+    uint64_t offset, nbytes;
+} ds4_bridge_host_tensor;
+
+/* The host's parse of a GGUF or split set: every tensor in file order (split by split), and
+ * where each split's data section starts in its file. Replaces the engine's parse of the
+ * tensor tables (the engine still reads the metadata); each split's tensor count, every
+ * dimension, type, size, alignment, bound and overlap is checked against the files. */
+typedef struct ds4_bridge_tensor_directory {
+    const ds4_bridge_host_tensor *tensors;
+    int32_t n_tensors;
+    int32_t n_splits;
+    const uint64_t *split_data_offset; /* n_splits entries */
+} ds4_bridge_tensor_directory;
+
+/* The name -> tensor index the engine binds by: the engine's tensor names[i] is the inventory
+ * entry slots[i] (the directory's when one is given, else the file's own table, in file
+ * order). Every name the engine binds must be present; shapes are still checked. */
+typedef struct ds4_bridge_bind_plan {
+    const char *const *names;
+    const int32_t *slots;
+    int32_t n;
+} ds4_bridge_bind_plan;
+
+/* The tensor names the engine binds for the model g describes (a dry run of the binder that
+ * also checks every shape against the metadata), NUL-terminated one after another into buf;
+ * *len_out gets the bytes needed, *n_out the number of names. */
+DS4_BRIDGE_API int ds4_bridge_gguf_required_tensors(ds4_bridge_gguf *g, char *buf, size_t cap, size_t *len_out,
+                                                    int32_t *n_out, char *err, size_t errlen);
+/* 0 when the engine can consume the plan over this inventory: the directory's entries are
+ * well-formed (names, 1..4 positive dims, known supported types, nbytes matching), plan
+ * names unique and non-NULL, every slot in range. With g (may be NULL) also the binder's dry
+ * run through the plan: every required name present, every shape as the model expects. */
+DS4_BRIDGE_API int ds4_bridge_bind_plan_check(ds4_bridge_gguf *g, const ds4_bridge_tensor_directory *inventory,
+                                              const ds4_bridge_bind_plan *plan, char *err, size_t errlen);
+/* Slot-by-slot identity report: identity_out[i] (plan->n entries) is 1 when inventory entry
+ * slots[i] is named names[i], 0 when the plan binds names[i] to a differently named tensor,
+ * -1 when the slot is out of range. */
+DS4_BRIDGE_API int ds4_bridge_bind_plan_match(const ds4_bridge_tensor_directory *inventory,
+                                              const ds4_bridge_bind_plan *plan, int32_t *identity_out, char *err,
+                                              size_t errlen);
+/* === end of host-owned tables ========================================================== */
 
 #ifdef __cplusplus
 }

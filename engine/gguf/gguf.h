@@ -97,11 +97,22 @@ struct TensorInfo {
 std::string split_path(const std::string &prefix, int k, int n);
 bool parse_split_path(const std::string &path, std::string *prefix, int *k, int *n);
 
+// A tensor table parsed by someone else (the bridge's host side): the tensors of every split
+// (TensorInfo::split says which; offsets within that split's data section; data unused) and
+// where each split's data section starts in its file. Reader::open with one reads only the
+// metadata of each file and checks every entry as strictly as its own parse would.
+struct HostDirectory {
+    std::vector<TensorInfo> tensors;
+    std::vector<uint64_t> data_offset;   // one per split
+};
+
 class Reader {
 public:
     // Opens PATH; when it is split "-00001-of-0000N.gguf", all splits are opened.
     // map=false parses headers only (identification without touching tensor data).
-    static std::unique_ptr<Reader> open(const std::string &path, bool map = true);
+    // dir: the tensor table comes from it instead of the files' own tensor sections.
+    static std::unique_ptr<Reader> open(const std::string &path, bool map = true,
+                                        const HostDirectory *dir = nullptr);
     // Parses a GGUF image held in memory (used by the fuzzer and tests). The buffer
     // must outlive the Reader.
     static std::unique_ptr<Reader> from_memory(const uint8_t *data, size_t size);

@@ -126,7 +126,9 @@ class Parser {
 public:
     Parser(const uint8_t *p, uint64_t size, const std::string &src) : cur_{p, size, 0, src}, src_(src) {}
 
-    Parsed run() {
+    // host: this split's entries of a HostDirectory and its data section offset; the file's
+    // own tensor table is then skipped, and each entry gets the checks read_tensor_infos makes.
+    Parsed run(const std::vector<TensorInfo> *host = nullptr, uint64_t host_data_start = 0) {
         Parsed out;
         cur_.need(4, "magic");
         const uint8_t *m = cur_.p;
@@ -145,6 +147,10 @@ public:
 
         read_metadata(out, n_kv);
         read_alignment(out);
+        if (host) {
+            use_host_tensors(out, n_tensors, *host, host_data_start);
+            return out;
+        }
         read_tensor_infos(out, n_tensors);
         place_tensors(out);
         return out;
@@ -267,11 +273,54 @@ private:
         }
     }
 
-    void place_tensors(Parsed &out) {
+    void use_host_tensors(Parsed &out, uint64_t n_tensors, const std::vector<TensorInfo> &host, uint64_t data_start) {
+        if (host.size() != n_tensors)
+            bad(src_, strf("host tensor directory lists %llu tensors for this file, its header says %llu", (ull)host.size(),
+                           (ull)n_tensors));
+        // The tensor table lies between the metadata and the data section.
+        if (data_start < cur_.pos || data_start > cur_.size)
+            bad(src_, strf("host tensor directory: data section offset %llu is outside [%llu, %llu] (after the metadata, "
+                           "inside the file)", (ull)data_start, (ull)cur_.pos, (ull)cur_.size));
+        if (data_start % out.alignment != 0)
+            bad(src_, strf("host tensor directory: data section offset %llu is not a multiple of the alignment %u",
+                           (ull)data_start, out.alignment));
+        std::unordered_map<std::string_view, size_t> names;
+        out.tensors.reserve(host.size());
+        for (const TensorInfo &h : host) {
+            if (h.name.empty()) bad(src_, "host tensor directory: a tensor has an empty name");
+            const std::string nm = show(h.name);
+            if (h.ne.empty() || h.ne.size() > 4) bad(src_, strf("tensor %s has %zu dimensions (must be 1 to 4)", nm.c_str(), h.ne.size()));
+            int64_t nel = 1;
+            for (size_t d = 0; d < h.ne.size(); d++) {
+                if (h.ne[d] <= 0) bad(src_, strf("tensor %s: dimension %zu is %lld (must be positive)", nm.c_str(), d, (ll)h.ne[d]));
+                if (__builtin_mul_overflow(nel, h.ne[d], &nel)) bad(src_, strf("tensor %s: element count overflows", nm.c_str()));
+            }
+            if (!type_known(static_cast<uint32_t>(h.type))) bad(src_, strf("unknown tensor type %u in tensor %s", (uint32_t)h.type, nm.c_str()));
+            if (!type_supported(h.type)) bad(src_, strf("unsupported tensor type %s in tensor %s", type_name(h.type), nm.c_str()));
+            const int64_t be = type_block_elems(h.type);
+            if (h.ne[0] % be != 0)
+                bad(src_, strf("tensor %s: row length %lld is not a multiple of the %s block size %lld", nm.c_str(), (ll)h.ne[0],
+                               type_name(h.type), (ll)be));
+            uint64_t nbytes;
+            const uint64_t rowb = static_cast<uint64_t>(h.ne[0] / be) * static_cast<uint64_t>(type_block_bytes(h.type));
+            if (__builtin_mul_overflow(rowb, static_cast<uint64_t>(nel / h.ne[0]), &nbytes))
+                bad(src_, strf("tensor %s: byte size overflows", nm.c_str()));
+            if (nbytes != h.nbytes)
+                bad(src_, strf("host tensor directory: tensor %s says %llu bytes, its type and shape make %llu", nm.c_str(),
+                               (ull)h.nbytes, (ull)nbytes));
+            if (names.count(h.name)) bad(src_, "duplicate tensor name " + nm);
+            out.tensors.push_back(h);
+            out.tensors.back().data = nullptr;
+            names.emplace(out.tensors.back().name, out.tensors.size() - 1);
+        }
+        place_tensors(out, data_start);
+    }
+
+    void place_tensors(Parsed &out, uint64_t host_data_start = UINT64_MAX) {
         uint64_t a = out.alignment;
         uint64_t pos = cur_.pos;
         uint64_t pad = (a - pos % a) % a;
-        out.data_start = pos + pad;   // pos <= size < 2^63, cannot overflow
+        out.data_start = host_data_start != UINT64_MAX ? host_data_start : pos + pad;   // pos <= size < 2^63
         if (out.tensors.empty()) return;
         if (out.data_start > cur_.size)
             bad(src_, strf("tensor data section would start at offset %llu, beyond the end of the file (%llu bytes)",
@@ -438,7 +487,7 @@ std::unique_ptr<Reader> Reader::from_memory(const uint8_t *data, size_t size) {
     return r;
 }
 
-std::unique_ptr<Reader> Reader::open(const std::string &path, bool map) {
+std::unique_ptr<Reader> Reader::open(const std::string &path, bool map, const HostDirectory *dir) {
     std::string prefix;
     int k = 0, n = 1;
     std::vector<std::string> paths;
@@ -449,11 +498,28 @@ std::unique_ptr<Reader> Reader::open(const std::string &path, bool map) {
         paths.push_back(path);
     }
 
+    std::vector<std::vector<TensorInfo>> host;   // the directory's entries per split
+    if (dir) {
+        if (dir->data_offset.size() != paths.size())
+            bad(path, strf("host tensor directory describes %zu splits, the file name says %zu", dir->data_offset.size(),
+                           paths.size()));
+        host.resize(paths.size());
+        for (const TensorInfo &t : dir->tensors) {
+            if (t.split < 0 || static_cast<size_t>(t.split) >= paths.size())
+                bad(path, strf("host tensor directory: tensor %s is in split %d of %zu", show(t.name).c_str(), t.split, paths.size()));
+            host[t.split].push_back(t);
+        }
+    }
+
     std::unique_ptr<Reader> r(new Reader());
     std::vector<Parsed> ps;
-    for (const std::string &p : paths) {
+    for (size_t s = 0; s < paths.size(); s++) {
+        const std::string &p = paths[s];
         auto m = map_file(p);
-        ps.push_back(parse(static_cast<const uint8_t *>(m->addr), m->len, p));
+        const uint8_t *base = static_cast<const uint8_t *>(m->addr);
+        static const uint8_t empty = 0;
+        if (dir) ps.push_back(Parser(base ? base : &empty, base ? m->len : 0, p).run(&host[s], dir->data_offset[s]));
+        else ps.push_back(parse(base, m->len, p));
         if (!map) {
             for (TensorInfo &ti : ps.back().tensors) ti.data = nullptr;
         } else {

@@ -47,9 +47,9 @@ uint64_t compute_fingerprint(const gguf::Reader &r) {
 std::unique_ptr<Model> Model::open(const std::string &path, const ModelOptions &opt) {
     std::unique_ptr<Model> m(new Model());
     m->path_ = path;
-    m->reader_ = gguf::Reader::open(path, true);
+    m->reader_ = gguf::Reader::open(path, true, opt.directory);
     m->cfg_ = ModelConfig::from_gguf(*m->reader_);
-    m->w_ = ModelWeights::bind(*m->reader_, m->cfg_);
+    m->w_ = ModelWeights::bind(*m->reader_, m->cfg_, opt.plan);
     m->rope_main_ = Rope::for_layer_kind(m->cfg_, false);
     m->rope_compress_ = Rope::for_layer_kind(m->cfg_, true);
     BackendKind kind = opt.backend;

@@ -27,6 +27,10 @@ struct ModelOptions {
     BackendKind backend = BackendKind::Cpu;
     // Called while weights are copied to a device (bytes done, bytes total).
     std::function<void(uint64_t done, uint64_t total)> progress = nullptr;
+    // Host-owned tables (the bridge's open options), used during open only: the tensor table
+    // to use instead of parsing the files' own, and the name -> tensor index to bind by.
+    const gguf::HostDirectory *directory = nullptr;
+    const TensorPlan *plan = nullptr;
 };
 
 class Model {

@@ -12,11 +12,24 @@ namespace {
 struct Binder {
     const gguf::Reader &r;
     ModelWeights &mw;
+    const TensorPlan *plan = nullptr;
+    bool dry = false;                        // check names and shapes only, read no data
+    std::vector<std::string> *asked = nullptr;
 
     const gguf::TensorInfo &get(const std::string &name) {
-        const gguf::TensorInfo *t = r.tensor(name);
+        if (asked) asked->push_back(name);
+        const gguf::TensorInfo *t = nullptr;
+        if (plan) {
+            auto it = plan->find(name);
+            if (it == plan->end()) failf("bind plan has no entry for tensor %s", name.c_str());
+            if (it->second >= r.tensors().size())
+                failf("bind plan maps tensor %s to slot %zu of %zu", name.c_str(), it->second, r.tensors().size());
+            t = &r.tensors()[it->second];
+        } else {
+            t = r.tensor(name);
+        }
         if (!t) failf("model is missing tensor %s", name.c_str());
-        if (!t->data) failf("tensor %s has no data mapped", name.c_str());
+        if (!t->data && !dry) failf("tensor %s has no data mapped", name.c_str());
         return *t;
     }
     static std::string dims(const std::vector<int64_t> &ne) {
@@ -64,22 +77,41 @@ struct Binder {
         expect(t, ne);
         int64_t n = 1;
         for (int64_t d : ne) n *= d;
-        std::vector<float> out((size_t)n);
         if (t.type == gguf::Type::I32) failf("tensor %s: expected a float tensor", name.c_str());
+        if (dry) return {};
+        std::vector<float> out((size_t)n);
         const int64_t row = t.ne[0];
         const uint64_t rb = gguf::row_bytes(t.type, row);
         for (int64_t i = 0; i < n / row; ++i) quant::dequantize_row(t.type, t.data + i * rb, out.data() + i * row, row);
         mw.owned_bytes += sizeof(float) * n;
         return out;
     }
-    bool has(const std::string &name) { return r.tensor(name) != nullptr; }
+    bool has(const std::string &name) { return plan ? plan->count(name) != 0 : r.tensor(name) != nullptr; }
 };
+
+void bind_with(Binder &b, const ModelConfig &c);
 
 }  // namespace
 
-ModelWeights ModelWeights::bind(const gguf::Reader &r, const ModelConfig &c) {
+ModelWeights ModelWeights::bind(const gguf::Reader &r, const ModelConfig &c, const TensorPlan *plan) {
     ModelWeights mw;
-    Binder b{r, mw};
+    Binder b{r, mw, plan};
+    bind_with(b, c);
+    return mw;
+}
+
+std::vector<std::string> ModelWeights::required_names(const gguf::Reader &r, const ModelConfig &c, const TensorPlan *plan) {
+    ModelWeights mw;
+    std::vector<std::string> names;
+    Binder b{r, mw, plan, true, &names};
+    bind_with(b, c);
+    return names;
+}
+
+namespace {
+
+void bind_with(Binder &b, const ModelConfig &c) {
+    ModelWeights &mw = b.mw;
     const int64_t D = c.n_embd, hc = c.hc_mult, mix = (2 + hc) * hc;
     mw.token_embd = b.mat(global_tensor("token_embd"), D, c.n_vocab);
     mw.output = b.mat(global_tensor("output"), D, c.n_vocab);
@@ -135,9 +167,10 @@ ModelWeights ModelWeights::bind(const gguf::Reader &r, const ModelConfig &c) {
             b.expect(t, {c.n_expert_used, c.n_vocab});
             if (t.type != gguf::Type::I32) failf("tensor %s must be i32", t.name.c_str());
             L.tid2eid = reinterpret_cast<const int32_t *>(t.data);
-            for (int64_t i = 0; i < (int64_t)c.n_expert_used * c.n_vocab; ++i)
-                if (L.tid2eid[i] < 0 || L.tid2eid[i] >= c.n_expert)
-                    failf("tensor %s: expert id %d out of range at %lld", t.name.c_str(), L.tid2eid[i], (long long)i);
+            if (!b.dry)
+                for (int64_t i = 0; i < (int64_t)c.n_expert_used * c.n_vocab; ++i)
+                    if (L.tid2eid[i] < 0 || L.tid2eid[i] >= c.n_expert)
+                        failf("tensor %s: expert id %d out of range at %lld", t.name.c_str(), L.tid2eid[i], (long long)i);
         } else {
             // ds4's own files name the router bias exp_probs_b.bias; our converter (tools/convert)
             // writes ffn_exp_probs_b.weight. Accept both.
@@ -153,7 +186,7 @@ ModelWeights ModelWeights::bind(const gguf::Reader &r, const ModelConfig &c) {
             L.down_sh = b.mat(N("ffn_down_shexp"), c.n_ff_exp, D);
         }
     }
-    return mw;
 }
 
+}  // namespace
 }  // namespace ds4

@@ -4,6 +4,8 @@
 // owned f32 copies once.
 #pragma once
 #include <cstdint>
+#include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "engine/gguf/gguf.h"
@@ -35,6 +37,8 @@ struct LayerWeights {
     WeightView gate_sh, up_sh, down_sh;
 };
 
+using TensorPlan = std::unordered_map<std::string, size_t>;
+
 struct ModelWeights {
     WeightView token_embd;         // ne = [n_embd, n_vocab]
     WeightView output;             // ne = [n_embd, n_vocab]
@@ -45,7 +49,14 @@ struct ModelWeights {
     uint64_t mapped_bytes = 0;     // bytes of tensors referenced in place
     uint64_t owned_bytes = 0;      // bytes of the f32 copies
 
-    static ModelWeights bind(const gguf::Reader &r, const ModelConfig &c);
+    // plan: the host's name -> index into r.tensors() (the bridge's bind plan); every name the
+    // binder asks for must be in it, and the tensor at its index is bound under that name
+    // (shapes still checked). Without a plan names are looked up in the reader.
+    static ModelWeights bind(const gguf::Reader &r, const ModelConfig &c, const TensorPlan *plan = nullptr);
+    // The names bind() asks for, in order, found by a dry run that checks shapes but reads
+    // no tensor data (r may be opened without mapping). With a plan, also checks the plan.
+    static std::vector<std::string> required_names(const gguf::Reader &r, const ModelConfig &c,
+                                                   const TensorPlan *plan = nullptr);
 };
 
 }  // namespace ds4

@@ -162,8 +162,8 @@ std::vector<Clock::time_point> stream(const std::string &sock, const std::vector
 Round run_round(const std::string &sock, int n, const Args &a, int vocab) {
     Client stats_client(sock, "bench-batch-stats");
     const auto s0 = stats_client.stats();
-    std::vector<std::vector<Clock::time_point>> times(size_t(n));
-    std::vector<std::string> errors(size_t(n));
+    std::vector<std::vector<Clock::time_point>> times(static_cast<size_t>(n));
+    std::vector<std::string> errors(static_cast<size_t>(n));
     std::vector<std::thread> th;
     for (int i = 0; i < n; ++i)
         th.emplace_back([&, i] {

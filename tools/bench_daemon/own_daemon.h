@@ -63,7 +63,8 @@ struct OwnDaemon {
             pid = -1;
             throw std::runtime_error("cannot start " + exe + " (use --ds4d PATH)");
         }
-        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+        // Large models take minutes to open and prewarm: wait while the daemon lives.
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(30);
         while (std::chrono::steady_clock::now() < deadline) {
             int st = 0;
             if (waitpid(pid, &st, WNOHANG) == pid) {
@@ -77,6 +78,6 @@ struct OwnDaemon {
                 std::this_thread::sleep_for(std::chrono::milliseconds(20));
             }
         }
-        throw std::runtime_error("ds4d did not listen within 120 s");
+        throw std::runtime_error("ds4d did not listen within 30 minutes; see " + log);
     }
 };
