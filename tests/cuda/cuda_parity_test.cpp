@@ -60,8 +60,8 @@ TEST_P(CudaParity, F32AllModesMatchReference) {
     EXPECT_LE(rel_error(fx.logits, got, fx.vocab), 1e-4) << fx.name << " prefill cap 7";
 }
 
-// Converted half / bf16 / q8_0 files: the GPU (f32 activations) must be at least as close to
-// the reference as the CPU (q8 activations for q8_0 weights) on the same file.
+// Converted half / bf16 / q8_0 files: the GPU must be at least as close to the reference as
+// the CPU on the same file (both quantise activations to q8_0 for q8_0 weights).
 TEST_P(CudaParity, ConvertedTypesAsCloseAsTheCpu) {
     NEED_DEVICE();
     RefFixture fx = load_fixture(GetParam());
@@ -80,9 +80,13 @@ TEST_P(CudaParity, ConvertedTypesAsCloseAsTheCpu) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaParity, ::testing::Values("mix", "flashlike", "wide"));
 
 // Every tensor type: a random model from ds4-make-model stored in that type, on the GPU,
-// against the CPU running the same weights decoded to f32 (so both do the same math: the
-// GPU keeps activations in f32, while the CPU quantises them for block-format weights, an
-// error a random model amplifies past any useful bound).
+// against the CPU on the same file. For F32/F16/BF16 both multiply f32 activations; for the
+// block formats both quantise the activations (Q8_0 / Q8_K) bit-identically and take
+// integer dots, so they differ by float summation order only -- which can still move a
+// later product's input across a q8 rounding boundary (one quantum of one element shifts an
+// output by ~1e-3 of the largest at these widths, and a random model amplifies it), hence
+// 1e-2 for them; and the GPU must be closer to the CPU on the file than to the CPU on the
+// weights decoded to f32 (the f32-activation math it no longer does).
 std::string decode_to_f32(const std::string &path) {
     auto r = gguf::Reader::open(path);
     gguf::Writer w;
@@ -118,12 +122,19 @@ TEST_P(CudaTypes, MatchesCpuOnTheDecodedWeights) {
     auto cpu = open(plain, BackendKind::Cpu), gpu = open(path, BackendKind::Cuda), cpu_q = open(path, BackendKind::Cpu);
     std::vector<int32_t> toks;
     for (int i = 0; i < 40; ++i) toks.push_back((i * 37 + 11) % cpu->config().n_vocab);
+    const bool plain = (t == "f32" || t == "f16" || t == "bf16") && (et == "f32" || et == "f16" || et == "bf16");
     for (const char *mode : {"prefill", "decode"}) {
         const std::vector<float> c = run_mode(*cpu, toks, mode), g = run_mode(*gpu, toks, mode);
         const double e = rel(c, g), eq = rel(run_mode(*cpu_q, toks, mode), g);
-        std::printf("[cuda types] %-12s %-7s gpu vs cpu(decoded f32) %.3g   (vs cpu on the file itself %.3g)\n",
-                    type.c_str(), mode, e, eq);
-        EXPECT_LE(e, 1e-4) << type << " " << mode;
+        std::printf("[cuda types] %-12s %-7s gpu vs cpu on the file %.3g   (vs cpu on the decoded f32 weights %.3g)\n",
+                    type.c_str(), mode, eq, e);
+        if (plain) {
+            EXPECT_LE(e, 1e-4) << type << " " << mode;
+            EXPECT_LE(eq, 1e-4) << type << " " << mode;
+        } else {
+            EXPECT_LE(eq, 1e-2) << type << " " << mode;
+            EXPECT_LT(eq, e) << type << " " << mode;
+        }
     }
     std::remove(path.c_str());
     std::remove(plain.c_str());
