@@ -11,7 +11,8 @@
 // The dot kernel: a warp per output row, each lane 8 consecutive elements per step (always
 // inside one sub-block of any format, so one sub-scale), the warp covering 256 contiguous
 // elements per step (coalesced weight reads); the weight chunk is decoded once into two
-// int8x4 words for a tile of up to 8 tokens (grid.y walks the tiles).
+// int8x4 words for a tile of up to 8 tokens (grid.y walks the tiles; a one-token product
+// is compiled apart, with a tile of 1).
 #include <cuda_fp16.h>
 
 #include <cstdint>
@@ -184,10 +185,11 @@ template <> struct Fmt<16> {   // IQ2_XXS
     }
 };
 
-constexpr int kTileTok = 8, kWarps = 4;
+constexpr int kWarps = 4;
 
-template <int T>
-__global__ void __launch_bounds__(32 * kWarps) qmatmul_kernel(const uint8_t *__restrict__ w, int64_t in, int64_t out,
+// NT: tokens per tile (1 for decode, so the registers of a bigger tile do not cut occupancy).
+template <int T, int NT>
+__global__ void __launch_bounds__(32 * kWarps, NT == 1 ? 6 : 4) qmatmul_kernel(const uint8_t *__restrict__ w, int64_t in, int64_t out,
                                                               uint64_t row_bytes, const uint8_t *__restrict__ xq,
                                                               uint64_t qrow, int64_t n_tok, float *__restrict__ y,
                                                               int64_t y_stride, const uint64_t *__restrict__ grid_g) {
@@ -201,21 +203,21 @@ __global__ void __launch_bounds__(32 * kWarps) qmatmul_kernel(const uint8_t *__r
     const int lane = threadIdx.x & 31;
     const int64_t o = (int64_t)blockIdx.x * kWarps + (threadIdx.x >> 5);
     if (o >= out) return;
-    const int64_t t0 = (int64_t)blockIdx.y * kTileTok;
-    const int nt = (int)(n_tok - t0 < kTileTok ? n_tok - t0 : kTileTok);
+    const int64_t t0 = (int64_t)blockIdx.y * NT;
+    const int nt = (int)(n_tok - t0 < NT ? n_tok - t0 : NT);
     const uint8_t *row = w + (uint64_t)o * row_bytes;
     const uint8_t *xt = xq + (uint64_t)t0 * qrow;
     const int64_t nblk = in / F::kQK;
-    float acc[kTileTok], accm[kTileTok];
+    float acc[NT], accm[NT];
 #pragma unroll
-    for (int t = 0; t < kTileTok; ++t) acc[t] = accm[t] = 0.f;
+    for (int t = 0; t < NT; ++t) acc[t] = accm[t] = 0.f;
     const int64_t chunks = in >> 3;
-#pragma unroll 2
+#pragma unroll(NT == 1 ? 4 : 2)
     for (int64_t c = lane; c < chunks; c += 32) {
         const Chunk k = F::load(row, c, grid_s);
         const int64_t blk = c / (F::kQK / 8);
 #pragma unroll
-        for (int t = 0; t < kTileTok; ++t) {
+        for (int t = 0; t < NT; ++t) {
             if (t < nt) {
                 const uint8_t *xr = xt + (uint64_t)t * qrow;
                 const int2 xv = reinterpret_cast<const int2 *>(xr)[c];
@@ -233,7 +235,7 @@ __global__ void __launch_bounds__(32 * kWarps) qmatmul_kernel(const uint8_t *__r
         }
     }
 #pragma unroll
-    for (int t = 0; t < kTileTok; ++t) {
+    for (int t = 0; t < NT; ++t) {
         float v = acc[t], m = accm[t];
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1) {
@@ -253,8 +255,9 @@ void launch(cudaStream_t s, const uint8_t *w, int64_t in, int64_t out, uint64_t 
     if ((uintptr_t)w % Fmt<T>::kAlign || rb % Fmt<T>::kAlign)
         failf("CUDA backend: %s weights at a misaligned address or row size", gguf::type_name(Type(T)));
     if (T == 16 && !g_grid_addr) fail("CUDA backend: init_qmatmul_tables was not called");
-    const dim3 g((unsigned)((out + kWarps - 1) / kWarps), (unsigned)((n_tok + kTileTok - 1) / kTileTok));
-    qmatmul_kernel<T><<<g, 32 * kWarps, 0, s>>>(w, in, out, rb, xq, qrow, n_tok, y, ys, g_grid_addr);
+    const unsigned rows = (unsigned)((out + kWarps - 1) / kWarps);
+    if (n_tok == 1) qmatmul_kernel<T, 1><<<dim3(rows, 1), 32 * kWarps, 0, s>>>(w, in, out, rb, xq, qrow, n_tok, y, ys, g_grid_addr);
+    else qmatmul_kernel<T, 8><<<dim3(rows, (unsigned)((n_tok + 7) / 8)), 32 * kWarps, 0, s>>>(w, in, out, rb, xq, qrow, n_tok, y, ys, g_grid_addr);
     DS4_CUDA_LAUNCHED();
 }
 

@@ -122,13 +122,13 @@ TEST_P(CudaTypes, MatchesCpuOnTheDecodedWeights) {
     auto cpu = open(plain, BackendKind::Cpu), gpu = open(path, BackendKind::Cuda), cpu_q = open(path, BackendKind::Cpu);
     std::vector<int32_t> toks;
     for (int i = 0; i < 40; ++i) toks.push_back((i * 37 + 11) % cpu->config().n_vocab);
-    const bool plain = (t == "f32" || t == "f16" || t == "bf16") && (et == "f32" || et == "f16" || et == "bf16");
+    const bool plain_types = (t == "f32" || t == "f16" || t == "bf16") && (et == "f32" || et == "f16" || et == "bf16");
     for (const char *mode : {"prefill", "decode"}) {
         const std::vector<float> c = run_mode(*cpu, toks, mode), g = run_mode(*gpu, toks, mode);
         const double e = rel(c, g), eq = rel(run_mode(*cpu_q, toks, mode), g);
         std::printf("[cuda types] %-12s %-7s gpu vs cpu on the file %.3g   (vs cpu on the decoded f32 weights %.3g)\n",
                     type.c_str(), mode, eq, e);
-        if (plain) {
+        if (plain_types) {
             EXPECT_LE(e, 1e-4) << type << " " << mode;
             EXPECT_LE(eq, 1e-4) << type << " " << mode;
         } else {

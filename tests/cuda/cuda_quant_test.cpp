@@ -83,7 +83,7 @@ std::vector<float> activation_rows(int rows, int64_t n, std::mt19937 &rng) {
             case 3: v[i] = (i / 256) % 2 == 0 ? 0.f : 1e30f * g(rng); break;   // zero / huge blocks
             case 4: v[i] = 1e-38f * g(rng); break;                    // tiny: reciprocal overflows
             case 5: v[i] = 1e-44f * (float)((i % 7) - 3); break;      // subnormals
-            case 6: v[i] = (float)((int)(i % 255) - 127) * 0.5f; break;   // exact .5 ties after scaling
+            case 6: v[i] = i % 32 == 0 ? 127.f : (float)((int)(i % 255) - 127) * 0.5f; break;   // scale 1: exact .5 ties
             default: {
                 v[i] = g(rng);
                 if (i % 97 == 5) v[i] = inf;
@@ -150,7 +150,7 @@ TEST_P(CudaQuant, MatmulMatchesCpuDots) {
     const Type wt = GetParam();
     std::mt19937 rng(11 + (unsigned)wt);
     std::normal_distribution<float> g(0.f, 1.f);
-    for (const auto [in, out] : {std::pair<int64_t, int64_t>{2048, 67}, {512, 256}}) {
+    for (const auto &[in, out] : {std::pair<int64_t, int64_t>{2048, 67}, {512, 256}}) {
         const std::vector<uint8_t> w = weight_rows(wt, out, in, rng);
         const uint64_t rb = gguf::row_bytes(wt, in);
         Dev<uint8_t> dw(w.size());
