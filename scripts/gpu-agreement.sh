@@ -42,6 +42,7 @@ for fmt in q8_0 f16 q4_k q2_k iq2_xxs; do
     printf '%-8s %9.3f%% %9.3f%% %12s %12s   %s / %s\n' "$fmt" "$(python3 -c "print(100*$a)")" "$(python3 -c "print(100*$b)")" \
         "$(echo "$kl" | sed 's/.*KL mean \([^ ]*\).*/\1/')" "$(echo "$kl" | sed 's/.* max \([^ ]*\)$/\1/')" \
         "$(echo "$klb" | sed 's/.*KL mean \([^ ]*\).*/\1/')" "$(echo "$klb" | sed 's/.* max \([^ ]*\)$/\1/')" >>"$work/table"
+    tail -1 "$work/table" >&2   # each row as it comes, in case a later format fails
     python3 -c "import sys; sys.exit(0 if $a >= 0.99 else 1)" || fail=1
     [ "$m" = "$model" ] || rm -f "$m"
 done
