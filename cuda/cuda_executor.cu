@@ -3,6 +3,14 @@
 // memory. Per-row tables (positions, ring addresses, attention descriptors) are built on
 // the host per operation and uploaded; routed experts are grouped on the host after the
 // router's choices come back. Capturing a step as one graph is separate work.
+//
+// Block-quantised weights multiply activations quantised as the CPU does (cuda_qmatmul.cu).
+// An input is quantised once per type it meets: the normed rows XN and the query latent QR
+// feed several products across operations, so their quantised forms are kept until the
+// operation that rewrites them (norm, q_kv) or the next step; routed experts gather their
+// rows from XN's quantised form. DS4_CUDA_F32_ACTIVATIONS=1 multiplies f32 activations
+// with every weight type instead (the kernels before the integer path; for comparisons).
+#include <cstdlib>
 #include <cstring>
 
 #include "cuda/cuda_backend.h"
@@ -25,6 +33,8 @@ T *to_device(DeviceBuffer<T> &buf, const std::vector<T> &v, cudaStream_t s) {
 class CudaExecutor final : public Executor {
 public:
     CudaExecutor(const ModelConfig &c, const DeviceWeights &dw) : c_(c), dw_(dw) {
+        const char *e = std::getenv("DS4_CUDA_F32_ACTIVATIONS");
+        f32_act_ = e && *e && *e != '0';
         DS4_CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking));
     }
     ~CudaExecutor() override { cudaStreamDestroy(s_); }
@@ -39,6 +49,7 @@ public:
         h_pos_.assign(lay.pos.begin(), lay.pos.end());
         tokens_ = to_device(tokens_buf_, h_tokens_, s_);
         pos_ = to_device(pos_buf_, h_pos_, s_);
+        forget(nullptr);
         ++stats_.steps;
         stats_.rows += R;
     }
@@ -61,6 +72,7 @@ public:
     }
 
     void norm(const float *w) override {
+        forget(XN_.get());
         rmsnorm_rows(s_, X_.get(), c_.n_embd, nullptr, c_.n_embd, dw_.device(w), c_.rms_eps, XN_.get(), c_.n_embd, R_);
     }
 
@@ -69,11 +81,12 @@ public:
     void q_kv(int layer, const LayerWeights &L, const Rope &rope) override {
         const ModelConfig &c = c_;
         const int H = c.n_head, hd = c.head_dim, D = c.n_embd;
+        float *kvb = kvb_.need((size_t)R_ * hd);
+        forget(qr_.get());
         mm(L.q_a, XN_.get(), R_, D, qr_.get(), c.q_lora);
+        mm(L.kv, XN_.get(), R_, D, kvb, hd);
         rmsnorm_rows(s_, qr_.get(), c.q_lora, nullptr, c.q_lora, dw_.device(L.q_a_norm.data()), c.rms_eps, qr_.get(), c.q_lora, R_);
         mm(L.q_b, qr_.get(), R_, c.q_lora, q_.get(), (int64_t)H * hd);
-        float *kvb = kvb_.need((size_t)R_ * hd);
-        mm(L.kv, XN_.get(), R_, D, kvb, hd);
         const float *inv = dw_.device(rope.inv_freq.data());
         norm_rope_heads(s_, q_.get(), H, hd, true, nullptr, c.rms_eps, pos_, inv, rope.n_pairs, 1.f, R_);
         norm_rope_heads(s_, kvb, 1, hd, true, dw_.device(L.kv_norm.data()), c.rms_eps, pos_, inv, rope.n_pairs, 1.f, R_);
@@ -210,17 +223,29 @@ public:
         const float *rw = to_device(rw_buf_, h_rw_, s_);
         DS4_CUDA_CHECK(cudaMemsetAsync(A_.get(), 0, sizeof(float) * R_ * D, s_));
         for (size_t u = 0; u < used_.size(); ++u) {
+            const ExpertView &v = views_[u];
             const int m = off_[u + 1] - off_[u];
-            float *ein = ein_.need((size_t)m * D), *eout = eout_.need((size_t)std::max(m, R_) * D);
-            gather_rows(s_, XN_.get(), D, rows + off_[u], ein, m);
-            ffn(views_[u].gate, views_[u].up, views_[u].down, ein, m, eout, c_.swiglu_limit[layer]);
+            float *eout = eout_.need((size_t)std::max(m, R_) * D);
+            const gguf::Type at = act_type(v.gate.type);
+            if (!f32_act_ && at != gguf::Type::F32 && act_type(v.up.type) == at) {
+                // a row's quantised form depends on that row only: gather XN's
+                uint64_t qrow = 0;
+                const uint8_t *xq = quantised(v.gate.type, XN_.get(), R_, D, D, &qrow);
+                uint8_t *eq = ein_q_.need((size_t)m * qrow);
+                gather_bytes(s_, xq, qrow, rows + off_[u], eq, m);
+                ffn(v.gate, v.up, v.down, nullptr, eq, qrow, m, eout, c_.swiglu_limit[layer]);
+            } else {
+                float *ein = ein_.need((size_t)m * D);
+                gather_rows(s_, XN_.get(), D, rows + off_[u], ein, m);
+                ffn(v.gate, v.up, v.down, ein, nullptr, 0, m, eout, c_.swiglu_limit[layer]);
+            }
             scatter_add_rows(s_, eout, D, rows + off_[u], rw + off_[u], A_.get(), m);
         }
     }
 
     void shared_expert(int layer, const LayerWeights &L) override {
         float *eout = eout_.need((size_t)R_ * c_.n_embd);
-        ffn(L.gate_sh, L.up_sh, L.down_sh, XN_.get(), R_, eout, c_.swiglu_limit[layer]);
+        ffn(L.gate_sh, L.up_sh, L.down_sh, XN_.get(), nullptr, 0, R_, eout, c_.swiglu_limit[layer]);
         add(s_, A_.get(), eout, (int64_t)R_ * c_.n_embd);
     }
 
@@ -242,6 +267,7 @@ public:
 
     void upload(Act a, const float *src, size_t n) override {
         if (n != act_width(c_, a) * R_) failf("upload: %zu floats given, the step holds %zu", n, act_width(c_, a) * R_);
+        forget(nullptr);
         DS4_CUDA_CHECK(cudaMemcpyAsync(act(a).get(), src, n * sizeof(float), cudaMemcpyHostToDevice, s_));
         DS4_CUDA_CHECK(cudaStreamSynchronize(s_));
     }
@@ -258,23 +284,71 @@ public:
                                              &p2_, &iq_, &iw_, &scores_, &attn_scratch_, &oa_, &router_, &wts_, &ein_, &eout_,
                                              &g_, &u_, &head_, &logits_, &rw_buf_})
             b += v->bytes();
-        return b;
+        for (const QuantIn &q : qin_) b += q.buf.bytes();
+        return b + xq_tmp_.bytes() + ein_q_.bytes();
     }
 
 private:
     static CudaSessionState &st(const StepSegment &sg) { return *static_cast<CudaSessionState *>(sg.state); }
 
+    // x (n_tok rows of n at stride xs) quantised for weights of type t: XN and QR are kept
+    // per activation type until forget(); anything else goes to the scratch row buffer.
+    const uint8_t *quantised(gguf::Type t, const float *x, int64_t n_tok, int64_t xs, int64_t n, uint64_t *qrow) {
+        const gguf::Type at = act_type(t);
+        *qrow = act_row_bytes(t, n);
+        const bool keep = x == XN_.get() || x == qr_.get();
+        if (keep)
+            for (QuantIn &q : qin_)
+                if (q.valid && q.x == x && q.at == at && q.n_tok == n_tok && q.xs == xs && q.n == n) return q.buf.get();
+        DeviceBuffer<uint8_t> *buf = &xq_tmp_;
+        if (keep) {
+            QuantIn *slot = &qin_[next_qin_++ % 4];
+            for (QuantIn &q : qin_)
+                if (!q.valid) slot = &q;
+            slot->x = x, slot->at = at, slot->n_tok = n_tok, slot->xs = xs, slot->n = n, slot->valid = true;
+            buf = &slot->buf;
+        }
+        uint8_t *q = buf->need((size_t)n_tok * *qrow);
+        quantize_act(s_, t, x, n_tok, xs, n, q, *qrow);
+        return q;
+    }
+    // Drops the kept quantised forms of x (all of them for null).
+    void forget(const float *x) {
+        for (QuantIn &q : qin_)
+            if (!x || q.x == x) q.valid = false;
+    }
+
     void mm(const WeightView &w, const float *x, int64_t n_tok, int64_t xs, float *y, int64_t ys) {
         if (w.empty()) fail("matmul: weight not bound");
-        cuda::matmul(s_, w.type, dw_.device(w.data), w.in, w.out, w.row_bytes, x, n_tok, xs, y, ys);
+        if (f32_act_ || act_type(w.type) == gguf::Type::F32) {
+            cuda::matmul(s_, w.type, dw_.device(w.data), w.in, w.out, w.row_bytes, x, n_tok, xs, y, ys);
+            stats_.weight_bytes += w.bytes();
+            return;
+        }
+        uint64_t qrow = 0;
+        const uint8_t *xq = quantised(w.type, x, n_tok, xs, w.in, &qrow);
+        mmq(w, xq, qrow, n_tok, y, ys);
+    }
+    void mmq(const WeightView &w, const uint8_t *xq, uint64_t qrow, int64_t n_tok, float *y, int64_t ys) {
+        matmul_q(s_, w.type, dw_.device(w.data), w.in, w.out, w.row_bytes, xq, qrow, n_tok, y, ys);
         stats_.weight_bytes += w.bytes();
     }
 
-    void ffn(const WeightView &gate, const WeightView &up, const WeightView &down, const float *in, int m, float *out, float lim) {
+    // Clamped SwiGLU expert over m rows: f32 rows `in` (stride D), or rows already quantised
+    // for the gate and up weights (xq, qrow).
+    void ffn(const WeightView &gate, const WeightView &up, const WeightView &down, const float *in, const uint8_t *xq,
+             uint64_t qrow, int m, float *out, float lim) {
         const int D = c_.n_embd, F = (int)gate.out;
         float *g = g_.need((size_t)m * F), *u = u_.need((size_t)m * F);
-        mm(gate, in, m, D, g, F);
-        mm(up, in, m, D, u, F);
+        if (!xq && !f32_act_ && act_type(gate.type) != gguf::Type::F32 && act_type(up.type) == act_type(gate.type))
+            xq = quantised(gate.type, in, m, D, D, &qrow);   // once for both
+        if (xq) {
+            mmq(gate, xq, qrow, m, g, F);
+            mmq(up, xq, qrow, m, u, F);
+        } else {
+            mm(gate, in, m, D, g, F);
+            mm(up, in, m, D, u, F);
+        }
         swiglu(s_, g, u, (int64_t)m * F, lim);
         mm(down, g, m, F, out, D);
     }
@@ -300,9 +374,20 @@ private:
     ExecutorStats stats_;
     StepLayout lay_;
     int R_ = 0, topk_ = 0;
+    bool f32_act_ = false;
     const int32_t *tokens_ = nullptr;
     const int64_t *pos_ = nullptr;
 
+    struct QuantIn {
+        const float *x = nullptr;
+        gguf::Type at = gguf::Type::F32;
+        int64_t n_tok = 0, xs = 0, n = 0;
+        bool valid = false;
+        DeviceBuffer<uint8_t> buf;
+    };
+    QuantIn qin_[4];   // XN and QR, each for Q8_0 and Q8_K weights
+    unsigned next_qin_ = 0;
+    DeviceBuffer<uint8_t> xq_tmp_, ein_q_;
     DeviceBuffer<float> H_, X_, XN_, A_, post_, comb_, qr_, q_, o_, flat_, mix_, kvb_, p1_, p2_, iq_, iw_, scores_,
         attn_scratch_, oa_, router_, wts_, ein_, eout_, g_, u_, head_, logits_, rw_buf_;
     DeviceBuffer<int32_t> tokens_buf_, idx_buf_;
@@ -330,6 +415,7 @@ public:
         dw_.place(main.inv_freq.data(), main.inv_freq.size() * sizeof(float));
         dw_.place(comp.inv_freq.data(), comp.inv_freq.size() * sizeof(float));
         init_quant_tables();
+        init_qmatmul_tables();
     }
     std::string name() const override { return "cuda"; }
     DeviceInfo device_info() const override {

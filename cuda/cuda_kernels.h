@@ -10,10 +10,28 @@
 namespace ds4::cuda {
 
 void init_quant_tables();
+void init_qmatmul_tables();
 
-// y[t*ys + o] = sum_i W[o, i] * x[t*xs + i], W in its GGUF encoding.
+// y[t*ys + o] = sum_i W[o, i] * x[t*xs + i] with f32 activations, W in its GGUF encoding
+// (the engine uses it for F32 / F16 / BF16 weights; block formats go through matmul_q).
 void matmul(cudaStream_t s, gguf::Type type, const void *w, int64_t in, int64_t out, uint64_t row_bytes, const float *x,
             int64_t n_tok, int64_t x_stride, float *y, int64_t y_stride);
+
+// Block-quantised weights multiply activations quantised as the CPU engine does
+// (quant::vec_dot_type): Q8_0 for Q8_0 weights, Q8_K for Q2_K / Q4_K / IQ2_XXS; F32 for the
+// plain types (no quantisation). One quantised row (act_row_bytes, a multiple of 16):
+// int8 q[n], float d[n / block] (Q8_0: its f16 scale widened), int16 bsums[n / 16] (Q8_K).
+gguf::Type act_type(gguf::Type weight);
+uint64_t act_row_bytes(gguf::Type weight, int64_t n);
+// q + t*qrow = row t of x (x + t*xs, n elements) quantised for weights of type `weight`;
+// int8 values and scales bit-identical to quant::quantize_activation.
+void quantize_act(cudaStream_t s, gguf::Type weight, const float *x, int64_t n_tok, int64_t xs, int64_t n, uint8_t *q,
+                  uint64_t qrow);
+// y[t*ys + o] = dot(W[o], xq row t) with integer block dots (Q8_0 / Q2_K / Q4_K / IQ2_XXS).
+void matmul_q(cudaStream_t s, gguf::Type type, const void *w, int64_t in, int64_t out, uint64_t row_bytes, const uint8_t *xq,
+              uint64_t qrow, int64_t n_tok, float *y, int64_t y_stride);
+// dst row r = src row idx[r] (row_bytes a multiple of 16).
+void gather_bytes(cudaStream_t s, const uint8_t *src, uint64_t row_bytes, const int *idx, uint8_t *dst, int rows);
 // out[r*os + i] = W[ids[r], i] decoded, for r < rows.
 void dequant_rows(cudaStream_t s, gguf::Type type, const void *w, uint64_t row_bytes, int64_t n, const int32_t *ids,
                   int64_t rows, float *out, int64_t out_stride);

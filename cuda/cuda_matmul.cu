@@ -1,5 +1,8 @@
-// Matrix products against weights kept in their GGUF encoding in device memory. Each warp
-// owns one output row and walks it in chunks of 8 consecutive elements (always inside one
+// Products of f32 activations with weights of any type -- the path of F32 / F16 / BF16
+// weights; block-quantised weights take cuda_qmatmul.cu's integer path, as the CPU does,
+// unless DS4_CUDA_F32_ACTIVATIONS asks for this one (comparisons) -- and row decoding of any
+// weight type (embedding lookups). Each
+// warp owns one output row and walks it in chunks of 8 consecutive elements (always inside one
 // block of any supported format), decoding them in registers and applying them to a tile
 // of up to 8 tokens; grid.y walks the token tiles. Decode (one token) is therefore one
 // pass over the weights at full width. Prefill re-reads each row once per 8 tokens (from

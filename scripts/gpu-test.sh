@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The GPU suite: the CUDA backend against the HF reference fixtures, the CPU backend and the
-# op-level references (tests/cuda, tests/backend), plus a decode/prefill figure.
+# op-level references (tests/cuda, tests/backend), the CPU vs CUDA agreement table on the
+# trained model per weight format (scripts/gpu-agreement.sh), plus a decode/prefill figure
+# (integer path and DS4_CUDA_F32_ACTIVATIONS=1).
 #
 #   scripts/gpu-test.sh                 build with CUDA (scripts/setup.sh -DDS4_CUDA=ON, which
 #                                       installs the Debian packages it needs) and run the suite
@@ -15,7 +17,7 @@
 # skip without one; this script exists to run them on one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BINS=(cuda_backend_tests backend_ops_tests ds4-convert ds4-make-model ds4-bench ds4-logits)
+BINS=(cuda_backend_tests backend_ops_tests ds4-convert ds4-make-model ds4-bench ds4-logits ds4-eval-loss ds4-requant)
 
 build() {
     DS4_BUILD_DIR=${DS4_BUILD_DIR:-build-cuda} scripts/setup.sh -DDS4_CUDA=ON >/dev/null
@@ -49,5 +51,7 @@ fi
 fail=0
 "$bin/cuda_backend_tests" --gtest_brief=1 || fail=1
 "$bin/backend_ops_tests" --gtest_brief=1 --gtest_filter='*cuda*' || fail=1
+scripts/gpu-agreement.sh "$bin" || fail=1
 "$bin/ds4-bench" -m models/ds4-pystd-q8_0.gguf --backend cuda --prompt-tokens 512 --gen-tokens 128 || fail=1
+DS4_CUDA_F32_ACTIVATIONS=1 "$bin/ds4-bench" -m models/ds4-pystd-q8_0.gguf --backend cuda --prompt-tokens 512 --gen-tokens 128 || fail=1
 exit $fail

@@ -158,9 +158,9 @@ ModelOptions options_for(const std::string &backend) {
 }
 
 // Whether the backend's products with quantised weights quantise their activation rows to q8
-// (the CPU's integer dots do; the CUDA kernels decode the weights and multiply f32
-// activations). Decides which reference a case is held to (verify()).
-bool q8_activations(const std::string &backend) { return backend == "cpu"; }
+// (both do: the CPU's integer dots and the CUDA integer kernels, with the same quantiser).
+// Decides which reference a case is held to (verify()).
+bool q8_activations(const std::string &backend) { return backend == "cpu" || backend == "cuda"; }
 
 // Why the backend cannot run here ("" when it can).
 std::string unavailable(const std::string &backend) {

@@ -60,8 +60,8 @@ TEST_P(CudaParity, F32AllModesMatchReference) {
     EXPECT_LE(rel_error(fx.logits, got, fx.vocab), 1e-4) << fx.name << " prefill cap 7";
 }
 
-// Converted half / bf16 / q8_0 files: the GPU (f32 activations) must be at least as close to
-// the reference as the CPU (q8 activations for q8_0 weights) on the same file.
+// Converted half / bf16 / q8_0 files: the GPU must be at least as close to the reference as
+// the CPU on the same file (both quantise activations to q8_0 for q8_0 weights).
 TEST_P(CudaParity, ConvertedTypesAsCloseAsTheCpu) {
     NEED_DEVICE();
     RefFixture fx = load_fixture(GetParam());
@@ -80,9 +80,17 @@ TEST_P(CudaParity, ConvertedTypesAsCloseAsTheCpu) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaParity, ::testing::Values("mix", "flashlike", "wide"));
 
 // Every tensor type: a random model from ds4-make-model stored in that type, on the GPU,
-// against the CPU running the same weights decoded to f32 (so both do the same math: the
-// GPU keeps activations in f32, while the CPU quantises them for block-format weights, an
-// error a random model amplifies past any useful bound).
+// against the CPU. F32/F16/BF16: both multiply f32 activations, so the GPU must equal the CPU
+// (on the file and on the weights decoded to f32) to 1e-4. Block formats: both quantise the
+// activations bit-identically and take integer dots (checked op by op: CudaQuant below,
+// tests/backend), but end to end the comparison is chaotic -- a float-rounding difference
+// anywhere (a norm, attention) flips one q8 rounding, which moves later inputs by ~1e-3 and
+// flips many more, so later outputs differ as much as the q8 rounding itself. (The CPU alone
+// shows it: scaling one layer-0 norm vector by 1 + 2e-7 moves the trained q8_0 model's argmax
+// on 0.8% of 512 positions, an f16 copy's on none.) Observed on the H200: 4e-3 .. 1.8e-2 of
+// the largest logit, 0.2 for ds4-q2, against 2e-2 .. 0.35 from the GPU to the CPU on the
+// decoded weights (the size of the q8 effect). So block formats are held only to that size:
+// within max(2x it, 0.05), which a wrong block decoding or scale (errors of O(1)) does not meet.
 std::string decode_to_f32(const std::string &path) {
     auto r = gguf::Reader::open(path);
     gguf::Writer w;
@@ -104,7 +112,7 @@ std::string decode_to_f32(const std::string &path) {
 
 class CudaTypes : public ::testing::TestWithParam<std::string> {};
 
-TEST_P(CudaTypes, MatchesCpuOnTheDecodedWeights) {
+TEST_P(CudaTypes, MatchesTheCpu) {
     NEED_DEVICE();
     const std::string type = GetParam();   // "--type:--expert-type"
     const std::string t = type.substr(0, type.find(':')), et = type.substr(type.find(':') + 1);
@@ -118,12 +126,18 @@ TEST_P(CudaTypes, MatchesCpuOnTheDecodedWeights) {
     auto cpu = open(plain, BackendKind::Cpu), gpu = open(path, BackendKind::Cuda), cpu_q = open(path, BackendKind::Cpu);
     std::vector<int32_t> toks;
     for (int i = 0; i < 40; ++i) toks.push_back((i * 37 + 11) % cpu->config().n_vocab);
+    const bool plain_types = (t == "f32" || t == "f16" || t == "bf16") && (et == "f32" || et == "f16" || et == "bf16");
     for (const char *mode : {"prefill", "decode"}) {
         const std::vector<float> c = run_mode(*cpu, toks, mode), g = run_mode(*gpu, toks, mode);
         const double e = rel(c, g), eq = rel(run_mode(*cpu_q, toks, mode), g);
-        std::printf("[cuda types] %-12s %-7s gpu vs cpu(decoded f32) %.3g   (vs cpu on the file itself %.3g)\n",
-                    type.c_str(), mode, e, eq);
-        EXPECT_LE(e, 1e-4) << type << " " << mode;
+        std::printf("[cuda types] %-12s %-7s gpu vs cpu on the file %.3g   (vs cpu on the decoded f32 weights %.3g)\n",
+                    type.c_str(), mode, eq, e);
+        if (plain_types) {
+            EXPECT_LE(e, 1e-4) << type << " " << mode;
+            EXPECT_LE(eq, 1e-4) << type << " " << mode;
+        } else {
+            EXPECT_LE(eq, std::max(2 * e, 0.05)) << type << " " << mode;
+        }
     }
     std::remove(path.c_str());
     std::remove(plain.c_str());
