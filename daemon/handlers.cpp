@@ -55,9 +55,15 @@ void Worker::Impl::on(Request &r, OpenSessionParams &p) {
                            "context " + std::to_string(ctx) + " is outside [16, " +
                                std::to_string(model_summary.n_ctx_max) + "]");
     if (!p.name.empty()) {
+        if (auto pk = parked_names.find(p.name); pk != parked_names.end()) {
+            fb::ErrorCode code = fb::ErrorCode::None;
+            std::string msg;
+            if (!unpark(pk->second, &code, &msg)) return reply_error(r, code, msg);
+        }
         auto it = names.find(p.name);
         if (it != names.end()) {
             LiveSession *s = sessions.at(it->second).get();
+            touch(s);
             if (p.ctx > s->ctx) {
                 if (std::string err = grow_ctx(s, p.ctx); !err.empty())
                     return reply_error(r, fb::ErrorCode::BadRequest, err);
@@ -68,10 +74,7 @@ void Worker::Impl::on(Request &r, OpenSessionParams &p) {
                         true);
         }
     }
-    if (sessions.size() >= cfg.max_sessions)
-        return reply_error(r, fb::ErrorCode::SessionLimit,
-                           std::to_string(sessions.size()) + " sessions are open (--max-sessions " +
-                               std::to_string(cfg.max_sessions) + ")");
+    if (std::string why; !make_room(&why)) return reply_error(r, fb::ErrorCode::SessionLimit, why);
     auto s = std::make_unique<LiveSession>();
     s->id = next_session++;
     s->name = p.name;
@@ -91,6 +94,8 @@ void Worker::Impl::on(Request &r, OpenSessionParams &p) {
     }
     if (!evicted.empty()) log_line("%s; session '%s' starts empty", evicted.c_str(), p.name.c_str());
     LiveSession *raw = s.get();
+    raw->saved_len = raw->history.size();
+    touch(raw);
     sessions.emplace(raw->id, std::move(s));
     if (!raw->name.empty()) names.emplace(raw->name, raw->id);
     emit(r.conn, r.id,
@@ -196,6 +201,11 @@ void Worker::Impl::on(Request &r, DeleteSessionParams &p) {
         if (s->busy) finish_job(*s->busy, fb::FinishReason::Cancelled);
         saving_suppressed = false;
         erase_session(s);
+        found = true;
+    }
+    if (auto pk = parked_names.find(p.name); pk != parked_names.end()) {
+        parked.erase(pk->second);
+        parked_names.erase(pk);
         found = true;
     }
     if (cfg.store) {

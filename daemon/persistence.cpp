@@ -94,6 +94,7 @@ void Worker::Impl::persist(LiveSession *s) {
         settle(s);
         if (s->evaluated.empty()) return;
         saver->save(s->name, s->bridge->save_payload());
+        s->saved_len = s->history.size();
     } catch (const BridgeFailure &e) {
         log_line("session '%s' not saved: %s", s->name.c_str(), e.what());
     } catch (const std::bad_alloc &) {

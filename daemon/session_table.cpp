@@ -1,6 +1,7 @@
 // Live sessions: lookup by id and owner, the pool of idle bridge sessions for one-shot
 // requests, and moving a session into a larger context.
 #include <algorithm>
+#include <ctime>
 
 #include "daemon/log.h"
 #include "daemon/worker_impl.h"
@@ -9,10 +10,72 @@ namespace ds4::daemon {
 
 LiveSession *Worker::Impl::lookup(const std::shared_ptr<ConnShared> &conn, uint64_t id) {
     auto it = sessions.find(id);
-    if (it == sessions.end()) return nullptr;
+    if (it == sessions.end()) {
+        if (!parked.count(id)) return nullptr;
+        fb::ErrorCode code = fb::ErrorCode::None;
+        std::string msg;
+        LiveSession *s = unpark(id, &code, &msg);
+        if (!s) log_line("released session %llu could not be reloaded: %s", static_cast<unsigned long long>(id),
+                         msg.c_str());
+        return s;
+    }
     LiveSession *s = it->second.get();
     if (s->owner != 0 && s->owner != conn->id) return nullptr;
+    touch(s);
     return s;
+}
+
+bool Worker::Impl::make_room(std::string *why) {
+    if (sessions.size() < cfg.max_sessions) return true;
+    LiveSession *victim = nullptr;
+    for (auto &[id, sp] : sessions) {
+        LiveSession *s = sp.get();
+        // Only what the store holds whole may leave memory: named, idle, saved, no failed save.
+        if (s->name.empty() || s->busy || !saver || s->saved_len != s->history.size() ||
+            !saver->last_error(s->name).empty())
+            continue;
+        if (!victim || s->touched < victim->touched) victim = s;
+    }
+    if (!victim) {
+        *why = std::to_string(sessions.size()) + " sessions are live (--max-sessions " + std::to_string(cfg.max_sessions) +
+               ") and none can be released to the store (" +
+               (cfg.store ? "they are anonymous, generating or not saved yet" : "ds4d runs without a store") + ")";
+        return false;
+    }
+    log_line("session '%s' (%zu tokens) released from memory to make room; it reloads from the store on use",
+             victim->name.c_str(), victim->history.size());
+    parked[victim->id] = Parked{victim->name, victim->ctx};
+    parked_names[victim->name] = victim->id;
+    ++sessions_released;
+    erase_session(victim);
+    return true;
+}
+
+LiveSession *Worker::Impl::unpark(uint64_t id, fb::ErrorCode *code, std::string *msg) {
+    auto it = parked.find(id);
+    if (it == parked.end()) return nullptr;
+    if (!make_room(msg)) {
+        *code = fb::ErrorCode::SessionLimit;
+        return nullptr;
+    }
+    const Parked p = it->second;
+    auto s = std::make_unique<LiveSession>();
+    s->id = id;
+    s->name = p.name;
+    s->ctx = p.ctx;
+    s->created_unix = s->used_unix = uint64_t(std::time(nullptr));
+    // Absent: it was released before anything was stored (an empty session): it stays empty.
+    if (load_stored(p.name, p.ctx, *s, code, msg) == Loaded::Failed) return nullptr;
+    s->ctx = std::max(s->ctx, p.ctx);
+    s->saved_len = s->history.size();
+    parked.erase(id);
+    parked_names.erase(p.name);
+    ++sessions_reloaded;
+    LiveSession *raw = s.get();
+    touch(raw);
+    sessions.emplace(id, std::move(s));
+    names.emplace(raw->name, id);
+    return raw;
 }
 
 void Worker::Impl::erase_session(LiveSession *s) {

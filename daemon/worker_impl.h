@@ -61,6 +61,15 @@ struct LiveSession {
     std::vector<int32_t> evaluated;  // the tokens the bridge session holds
     Job *busy = nullptr;
     uint64_t created_unix = 0, used_unix = 0;
+    uint64_t touched = 0;     // use order, for releasing the least recently used
+    size_t saved_len = 0;     // history length its latest queued save covers
+};
+
+// A named session released from memory to the store (LRU, --max-sessions): its id stays
+// valid, and the next use loads it back.
+struct Parked {
+    std::string name;
+    uint32_t ctx = 0;
 };
 
 // One Generate request from arrival to Done: prefill (in chunks), then decode.
@@ -122,6 +131,10 @@ struct Worker::Impl {
     std::unordered_map<std::string, uint64_t> names;
     uint64_t next_session = 1;
     uint64_t next_arrival = 1;
+    uint64_t use_clock = 0;
+    std::unordered_map<uint64_t, Parked> parked;            // by session id
+    std::unordered_map<std::string, uint64_t> parked_names; // name -> id
+    uint64_t sessions_released = 0, sessions_reloaded = 0;
     std::list<std::unique_ptr<Job>> jobs;  // round-robin order: those that ran go to the back
     std::vector<Pooled> pool;
     bool stopping = false;
@@ -177,6 +190,14 @@ struct Worker::Impl {
     LiveSession *lookup(const std::shared_ptr<ConnShared> &conn, uint64_t id);
 
     void erase_session(LiveSession *s);
+
+    // Room for one more live session: when --max-sessions are live, releases the least
+    // recently used idle named session whose whole history is saved. False (why in *why)
+    // when none can go.
+    bool make_room(std::string *why);
+    // Loads a released session back under its id. Null when it cannot (code/msg say why).
+    LiveSession *unpark(uint64_t id, fb::ErrorCode *code, std::string *msg);
+    void touch(LiveSession *s) { s->touched = ++use_clock; }
 
     void ensure_bridge(Job &j);
 

@@ -157,6 +157,53 @@ TEST_F(PersistE2E, RestartAndKill9ResumeExactlyWithoutRePrefill) {
     }
 }
 
+TEST_F(PersistE2E, NamedSessionsBeyondMaxSessionsAreReleasedAndReloadedExactly) {
+    // Eight conversations through a daemon that holds three live: each turn of each one
+    // continues exactly as the uninterrupted reference does, from its stored state.
+    const std::string state = dir->path + "/lru";
+    Daemon d;
+    ASSERT_EQ(start(d, state, {"--max-sessions", "3"}), "");
+    Client c(d.socket);
+    constexpr int kSessions = 8, kRounds = 3;
+    std::vector<uint64_t> ids;
+    for (int k = 0; k < kSessions; ++k) {
+        ds4::client::SessionInfo si = c.open_session("lru-" + std::to_string(k));
+        EXPECT_TRUE(si.created);
+        ids.push_back(si.id);
+        // Its first turn now: a session may be released only once its turns are stored.
+        EXPECT_EQ(run_turn(c, si.id, 0).out, ref_out[0]) << "session " << k;
+    }
+    for (int i = 1; i < kRounds; ++i)
+        for (int k = 0; k < kSessions; ++k) {
+            Turn t = run_turn(c, ids[size_t(k)], i);  // by the id from the first open
+            EXPECT_EQ(t.out, ref_out[size_t(i)]) << "session " << k << " turn " << i;
+            EXPECT_EQ(t.done.cached_tokens, ref_tokens_before[size_t(i)]) << "session " << k << " was re-prefilled";
+        }
+    // Opening a released session by name gives back its id and its history.
+    ds4::client::SessionInfo again = c.open_session("lru-0");
+    EXPECT_EQ(again.id, ids[0]);
+    EXPECT_FALSE(again.created);
+    EXPECT_EQ(again.n_tokens, ref_tokens_before[size_t(kRounds)]);
+    auto list = c.list_sessions();
+    EXPECT_EQ(list.size(), size_t(kSessions));
+    size_t live = 0;
+    for (const auto &e : list) live += e.live;
+    EXPECT_LE(live, 3u);
+    EXPECT_NE(read_file(d.log).find("released from memory"), std::string::npos);
+    // Anonymous sessions are never released: with three of them live, a fourth session is
+    // refused, with the reason.
+    Client other(d.socket);
+    for (int k = 0; k < 3; ++k) other.open_session();
+    try {
+        other.open_session("one-too-many");
+        ADD_FAILURE() << "a session beyond --max-sessions was admitted with nothing releasable";
+    } catch (const ServerError &e) {
+        EXPECT_EQ(e.code, int(ds4::ipc::fb::ErrorCode::SessionLimit));
+        EXPECT_NE(std::string(e.what()).find("none can be released"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(d.stop(SIGTERM), 0) << read_file(d.log);
+}
+
 TEST_F(PersistE2E, SigkillDuringSavesNeverLeavesABadOrWrongSession) {
     const std::string state = dir->path + "/killloop";
     std::mt19937 rng(1234);
