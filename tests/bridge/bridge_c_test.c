@@ -407,6 +407,39 @@ int main(int argc, char **argv) {
     CHECK_ERR(ds4_bridge_render_chat(m, NULL, 1, 1, 0, tk, 256, &nt, err, errlen), "NULL");
     CHECK_ERR(ds4_bridge_render_chat(NULL, msgs, 2, 1, 0, tk, 256, &nt, err, errlen), "NULL");
 
+    /* ---- a batch step from C: two sessions, 3 prefill tokens and 1 decode token ---- */
+    {
+        ds4_bridge_session *a = NULL, *b = NULL, *ra = NULL, *rb = NULL;
+        ds4_bridge_batch *bt = NULL;
+        CHECK(ds4_bridge_session_create(&a, m, 64, E) == 0 && ds4_bridge_session_create(&b, m, 64, E) == 0);
+        CHECK(ds4_bridge_session_create(&ra, m, 64, E) == 0 && ds4_bridge_session_create(&rb, m, 64, E) == 0);
+        CHECK(ds4_bridge_session_sync(b, toks, 5, E) == 0 && ds4_bridge_session_sync(rb, toks, 5, E) == 0);
+        CHECK(ds4_bridge_batch_create(&bt, m, E) == 0 && bt != NULL);
+        ds4_bridge_session *ss[2] = {a, b};
+        const int32_t counts[2] = {3, 1};
+        const int32_t bt_toks[4] = {toks[30], toks[31], toks[32], toks[5]};
+        CHECK(ds4_bridge_batch_eval(bt, ss, counts, 2, bt_toks, E) == 0);
+        CHECK(ds4_bridge_session_pos(a) == 3 && ds4_bridge_session_pos(b) == 6);
+        /* Each equals its tokens evaluated alone. */
+        CHECK(ds4_bridge_session_sync(ra, &toks[30], 3, E) == 0 && ds4_bridge_eval(rb, toks[5], E) == 0);
+        CHECK(ds4_bridge_session_logits(a, lg, V, E) == 0 && ds4_bridge_session_logits(ra, lg2, V, E) == 0);
+        CHECK(same_floats(lg, lg2, V));
+        CHECK(ds4_bridge_session_logits(b, lg, V, E) == 0 && ds4_bridge_session_logits(rb, lg2, V, E) == 0);
+        CHECK(same_floats(lg, lg2, V));
+        ds4_bridge_batch_stats_t bs;
+        CHECK(ds4_bridge_batch_stats(bt, &bs, E) == 0 && bs.steps == 1 && bs.rows == 4 && bs.sessions == 2);
+        ds4_bridge_session *dup[2] = {a, a};
+        CHECK_ERR(ds4_bridge_batch_eval(bt, dup, counts, 2, bt_toks, err, errlen), "twice");
+        CHECK(ds4_bridge_session_pos(a) == 3);
+        CHECK_ERR(ds4_bridge_batch_eval(NULL, ss, counts, 2, bt_toks, err, errlen), "NULL");
+        ds4_bridge_batch_free(bt);
+        ds4_bridge_batch_free(NULL);
+        ds4_bridge_session_free(a);
+        ds4_bridge_session_free(b);
+        ds4_bridge_session_free(ra);
+        ds4_bridge_session_free(rb);
+    }
+
     /* ---- GGUF identification ---- */
     ds4_bridge_gguf *g = NULL;
     CHECK(ds4_bridge_gguf_open(&g, model_path, E) == 0);
