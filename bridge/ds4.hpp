@@ -37,6 +37,15 @@ struct ModelOptions {
     int backend = DS4_BRIDGE_BACKEND_CPU;
     int n_threads = 0;
     bool defer_boot_prewarm = false;
+    std::string drafter_path;   // speculative decoding: sibling drafter with the same tokenizer
+    int draft_max = 0;          // 0 = the bridge's default
+};
+
+// One speculative trial (ds4_bridge_spec_trial): width 0 = fall back to ordinary decoding.
+struct SpecTrial {
+    int width = 0;
+    int accepted = 0;
+    std::vector<int32_t> tokens, argmax;   // width entries each
 };
 
 class Model {
@@ -49,6 +58,8 @@ public:
         opt.backend = o.backend;
         opt.n_threads = o.n_threads;
         opt.defer_boot_prewarm = o.defer_boot_prewarm;
+        opt.drafter_path = o.drafter_path.empty() ? nullptr : o.drafter_path.c_str();
+        opt.draft_max = o.draft_max;
         detail::Err e;
         if (ds4_bridge_model_open(&m_, &opt, e.buf, sizeof e.buf) != 0) e.raise("open model");
     }
@@ -63,6 +74,13 @@ public:
         if (ds4_bridge_model_boot_prewarm(m_, e.buf, sizeof e.buf) != 0) e.raise("boot prewarm");
     }
     int vocab_size() const { return ds4_bridge_model_vocab_size(m_); }
+    bool drafter_shared() const { return ds4_bridge_drafter_shared(m_) == 1; }
+    ds4_bridge_spec_counters_t spec_counters() const {
+        ds4_bridge_spec_counters_t c{};
+        detail::Err e;
+        if (ds4_bridge_spec_counters(m_, &c, e.buf, sizeof e.buf) != 0) e.raise("speculative counters");
+        return c;
+    }
     uint64_t fingerprint() const { return ds4_bridge_model_fingerprint(m_); }
     ds4_bridge_model_info_t info() const {
         ds4_bridge_model_info_t i;
@@ -182,6 +200,30 @@ public:
         if (ds4_bridge_session_invalidate(s_, e.buf, sizeof e.buf) != 0) e.raise("invalidate");
     }
     uint64_t generation() const { return ds4_bridge_session_generation(s_); }
+    // Drafts and verifies after `pending` (see ds4_bridge.h); cap bounds the width.
+    SpecTrial spec_trial(int32_t pending, float temperature, int top_k, float top_p, float min_p, uint64_t *rng, int max_new,
+                         int cap = 65) {
+        SpecTrial t;
+        t.tokens.resize(cap > 0 ? cap : 0);
+        t.argmax.resize(t.tokens.size());
+        detail::Err e;
+        t.width = ds4_bridge_spec_trial(s_, pending, temperature, top_k, top_p, min_p, rng, max_new, t.tokens.data(), t.argmax.data(),
+                                        cap, &t.accepted, e.buf, sizeof e.buf);
+        if (t.width < 0) e.raise("speculative trial");
+        t.tokens.resize(t.width);
+        t.argmax.resize(t.width);
+        return t;
+    }
+    void spec_commit(int n) {
+        detail::Err e;
+        if (ds4_bridge_spec_commit(s_, n, e.buf, sizeof e.buf) != 0) e.raise("speculative commit");
+    }
+    ds4_bridge_spec_counters_t spec_counters() const {
+        ds4_bridge_spec_counters_t c{};
+        detail::Err e;
+        if (ds4_bridge_session_spec_counters(s_, &c, e.buf, sizeof e.buf) != 0) e.raise("speculative counters");
+        return c;
+    }
     int prefill_cap() const { return ds4_bridge_session_prefill_cap(s_); }
     std::vector<uint8_t> save_payload() const {
         uint64_t n = 0;

@@ -23,15 +23,19 @@
 #include "engine/gguf/gguf.h"
 #include "engine/model/model.h"
 #include "engine/model/session.h"
+#include "engine/model/speculative.h"
 #include "engine/tokenizer/chat_template.h"
 #include "engine/tokenizer/tokenizer.h"
 
 struct ds4_bridge_model {
     std::unique_ptr<ds4::Model> model;
-    std::unique_ptr<ds4::Model> drafter;   // sibling drafter/MTP model, loaded privately
+    std::unique_ptr<ds4::Model> drafter;   // sibling drafter, loaded privately
     // The pool and scratch that this model's sessions run on; the contract makes sessions of
-    // one model thread-affine to one thread at a time, so they can share it.
-    std::unique_ptr<ds4::Executor> ex;
+    // one model thread-affine to one thread at a time, so they can share it. The drafter's
+    // sessions run on their own executor (other shapes), on the same thread.
+    std::unique_ptr<ds4::Executor> ex, drafter_ex;
+    ds4::SpecOptions spec;
+    ds4::SpecCounters spec_total;   // under mu
     ds4::tok::Tokenizer tok = ds4::tok::Tokenizer::byte_fallback(259);
     std::mutex mu;
     std::set<ds4_bridge_session *> sessions;
@@ -40,6 +44,10 @@ struct ds4_bridge_model {
 struct ds4_bridge_session {
     ds4_bridge_model *owner = nullptr;
     std::unique_ptr<ds4::Session> s;
+    // Speculative decoding: the drafter's session and the decoder, made at the first trial.
+    std::unique_ptr<ds4::Session> draft;
+    std::unique_ptr<ds4::SpeculativeDecoder> spec;
+    ds4::SpecCounters spec_reported;   // the part of spec->counters() already in the model's total
     bool in_callback = false;   // inside sync_cb's progress callback: mutation is re-entry
 };
 
@@ -82,6 +90,65 @@ int bad(char *err, size_t errlen, const char *msg) {
         if (!(s)) return bad(err, errlen, "session is NULL");                                        \
         if ((s)->in_callback) return bad(err, errlen, "session re-entered from its progress callback"); \
     } while (0)
+
+// Token ids must mean the same text in both models: same count and the same bytes for every
+// id (a model without an embedded tokenizer only matches another without one).
+void check_drafter_vocab(const ds4::Model &target, const ds4::tok::Tokenizer &ttok, const ds4::Model &drafter) {
+    const int vt = target.config().n_vocab, vd = drafter.config().n_vocab;
+    if (vt != vd)
+        throw ds4::Error("drafter " + drafter.path() + " does not fit the model: its vocabulary has " + std::to_string(vd) +
+                         " tokens, the model's " + std::to_string(vt));
+    const bool ht = target.reader().has("tokenizer.ggml.tokens"), hd = drafter.reader().has("tokenizer.ggml.tokens");
+    if (ht != hd)
+        throw ds4::Error("drafter " + drafter.path() + " does not fit the model: " +
+                         (ht ? "the model embeds a tokenizer and the drafter none" : "the drafter embeds a tokenizer and the model none"));
+    if (!ht) return;
+    const ds4::tok::Tokenizer dtok = ds4::tok::Tokenizer::from_gguf(drafter.reader());
+    if (dtok.vocab_size() != ttok.vocab_size())
+        throw ds4::Error("drafter " + drafter.path() + " does not fit the model: its tokenizer has " +
+                         std::to_string(dtok.vocab_size()) + " tokens, the model's " + std::to_string(ttok.vocab_size()));
+    for (int32_t id = 0; id < ttok.vocab_size(); ++id) {
+        if (dtok.token_bytes(id) == ttok.token_bytes(id)) continue;
+        auto show = [](const std::string &b) {
+            std::string o;
+            for (unsigned char c : b.substr(0, 24)) {
+                char hex[8];
+                if (c >= 0x20 && c < 0x7f && c != '\\') o += (char)c;
+                else std::snprintf(hex, sizeof hex, "\\x%02x", c), o += hex;
+            }
+            return o;
+        };
+        throw ds4::Error("drafter " + drafter.path() + " does not fit the model: different tokenizer (token " + std::to_string(id) +
+                         " is \"" + show(dtok.token_bytes(id)) + "\" in the drafter, \"" + show(ttok.token_bytes(id)) + "\" in the model)");
+    }
+}
+
+void fill_counters(ds4_bridge_spec_counters_t *out, const ds4::SpecCounters &c, int draft_max, int width) {
+    std::memset(out, 0, sizeof *out);
+    out->trials = c.trials;
+    out->drafted = c.drafted;
+    out->accepted = c.accepted;
+    out->fallbacks = c.fallbacks;
+    out->committed = c.committed;
+    out->draft_max = draft_max;
+    out->draft_width = width;
+}
+
+// Adds what the session's decoder counted since the last report to the model's totals.
+void report_counters(ds4_bridge_session *s) {
+    const ds4::SpecCounters &now = s->spec->counters();
+    ds4::SpecCounters d;
+    d.trials = now.trials - s->spec_reported.trials;
+    d.drafted = now.drafted - s->spec_reported.drafted;
+    d.accepted = now.accepted - s->spec_reported.accepted;
+    d.fallbacks = now.fallbacks - s->spec_reported.fallbacks;
+    d.committed = now.committed - s->spec_reported.committed;
+    s->spec_reported = now;
+    std::lock_guard<std::mutex> lk(s->owner->mu);
+    s->owner->spec_total += d;
+}
+
+bool spec_pending(const ds4_bridge_session *s) { return s->spec && s->spec->in_trial(); }
 
 void copy_str(char *dst, size_t cap, const std::string &s) {
     size_t n = std::min(s.size(), cap - 1);
@@ -264,7 +331,12 @@ int ds4_bridge_model_open(ds4_bridge_model **out, const ds4_bridge_model_open_op
          "unknown backend (DS4_BRIDGE_BACKEND_AUTO, _CPU or _CUDA)");
     if (opt->ssd_streaming || opt->ssd_streaming_cold || opt->ssd_streaming_cache_experts || opt->ssd_streaming_cache_bytes)
         return bad(err, errlen, "SSD expert streaming is not implemented yet");
-    if (opt->mtp_draft_tokens != 0) return bad(err, errlen, "speculative decoding (mtp_draft_tokens) is not implemented yet");
+    if (opt->mtp_draft_tokens != 0)
+        return bad(err, errlen, "mtp_draft_tokens: an MTP head is not implemented yet (speculative decoding takes drafter_path and draft_max)");
+    const bool has_drafter = opt->drafter_path && opt->drafter_path[0], has_mtp = opt->mtp_path && opt->mtp_path[0];
+    NEED(!(has_drafter && has_mtp), "set drafter_path or mtp_path (an older name for it), not both");
+    NEED(opt->draft_max >= 0 && opt->draft_max <= 64, "draft_max must be in 0..64 (0 = 4)");
+    NEED(opt->draft_max == 0 || has_drafter || has_mtp, "draft_max is set but no drafter_path");
     return guarded(err, errlen, [&] {
         auto m = std::make_unique<ds4_bridge_model>();
         ds4::ModelOptions mo;
@@ -296,11 +368,13 @@ int ds4_bridge_model_open(ds4_bridge_model **out, const ds4_bridge_model_open_op
         } else {
             m->tok = ds4::tok::Tokenizer::byte_fallback(m->model->config().n_vocab);
         }
-        if (opt->mtp_path && opt->mtp_path[0]) {
-            m->drafter = ds4::Model::open(opt->mtp_path, {opt->n_threads});
-            if (m->drafter->config().n_vocab != m->model->config().n_vocab)
-                throw ds4::Error("drafter vocabulary (" + std::to_string(m->drafter->config().n_vocab) +
-                                 ") differs from the model's (" + std::to_string(m->model->config().n_vocab) + ")");
+        if (has_drafter || has_mtp) {
+            ds4::ModelOptions dmo = mo;
+            dmo.backend = m->model->backend().name() == "cuda" ? ds4::BackendKind::Cuda : ds4::BackendKind::Cpu;
+            m->drafter = ds4::Model::open(has_drafter ? opt->drafter_path : opt->mtp_path, dmo);
+            check_drafter_vocab(*m->model, m->tok, *m->drafter);
+            m->drafter_ex = m->drafter->make_executor();
+            m->spec.draft_max = opt->draft_max ? opt->draft_max : 4;
         }
         if (!opt->defer_boot_prewarm) {
             char why[512] = {0};
@@ -319,6 +393,11 @@ int ds4_bridge_model_boot_prewarm(ds4_bridge_model *m, char *err, size_t errlen)
         ds4::Session s(*m->model, *m->ex, 4);
         const int32_t t = m->tok.bos() >= 0 && m->tok.bos() < m->model->config().n_vocab ? m->tok.bos() : 0;
         s.eval(t);
+        if (m->drafter) {
+            m->drafter->prewarm();
+            ds4::Session d(*m->drafter, *m->drafter_ex, 4);
+            d.eval(t);
+        }
         return 0;
     });
 }
@@ -364,15 +443,16 @@ int ds4_bridge_memory_stats(ds4_bridge_model *m, ds4_bridge_memory_t *out, char 
     std::memset(out, 0, sizeof *out);
     const ds4::ModelWeights &w = m->model->weights();
     out->weights_bytes = w.mapped_bytes + w.owned_bytes;
+    if (m->drafter) out->weights_bytes += m->drafter->weights().mapped_bytes + m->drafter->weights().owned_bytes;
     std::lock_guard<std::mutex> lk(m->mu);
-    out->scratch_bytes = m->ex->scratch_bytes();
+    out->scratch_bytes = m->ex->scratch_bytes() + (m->drafter_ex ? m->drafter_ex->scratch_bytes() : 0);
     const ds4::DeviceInfo d = m->model->backend().device_info();
     std::snprintf(out->backend, sizeof out->backend, "%s", m->model->backend().name().c_str());
     std::snprintf(out->device, sizeof out->device, "%s", d.name.c_str());
     out->device_free = d.free;
     out->device_total = d.total;
     out->device_weights_bytes = d.weight_bytes;
-    for (ds4_bridge_session *s : m->sessions) out->cache_bytes += s->s->memory_bytes();
+    for (ds4_bridge_session *s : m->sessions) out->cache_bytes += s->s->memory_bytes() + (s->draft ? s->draft->memory_bytes() : 0);
     return 0;
 }
 
@@ -595,8 +675,78 @@ int ds4_bridge_session_invalidate(ds4_bridge_session *s, char *err, size_t errle
 uint64_t ds4_bridge_session_generation(ds4_bridge_session *s) { return s ? s->s->generation() : 0; }
 int ds4_bridge_session_prefill_cap(ds4_bridge_session *s) { return s ? s->s->prefill_cap() : -1; }
 
+int ds4_bridge_spec_trial(ds4_bridge_session *s, int32_t pending, float temperature, int top_k, float top_p, float min_p,
+                          uint64_t *rng, int max_new, int32_t *tokens, int32_t *argmax, int cap, int *accepted_out, char *err,
+                          size_t errlen) {
+    NEED_MUTABLE(s);
+    NEED(tokens && argmax, "token or argmax array is NULL");
+    NEED(cap >= 2, "cap must be >= 2 (pending plus at least one draft)");
+    NEED(max_new >= 1, "max_new must be >= 1");
+    const int V = s->owner->model->config().n_vocab;
+    if (pending < 0 || pending >= V)
+        return bad(err, errlen, ("pending token " + std::to_string(pending) + " is out of range (vocabulary has " + std::to_string(V) + " tokens)").c_str());
+    NEED(!spec_pending(s), "a speculative trial is pending; commit it first");
+    if (accepted_out) *accepted_out = 0;
+    if (!s->owner->drafter) return 0;
+    return guarded(err, errlen, [&] {
+        const ds4::SamplingParams p{temperature, top_k, top_p, min_p};
+        if (p.temperature > 0.f) {
+            if (!rng) throw ds4::Error("rng state is required when temperature > 0");
+            ds4::check_sampling(p);
+        }
+        if (!s->spec) {
+            s->draft = std::make_unique<ds4::Session>(*s->owner->drafter, *s->owner->drafter_ex, s->s->ctx());
+            s->spec = std::make_unique<ds4::SpeculativeDecoder>(*s->s, *s->draft, s->owner->spec);
+        }
+        int w;
+        try {
+            w = s->spec->trial(pending, p, rng, std::min(max_new, cap));
+        } catch (...) {
+            report_counters(s);
+            throw;
+        }
+        report_counters(s);
+        if (w == 0) return 0;
+        std::memcpy(tokens, s->spec->tokens().data(), sizeof(int32_t) * w);
+        std::memcpy(argmax, s->spec->next().data(), sizeof(int32_t) * w);
+        if (accepted_out) *accepted_out = s->spec->accepted();
+        return w;
+    });
+}
+
+int ds4_bridge_spec_commit(ds4_bridge_session *s, int n, char *err, size_t errlen) {
+    NEED_MUTABLE(s);
+    NEED(spec_pending(s), "no speculative trial is pending");
+    if (n < 0 || n > s->spec->accepted() + 1)
+        return bad(err, errlen, ("commit of " + std::to_string(n) + " tokens: the trial can keep 0.." + std::to_string(s->spec->accepted() + 1) +
+                                 " (pending and " + std::to_string(s->spec->accepted()) + " accepted drafts)").c_str());
+    return guarded(err, errlen, [&] {
+        s->spec->commit(n);
+        report_counters(s);
+        return 0;
+    });
+}
+
+int ds4_bridge_spec_counters(ds4_bridge_model *m, ds4_bridge_spec_counters_t *out, char *err, size_t errlen) {
+    NEED(m, "model is NULL");
+    NEED(out, "out is NULL");
+    std::lock_guard<std::mutex> lk(m->mu);
+    fill_counters(out, m->spec_total, m->drafter ? m->spec.draft_max : 0, 0);
+    return 0;
+}
+
+int ds4_bridge_session_spec_counters(ds4_bridge_session *s, ds4_bridge_spec_counters_t *out, char *err, size_t errlen) {
+    NEED(s, "session is NULL");
+    NEED(out, "out is NULL");
+    const int dmax = s->owner->drafter ? s->owner->spec.draft_max : 0;
+    if (!s->spec) fill_counters(out, {}, dmax, 0);
+    else fill_counters(out, s->spec->counters(), dmax, s->spec->draft_width());
+    return 0;
+}
+
 int ds4_bridge_session_payload_size(ds4_bridge_session *s, uint64_t *size_out, char *err, size_t errlen) {
     NEED(s, "session is NULL");
+    NEED(!spec_pending(s), "a speculative trial is pending; commit it first");
     NEED(size_out, "size_out is NULL");
     *size_out = ds4::payload::prefix_bytes((uint64_t)s->s->pos()) + s->s->tail_bytes();
     return 0;
@@ -605,6 +755,7 @@ int ds4_bridge_session_payload_size(ds4_bridge_session *s, uint64_t *size_out, c
 int ds4_bridge_session_save_payload_mem(ds4_bridge_session *s, uint8_t *buf, size_t cap, size_t *len_out, char *err,
                                         size_t errlen) {
     NEED(s, "session is NULL");
+    NEED(!spec_pending(s), "a speculative trial is pending; commit it first");
     return guarded(err, errlen, [&] {
         std::vector<uint8_t> p = encode_payload(s);
         if (len_out) *len_out = p.size();
@@ -620,6 +771,7 @@ int ds4_bridge_session_save_payload_mem(ds4_bridge_session *s, uint8_t *buf, siz
 
 int ds4_bridge_session_save_payload(ds4_bridge_session *s, const char *path, char *err, size_t errlen) {
     NEED(s, "session is NULL");
+    NEED(!spec_pending(s), "a speculative trial is pending; commit it first");
     NEED(path && path[0], "path is empty");
     return guarded(err, errlen, [&] {
         ds4::bridge_io::write_file_durable(path, encode_payload(s));
@@ -629,6 +781,7 @@ int ds4_bridge_session_save_payload(ds4_bridge_session *s, const char *path, cha
 
 int ds4_bridge_session_load_payload_mem(ds4_bridge_session *s, const uint8_t *data, size_t len, char *err, size_t errlen) {
     NEED_MUTABLE(s);
+    NEED(!spec_pending(s), "a speculative trial is pending; commit it first");
     NEED(data || len == 0, "data is NULL");
     return guarded(err, errlen, [&] {
         decode_payload_into(s, data, len);
@@ -639,6 +792,7 @@ int ds4_bridge_session_load_payload_mem(ds4_bridge_session *s, const uint8_t *da
 int ds4_bridge_session_load_payload_range(ds4_bridge_session *s, const char *path, uint64_t offset, uint64_t length,
                                           char *err, size_t errlen) {
     NEED_MUTABLE(s);
+    NEED(!spec_pending(s), "a speculative trial is pending; commit it first");
     NEED(path && path[0], "path is empty");
     return guarded(err, errlen, [&] {
         std::vector<uint8_t> buf = read_range(path, offset, length, false);
@@ -649,6 +803,7 @@ int ds4_bridge_session_load_payload_range(ds4_bridge_session *s, const char *pat
 
 int ds4_bridge_session_load_payload(ds4_bridge_session *s, const char *path, char *err, size_t errlen) {
     NEED_MUTABLE(s);
+    NEED(!spec_pending(s), "a speculative trial is pending; commit it first");
     NEED(path && path[0], "path is empty");
     return guarded(err, errlen, [&] {
         std::vector<uint8_t> buf = read_range(path, 0, 0, true);

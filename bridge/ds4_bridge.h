@@ -51,10 +51,14 @@ typedef struct { /* POD; initialise with ds4_bridge_model_open_options_init */
     int32_t ssd_streaming, ssd_streaming_cold;
     uint32_t ssd_streaming_cache_experts;
     uint64_t ssd_streaming_cache_bytes;
-    int32_t mtp_draft_tokens;
+    int32_t mtp_draft_tokens; /* an MTP head is not implemented: must be 0 */
     /* Host-owned tables (see "host-owned tables" at the end of this header); NULL = none. */
     const struct ds4_bridge_tensor_directory *tensor_directory;
     const struct ds4_bridge_bind_plan *bind_plan;
+    /* Speculative decoding (appended; docs/ARCHITECTURE.md section 7, "Speculation"). */
+    const char *drafter_path; /* sibling drafter GGUF with the model's tokenizer, NULL if none.
+                               * mtp_path is an older name for the same; set one of them. */
+    int32_t draft_max;        /* drafts per trial at most, 1..64; 0 = 4 */
 } ds4_bridge_model_open_options;
 
 typedef struct {
@@ -94,6 +98,20 @@ DS4_BRIDGE_API int ds4_bridge_drafter_shared(ds4_bridge_model *m);
 DS4_BRIDGE_API int32_t ds4_bridge_model_vocab_size(ds4_bridge_model *m); /* -1 for NULL */
 DS4_BRIDGE_API int ds4_bridge_model_info(ds4_bridge_model *m, ds4_bridge_model_info_t *out, char *err, size_t errlen);
 DS4_BRIDGE_API int ds4_bridge_memory_stats(ds4_bridge_model *m, ds4_bridge_memory_t *out, char *err, size_t errlen);
+
+/* Cumulative speculative-decoding counters (POD). "accepted" counts drafts the model agreed
+ * with, whether or not the caller kept them; acceptance rate = accepted / drafted, mean
+ * accepted length per trial = accepted / trials. */
+typedef struct {
+    uint64_t trials;    /* target trials run */
+    uint64_t drafted;   /* draft tokens proposed */
+    uint64_t accepted;  /* drafts accepted */
+    uint64_t fallbacks; /* ds4_bridge_spec_trial calls that returned 0 with a drafter loaded */
+    uint64_t committed; /* trial tokens kept by commits (each trial's pending token included) */
+    int32_t draft_max;  /* the model's bound; 0 without a drafter */
+    int32_t draft_width;/* session: the draft count its next trial aims for (before room
+                         * limits; 0 before its first trial); model: 0 */
+} ds4_bridge_spec_counters_t;
 
 /* --- sessions ---------------------------------------------------------------------- */
 DS4_BRIDGE_API int ds4_bridge_session_create(ds4_bridge_session **out, ds4_bridge_model *m, int ctx_size, char *err,
@@ -152,6 +170,34 @@ DS4_BRIDGE_API int ds4_bridge_batch_eval(ds4_bridge_batch *b, ds4_bridge_session
                                          size_t errlen);
 DS4_BRIDGE_API int ds4_bridge_batch_stats(ds4_bridge_batch *b, ds4_bridge_batch_stats_t *out, char *err,
                                           size_t errlen);
+
+/* --- speculative decoding (a model opened with drafter_path) ------------------------
+ * The caller's decode loop holds a pending token: chosen after the session's history and
+ * already given out, not yet evaluated. ds4_bridge_spec_trial drafts up to k tokens with the
+ * drafter (k adapts to the recent acceptance rate, bounded by draft_max, max_new - 1 and
+ * cap - 1), evaluates pending + drafts as one journaled trial of width w = k + 1 and fills
+ *   tokens[0..w): pending, then the drafts;
+ *   argmax[0..w): the model's next token after tokens[0..i]: with temperature <= 0 the
+ *     argmax of that position; with temperature > 0 the speculative-sampling outcome (the
+ *     draft where accepted, the residual draw at the first rejection, the bonus token after
+ *     all), -1 past the first rejection. The output distribution is the model's own
+ *     (same temperature/top_k/top_p/min_p transform as ds4_bridge_session_sample).
+ * Drafts accepted: the longest run with argmax[i] == tokens[i + 1] (*accepted_out, may be
+ * NULL). Returns w >= 2 with the trial pending (commit before anything else changes the
+ * session), 0 to fall back to ordinary decoding (no drafter, max_new < 2, no room in the
+ * context; the session is unchanged: eval pending, then argmax/sample), -1 on failure. */
+DS4_BRIDGE_API int ds4_bridge_spec_trial(ds4_bridge_session *s, int32_t pending, float temperature, int top_k,
+                                         float top_p, float min_p, uint64_t *rng, int max_new, int32_t *tokens,
+                                         int32_t *argmax, int cap, int *accepted_out, char *err, size_t errlen);
+/* Keeps n of the trial's tokens, 0 <= n <= accepted + 1: the session then holds its history
+ * plus tokens[0..n) (rejected rows restored from the journal, nothing re-evaluated); the new
+ * pending token is argmax[n - 1]. */
+DS4_BRIDGE_API int ds4_bridge_spec_commit(ds4_bridge_session *s, int n, char *err, size_t errlen);
+/* Snapshots: the model's totals over all its sessions, or one session's. */
+DS4_BRIDGE_API int ds4_bridge_spec_counters(ds4_bridge_model *m, ds4_bridge_spec_counters_t *out, char *err,
+                                            size_t errlen);
+DS4_BRIDGE_API int ds4_bridge_session_spec_counters(ds4_bridge_session *s, ds4_bridge_spec_counters_t *out, char *err,
+                                                    size_t errlen);
 
 /* --- payloads (docs/ARCHITECTURE.md section 4) ------------------------------------- */
 DS4_BRIDGE_API int ds4_bridge_session_save_payload(ds4_bridge_session *s, const char *path, char *err, size_t errlen);

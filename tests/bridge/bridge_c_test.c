@@ -226,6 +226,43 @@ int main(int argc, char **argv) {
     CHECK_ERR(ds4_bridge_session_top_logprobs(s, 5, NULL, lps, &n_top, err, errlen), "NULL");
     CHECK(ds4_bridge_eval(s, toks[20], E) == 0 && ds4_bridge_session_pos(s) == 21);
 
+    /* ---- speculative decoding from C ---- */
+    {
+        int32_t stoks[8], sarg[8];
+        int acc = -1;
+        ds4_bridge_spec_counters_t sc;
+        /* No drafter: always fall back, nothing changes. */
+        CHECK(ds4_bridge_spec_trial(s, am, 0.f, 0, 1.f, 0.f, NULL, 4, stoks, sarg, 8, &acc, E) == 0);
+        CHECK(ds4_bridge_session_pos(s) == 21);
+        CHECK(ds4_bridge_spec_counters(m, &sc, E) == 0 && sc.draft_max == 0 && sc.trials == 0);
+        CHECK_ERR(ds4_bridge_spec_trial(s, am, 0.f, 0, 1.f, 0.f, NULL, 4, NULL, sarg, 8, &acc, err, errlen), "NULL");
+        CHECK_ERR(ds4_bridge_spec_commit(s, 1, err, errlen), "no speculative trial");
+        /* A drafter of another vocabulary is refused at open; the model itself is accepted. */
+        ds4_bridge_model_open_options so;
+        ds4_bridge_model_open_options_init(&so);
+        so.model_path = model_path;
+        so.n_threads = 1;
+        so.drafter_path = other_path;
+        ds4_bridge_model *sm = NULL;
+        CHECK_ERR(ds4_bridge_model_open(&sm, &so, err, errlen), "vocabulary");
+        so.drafter_path = model_path;
+        so.draft_max = 3;
+        CHECK(ds4_bridge_model_open(&sm, &so, E) == 0);
+        CHECK(ds4_bridge_drafter_shared(sm) == 0);
+        ds4_bridge_session *ss = NULL;
+        CHECK(ds4_bridge_session_create(&ss, sm, 64, E) == 0);
+        CHECK(ds4_bridge_session_sync(ss, toks, 10, E) == 0);
+        int32_t first = -1;
+        CHECK(ds4_bridge_session_argmax(ss, &first, E) == 0);
+        const int w = ds4_bridge_spec_trial(ss, first, 0.f, 0, 1.f, 0.f, NULL, 16, stoks, sarg, 8, &acc, E);
+        CHECK(w >= 2 && w <= 4 && stoks[0] == first && acc == w - 1); /* a drafter equal to the model is always right */
+        CHECK(ds4_bridge_spec_commit(ss, acc + 1, E) == 0 && ds4_bridge_session_pos(ss) == 10 + acc + 1);
+        CHECK(ds4_bridge_session_spec_counters(ss, &sc, E) == 0 && sc.trials == 1 && sc.accepted == (uint64_t)acc &&
+              sc.draft_max == 3);
+        ds4_bridge_session_free(ss);
+        ds4_bridge_model_free(sm);
+    }
+
     /* ---- rewind / invalidate ---- */
     CHECK_ERR(ds4_bridge_session_rewind(s, 100, err, errlen), "0..21");   /* out of range: an error, no change */
     CHECK_ERR(ds4_bridge_session_rewind(s, -1, err, errlen), "0..21");

@@ -23,6 +23,8 @@ int main(void) {
     F(ds4_bridge_model_open_options, mtp_draft_tokens);
     F(ds4_bridge_model_open_options, tensor_directory);
     F(ds4_bridge_model_open_options, bind_plan);
+    F(ds4_bridge_model_open_options, drafter_path);
+    F(ds4_bridge_model_open_options, draft_max);
 
     S(ds4_bridge_model_info_t);
     F(ds4_bridge_model_info_t, family);
@@ -51,6 +53,15 @@ int main(void) {
     F(ds4_bridge_chat_msg, role);
     F(ds4_bridge_chat_msg, content);
     F(ds4_bridge_chat_msg, content_len);
+
+    S(ds4_bridge_spec_counters_t);
+    F(ds4_bridge_spec_counters_t, trials);
+    F(ds4_bridge_spec_counters_t, drafted);
+    F(ds4_bridge_spec_counters_t, accepted);
+    F(ds4_bridge_spec_counters_t, fallbacks);
+    F(ds4_bridge_spec_counters_t, committed);
+    F(ds4_bridge_spec_counters_t, draft_max);
+    F(ds4_bridge_spec_counters_t, draft_width);
 
     S(ds4_bridge_batch_stats_t);
     F(ds4_bridge_batch_stats_t, steps);

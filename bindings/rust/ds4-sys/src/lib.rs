@@ -52,6 +52,8 @@ pub struct ds4_bridge_model_open_options {
     pub mtp_draft_tokens: i32,
     pub tensor_directory: *const ds4_bridge_tensor_directory,
     pub bind_plan: *const ds4_bridge_bind_plan,
+    pub drafter_path: *const c_char,
+    pub draft_max: i32,
 }
 
 #[repr(C)]
@@ -89,6 +91,18 @@ pub struct ds4_bridge_chat_msg {
     pub role: *const c_char,
     pub content: *const c_char,
     pub content_len: usize,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ds4_bridge_spec_counters_t {
+    pub trials: u64,
+    pub drafted: u64,
+    pub accepted: u64,
+    pub fallbacks: u64,
+    pub committed: u64,
+    pub draft_max: i32,
+    pub draft_width: i32,
 }
 
 #[repr(C)]
@@ -270,6 +284,35 @@ extern "C" {
     pub fn ds4_bridge_batch_stats(
         b: *mut ds4_bridge_batch,
         out: *mut ds4_bridge_batch_stats_t,
+        err: *mut c_char,
+        errlen: usize,
+    ) -> c_int;
+    pub fn ds4_bridge_spec_trial(
+        s: *mut ds4_bridge_session,
+        pending: i32,
+        temperature: f32,
+        top_k: c_int,
+        top_p: f32,
+        min_p: f32,
+        rng: *mut u64,
+        max_new: c_int,
+        tokens: *mut i32,
+        argmax: *mut i32,
+        cap: c_int,
+        accepted_out: *mut c_int,
+        err: *mut c_char,
+        errlen: usize,
+    ) -> c_int;
+    pub fn ds4_bridge_spec_commit(s: *mut ds4_bridge_session, n: c_int, err: *mut c_char, errlen: usize) -> c_int;
+    pub fn ds4_bridge_spec_counters(
+        m: *mut ds4_bridge_model,
+        out: *mut ds4_bridge_spec_counters_t,
+        err: *mut c_char,
+        errlen: usize,
+    ) -> c_int;
+    pub fn ds4_bridge_session_spec_counters(
+        s: *mut ds4_bridge_session,
+        out: *mut ds4_bridge_spec_counters_t,
         err: *mut c_char,
         errlen: usize,
     ) -> c_int;

@@ -45,6 +45,8 @@ fn rust_layout() -> BTreeMap<String, usize> {
             mtp_draft_tokens,
             tensor_directory,
             bind_plan,
+            drafter_path,
+            draft_max,
         }
     );
     layout!(
@@ -78,6 +80,7 @@ fn rust_layout() -> BTreeMap<String, usize> {
     );
     layout!(m, ds4_bridge_chat_msg { role, content, content_len });
     layout!(m, ds4_bridge_batch_stats_t { steps, rows, sessions, failed });
+    layout!(m, ds4_bridge_spec_counters_t { trials, drafted, accepted, fallbacks, committed, draft_max, draft_width });
     layout!(
         m,
         ds4_bridge_gguf_info_t {
