@@ -56,7 +56,12 @@ void Worker::Impl::open_model() {
     }
     // One real forward before the socket exists: failures show up now, and the first
     // client does not pay for lazy allocation. The session is kept for reuse.
-    std::vector<int32_t> warm = model->tokenize("Hello", false);
+    std::vector<int32_t> warm;
+    try {
+        warm = model->tokenize("Hello", false);
+    } catch (const BridgeFailure &e) {
+        log_line("text prompts will be refused: %s", e.what());  // token prompts still work
+    }
     if (warm.empty()) warm.push_back(0);
     auto bs = std::make_unique<BridgeSession>(*model, int(default_ctx));
     bs->sync(warm);

@@ -224,6 +224,10 @@ static size_t next_block_end(std::string_view text, size_t from) {
 }
 
 void Tokenizer::Impl::encode_plain(std::string_view text, WordCache &cache, std::vector<int32_t> &out) const {
+    if (!text.empty() && vocab.pre != "deepseek-v3" && vocab.pre != "deepseek-v4")
+        fail("tokenizer: this model's pre-tokenizer (GGUF key tokenizer.ggml.pre = '" + vocab.pre +
+             "') is not supported (deepseek-v3/deepseek-v4 only), so text cannot be tokenized exactly; "
+             "send token ids instead (decoding works)");
     for (size_t at = 0; at < text.size();) {
         size_t end = next_block_end(text, at);
         encode_block(text.substr(at, end - at), cache, out);
@@ -258,8 +262,6 @@ Tokenizer Tokenizer::from_vocab(Vocab v) {
     if (n > 0x7FFFFFFF) fail("tokenizer: vocabulary too large");
     if (v.types.size() != n) failf("tokenizer: %zu token types for %zu tokens", v.types.size(), n);
     if (v.model != "gpt2") fail("tokenizer: model '" + v.model + "' is not the byte-level BPE 'gpt2'");
-    if (v.pre != "deepseek-v3" && v.pre != "deepseek-v4")
-        fail("tokenizer: pre-tokenizer '" + v.pre + "' is not supported (deepseek-v3/deepseek-v4 only)");
     for (int32_t id : {v.bos, v.eos, v.pad, v.eot})
         if (id < -1 || id >= static_cast<int64_t>(n)) failf("tokenizer: special token id %d outside the vocabulary", id);
 
