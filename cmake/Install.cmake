@@ -17,6 +17,14 @@ foreach(_p ${_ds4_programs})
   endif()
 endforeach()
 
+# Programs linked to libds4 find it beside them (PREFIX/lib), wherever the prefix is. (The
+# others link everything statically and have no RPATH to rewrite.)
+foreach(_p ds4d ds4-bench-daemon ds4-bench-resume)
+  if(TARGET ${_p})
+    set_target_properties(${_p} PROPERTIES INSTALL_RPATH "$ORIGIN/../${CMAKE_INSTALL_LIBDIR}")
+  endif()
+endforeach()
+
 set_target_properties(ds4lib PROPERTIES EXPORT_NAME ds4)
 set_target_properties(ds4client_shared PROPERTIES EXPORT_NAME client)
 install(TARGETS ds4lib ds4client_shared EXPORT ds4Targets
@@ -40,7 +48,8 @@ endforeach()
 set(DS4_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/ds4)
 install(EXPORT ds4Targets NAMESPACE ds4:: DESTINATION ${DS4_CMAKE_DIR})
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/ds4Config.cmake.in ${PROJECT_BINARY_DIR}/ds4Config.cmake
-                              INSTALL_DESTINATION ${DS4_CMAKE_DIR})
+                              INSTALL_DESTINATION ${DS4_CMAKE_DIR}
+                              PATH_VARS CMAKE_INSTALL_INCLUDEDIR CMAKE_INSTALL_LIBDIR CMAKE_INSTALL_DATADIR)
 write_basic_package_version_file(${PROJECT_BINARY_DIR}/ds4ConfigVersion.cmake COMPATIBILITY SameMinorVersion)
 install(FILES ${PROJECT_BINARY_DIR}/ds4Config.cmake ${PROJECT_BINARY_DIR}/ds4ConfigVersion.cmake
         DESTINATION ${DS4_CMAKE_DIR})
