@@ -103,6 +103,8 @@ std::string usage_text() {
            "  --top-k K, --top-p P, --min-p P   sampling filters (default off)\n"
            "  --seed S               sampling seed, for repeatable sampling (default: a random seed)\n"
            "  --stop STRING          stop when STRING appears in the output (repeatable)\n"
+           "  --ignore-eos           keep generating past end-of-sequence tokens (until --max-tokens\n"
+           "                         or the context is full)\n"
            "  --ids                  (run) print the generated token ids, space-separated, instead of text\n"
            "  --raw                  (run) plain text completion of PROMPT, without the chat template\n"
            "  --chat                 (run) wrap PROMPT in the chat template as a user turn (the default)\n"
@@ -183,6 +185,8 @@ CliArgs parse_cli(int argc, const char *const *argv) {
             if (a.stops.back().empty()) throw UsageError("--stop needs a non-empty string");
         } else if (arg == "--ids") {
             a.ids = true;
+        } else if (arg == "--ignore-eos") {
+            a.ignore_eos = true;
         } else if (arg == "--raw") {
             a.raw = true;
         } else if (arg == "--chat") {

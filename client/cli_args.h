@@ -25,6 +25,7 @@ struct CliArgs {
     uint64_t seed = 0;
     bool seed_set = false;          // --seed given; otherwise the command picks a random seed
     bool ids = false;
+    bool ignore_eos = false;        // keep generating past end-of-sequence tokens
     bool raw = false;
     bool chat_template = false;     // --chat: the chat template even for a model without one
     bool think = false;

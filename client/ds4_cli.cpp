@@ -113,6 +113,7 @@ GenerateRequest base_request(const CliArgs &a) {
     req.seed = a.seed_set ? a.seed : random_seed();
     req.stop_strings = a.stops;
     req.thinking = a.think;
+    req.ignore_eos = a.ignore_eos;
     req.progress = ::isatty(2);
     return req;
 }
