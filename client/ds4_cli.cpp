@@ -30,8 +30,12 @@ constexpr int kExitCut = 6;        // run: the answer was cut short (context ful
 constexpr int kExitInterrupted = 130;
 
 int g_sigpipe[2] = {-1, -1};
+// Set by the handler: the client library drains the pipe itself when it cancels a request,
+// so the pipe alone cannot tell afterwards whether Ctrl-C was pressed.
+volatile sig_atomic_t g_sigint_seen = 0;
 
 void on_sigint(int) {
+    g_sigint_seen = 1;
     const int saved = errno;
     const char b = 1;
     [[maybe_unused]] ssize_t w = ::write(g_sigpipe[1], &b, 1);
@@ -50,8 +54,10 @@ void install_sigint() {
     sigaction(SIGINT, &sa, nullptr);
 }
 
+// Whether Ctrl-C was pressed since the last call; drains the self-pipe.
 bool drain_sigpipe() {
-    bool any = false;
+    bool any = g_sigint_seen;
+    g_sigint_seen = 0;
     char buf[64];
     while (g_sigpipe[0] >= 0 && ::read(g_sigpipe[0], buf, sizeof buf) > 0) any = true;
     return any;

@@ -162,6 +162,26 @@ TEST_F(CliE2E, RunCancelledByDaemonShutdownExitsNonZero) {
     EXPECT_NE(read_file(err).find("cancelled by ds4d"), std::string::npos) << read_file(err);
 }
 
+TEST_F(CliE2E, RunInterruptedByCtrlCExits130) {
+    TempDir d;
+    const std::string out = d.path + "/run.out", err = d.path + "/run.err";
+    // Its own session context (the suite's is 64 tokens): long enough to be interrupted.
+    Daemon own;
+    ASSERT_EQ(own.start(DS4D_PATH, model_path, d.path + "/ds4.sock", d.path + "/ds4d.log", {}), "");
+    pid_t pid = spawn({DS4_CLI_PATH, "--socket", own.socket, "run", "--raw", "--ids", "--ignore-eos", "--max-tokens",
+                       "100000", "x"},
+                      out, err);
+    ASSERT_GT(pid, 0);
+    const auto deadline = Clock::now() + std::chrono::seconds(30);
+    while (read_file(out).empty() && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    kill(pid, SIGINT);
+    const int rc = wait_exit(pid, 30000);
+    if (rc == 6 && read_file(err).find("context is full") != std::string::npos)
+        GTEST_SKIP() << "the generation filled the context before the interrupt reached it";
+    EXPECT_EQ(rc, 130) << read_file(err);
+    EXPECT_EQ(read_file(err).find("cancelled by ds4d"), std::string::npos) << read_file(err);
+}
+
 TEST(Tools, HelpExitsZeroAndVersionWorks) {
     for (const char *exe : {DS4_BENCH_QUANT_PATH, DS4_CLI_PATH, DS4D_PATH, DS4_MAKE_MODEL_PATH}) {
         TempDir d;

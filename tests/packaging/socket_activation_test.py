@@ -105,5 +105,26 @@ with tempfile.TemporaryDirectory(prefix="ds4-sd-") as tmp:
     check("<3>" in text and "fd 3" in text, "no <3> error naming fd 3:\n" + text)
     notify.close()
 
+    # systemd's own tool for the same protocol, where installed (Debian: package systemd).
+    import shutil
+    sa = shutil.which("systemd-socket-activate")
+    if sa:
+        path2 = os.path.join(tmp, "sa.sock")
+        log2 = open(os.path.join(tmp, "sa.log"), "wb")
+        p = subprocess.Popen([sa, "-l", path2, "-E", "DS4_MODEL=" + os.path.join(tmp, "tiny.gguf"), ds4d, "--no-store",
+                              "--backend", "cpu", "--threads", "1"], stdin=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL, stderr=log2)
+        deadline = time.time() + 30
+        while not os.path.exists(path2) and time.time() < deadline:
+            time.sleep(0.01)
+        r = subprocess.run([ds4_cli, "--socket", path2, "tokenize", "hello"], capture_output=True, timeout=120)
+        check(r.returncode == 0 and r.stdout.strip(), "systemd-socket-activate: client not served: %r" % r.stderr)
+        p.terminate()
+        check(p.wait(timeout=60) == 0, "ds4d under systemd-socket-activate did not exit 0")
+        text = open(log2.name, encoding="utf-8", errors="replace").read()
+        check("socket activation: serving " + path2 in text, "ds4d did not take the passed socket:\n" + text)
+    else:
+        print("systemd-socket-activate not installed: that part skipped")
+
 print("socket activation:", "FAILED" if failures else "ok")
 sys.exit(1 if failures else 0)
