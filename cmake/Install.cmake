@@ -1,6 +1,6 @@
 # `cmake --install BUILD --prefix PREFIX`: everything a user or packager needs, in one place.
 #   bin/                      ds4d, ds4 and the tools
-#   lib/                      libds4.so.1 (engine + C ABI), libds4.a, libds4client.so.1
+#   lib/                      libds4.so.2 (engine + C ABI), libds4.a, libds4client.so.1
 #   include/ds4/bridge, include/ds4/client   public headers (-I PREFIX/include/ds4)
 #   lib/pkgconfig/            ds4.pc, ds4client.pc (relocatable: prefix from ${pcfiledir})
 #   lib/cmake/ds4/            find_package(ds4): ds4::ds4, ds4::ds4_static, ds4::client
@@ -9,8 +9,8 @@
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
-set(_ds4_programs ds4d ds4 ds4-convert ds4-make-model ds4-requant ds4-tokenize ds4-logits ds4-bench
-    ds4-bench-quant ds4-bench-daemon ds4-bench-resume ds4-bench-store ds4-eval-loss)
+set(_ds4_programs ds4d ds4 ds4-gateway ds4-convert ds4-make-model ds4-requant ds4-tokenize ds4-logits ds4-bench
+    ds4-bench-quant ds4-bench-daemon ds4-bench-resume ds4-bench-batch ds4-bench-gateway ds4-bench-store ds4-eval-loss)
 foreach(_p ${_ds4_programs})
   if(TARGET ${_p})
     install(TARGETS ${_p} RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})

@@ -18,6 +18,8 @@ from typing import Callable, List, Optional, Sequence
 from ._lib import Ds4Error, cstr, fn, load
 
 BACKENDS = {"cuda": 0, "cpu": 2, "auto": 3}
+# The libds4 ABI these bindings are written for (bridge/CMakeLists.txt SOVERSION).
+LIBDS4_SONAME = "libds4.so.2"
 
 
 class _OpenOptions(C.Structure):
@@ -27,7 +29,7 @@ class _OpenOptions(C.Structure):
                 ("n_threads", C.c_int32), ("defer_boot_prewarm", C.c_int32), ("ssd_streaming", C.c_int32),
                 ("ssd_streaming_cold", C.c_int32), ("ssd_streaming_cache_experts", C.c_uint32),
                 ("ssd_streaming_cache_bytes", C.c_uint64), ("mtp_draft_tokens", C.c_int32),
-                ("_reserve", C.c_uint8 * 512)]
+                ("tensor_directory", C.c_void_p), ("bind_plan", C.c_void_p), ("_reserve", C.c_uint8 * 512)]
 
 
 class _ModelInfo(C.Structure):
@@ -49,7 +51,7 @@ def _api():
     global _lib
     if _lib is not None:
         return _lib
-    L = load("libds4.so.1", "DS4_LIBRARY")
+    L = load(LIBDS4_SONAME, "DS4_LIBRARY")
     E = (C.c_char_p, C.c_size_t)
     P = C.c_void_p
     I32P = C.POINTER(C.c_int32)
