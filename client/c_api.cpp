@@ -5,6 +5,7 @@
 #include <cstring>
 #include <memory>
 #include <new>
+#include <vector>
 
 #include "client/ds4client.hpp"
 #include "ipc/protocol.h"
@@ -17,6 +18,10 @@ static_assert(DS4C_SERVER_BUSY == int(fbx::ErrorCode::Busy));
 static_assert(DS4C_SERVER_NO_STORE == int(fbx::ErrorCode::NoStore) && fbx::ErrorCode::NoStore == fbx::ErrorCode::MAX);
 static_assert(DS4C_FINISH_CANCELLED == int(fbx::FinishReason::Cancelled) && fbx::FinishReason::Cancelled == fbx::FinishReason::MAX);
 static_assert(DS4C_FINISH_STOP_STRING == int(fbx::FinishReason::StopString));
+
+struct ds4c_session_list {
+    std::vector<ds4::client::StoredSession> v;
+};
 
 struct ds4c_client {
     std::unique_ptr<ds4::client::Client> client;
@@ -308,6 +313,76 @@ int ds4c_get_stats(ds4c_client *c, ds4c_stats *out, char *err, size_t errlen) {
         out->device_free = s.memory.device_free;
         out->device_total = s.memory.device_total;
     });
+}
+
+int ds4c_list_sessions(ds4c_client *c, ds4c_session_list **out, char *err, size_t errlen) {
+    if (!check_client(c, err, errlen)) return DS4C_ERR_ARG;
+    if (!out) {
+        set_err(err, errlen, "ds4c_list_sessions: out is NULL");
+        return DS4C_ERR_ARG;
+    }
+    *out = nullptr;
+    return guarded(c, err, errlen, [&] {
+        auto l = std::make_unique<ds4c_session_list>();
+        l->v = c->client->list_sessions();
+        *out = l.release();
+    });
+}
+
+size_t ds4c_session_list_count(const ds4c_session_list *l) { return l ? l->v.size() : 0; }
+
+int ds4c_session_list_get(const ds4c_session_list *l, size_t i, ds4c_session_entry *out) {
+    if (!l || !out || i >= l->v.size()) return DS4C_ERR_ARG;
+    const StoredSession &s = l->v[i];
+    out->name = s.name.c_str();
+    out->save_error = s.save_error.c_str();
+    out->n_tokens = s.n_tokens;
+    out->stored_tokens = s.stored_tokens;
+    out->bytes = s.bytes;
+    out->created_unix = s.created_unix;
+    out->last_used_unix = s.last_used_unix;
+    out->pinned = s.pinned;
+    out->live = s.live;
+    return DS4C_OK;
+}
+
+void ds4c_session_list_free(ds4c_session_list *l) { delete l; }
+
+int ds4c_save_session(ds4c_client *c, const char *name, uint64_t session, uint32_t *n_tokens_out, uint64_t *bytes_out,
+                      char *err, size_t errlen) {
+    if (!check_client(c, err, errlen)) return DS4C_ERR_ARG;
+    if (!name || !*name) {
+        set_err(err, errlen, "ds4c_save_session: name is NULL or empty");
+        return DS4C_ERR_ARG;
+    }
+    return guarded(c, err, errlen, [&] {
+        SavedSession s = c->client->save_session(name, session);
+        if (n_tokens_out) *n_tokens_out = s.n_tokens;
+        if (bytes_out) *bytes_out = s.bytes;
+    });
+}
+
+int ds4c_load_session(ds4c_client *c, const char *name, uint32_t ctx, uint64_t *session_out, uint32_t *n_tokens_out,
+                      char *err, size_t errlen) {
+    if (!check_client(c, err, errlen)) return DS4C_ERR_ARG;
+    if (!name || !*name || !session_out) {
+        set_err(err, errlen, "ds4c_load_session: name is NULL or empty, or session_out is NULL");
+        return DS4C_ERR_ARG;
+    }
+    return guarded(c, err, errlen, [&] {
+        SessionInfo s = c->client->load_session(name, ctx);
+        *session_out = s.id;
+        if (n_tokens_out) *n_tokens_out = s.n_tokens;
+    });
+}
+
+int ds4c_delete_session(ds4c_client *c, const char *name, char *err, size_t errlen) {
+    if (!check_client(c, err, errlen)) return DS4C_ERR_ARG;
+    if (!name || !*name) {
+        set_err(err, errlen, "ds4c_delete_session: name is NULL or empty");
+        return DS4C_ERR_ARG;
+    }
+    return guarded(c, err, errlen, [&] { c->client->delete_session(name); });
 }
 
 }  // extern "C"

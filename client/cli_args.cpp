@@ -2,6 +2,7 @@
 
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <string_view>
 
@@ -20,17 +21,50 @@ uint64_t parse_u64(const std::string &opt, const char *s, uint64_t max) {
     return v;
 }
 
+std::string number(float v) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%g", double(v));
+    return buf;
+}
+
 float parse_float(const std::string &opt, const char *s, float lo, float hi) {
     errno = 0;
     char *end = nullptr;
     float v = std::strtof(s, &end);
     if (!*s || errno || *end || !std::isfinite(v) || v < lo || v > hi)
-        throw UsageError(opt + " needs a number in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got \"" +
-                         s + "\"");
+        throw UsageError(opt + " needs a number in [" + number(lo) + ", " + number(hi) + "], got \"" + s + "\"");
     return v;
 }
 
 }  // namespace
+
+bool is_sampling_option(const std::string &opt) {
+    for (const char *o : {"--max-tokens", "--temperature", "--top-k", "--top-p", "--min-p", "--seed"})
+        if (opt == o) return true;
+    return false;
+}
+
+void set_sampling_option(CliArgs &a, std::string key, const char *v) {
+    for (char &c : key)
+        if (c == '_') c = '-';
+    const std::string opt = "--" + key;
+    if (key == "max-tokens") {
+        a.max_tokens = uint32_t(parse_u64(opt, v, 1u << 30));
+    } else if (key == "temperature") {
+        a.temperature = parse_float(opt, v, 0.0f, 100.0f);
+    } else if (key == "top-k") {
+        a.top_k = int32_t(parse_u64(opt, v, 1u << 30));
+    } else if (key == "top-p") {
+        a.top_p = parse_float(opt, v, 0.0f, 1.0f);
+    } else if (key == "min-p") {
+        a.min_p = parse_float(opt, v, 0.0f, 1.0f);
+    } else if (key == "seed") {
+        a.seed = parse_u64(opt, v, UINT64_MAX);
+        a.seed_set = true;
+    } else {
+        throw UsageError("unknown setting \"" + key + "\" (max_tokens, temperature, top_k, top_p, min_p, seed)");
+    }
+}
 
 std::string usage_text() {
     return "usage: ds4 [--socket PATH] COMMAND [OPTIONS] [ARGS]\n"
@@ -41,11 +75,13 @@ std::string usage_text() {
            "Commands:\n"
            "  run [OPTIONS] PROMPT   answer PROMPT, streaming the text to stdout as it is generated\n"
            "                         (PROMPT \"-\" reads it from stdin; several words are joined by spaces)\n"
-           "  chat [OPTIONS]         interactive multi-turn chat; Ctrl-C stops the current answer,\n"
+           "  chat [OPTIONS]         interactive multi-turn chat with line editing and history; Ctrl-C\n"
+           "                         stops the current answer; a line ending in \\ continues on the\n"
+           "                         next; /help lists /reset, /save NAME, /load NAME, /set KEY VALUE;\n"
            "                         /exit or end of input leaves\n"
            "  stats                  the daemon's statistics\n"
-           "  tokenize TEXT          the token ids of TEXT, space-separated\n"
-           "  sessions list          stored and live named sessions: name, tokens, bytes on disk,\n"
+           "  tokenize TEXT          the token ids of TEXT, space-separated (TEXT \"-\" reads stdin)\n"
+           "  sessions [list]        stored and live named sessions: name, tokens, bytes on disk,\n"
            "                         last use, pinned, live (held in daemon memory), and why the\n"
            "                         latest save failed when it did; then the names the store's\n"
            "                         budget evicted recently\n"
@@ -65,22 +101,30 @@ std::string usage_text() {
            "  --max-tokens N         stop after N generated tokens (default 256)\n"
            "  --temperature T        sampling temperature; 0 (default) is greedy\n"
            "  --top-k K, --top-p P, --min-p P   sampling filters (default off)\n"
-           "  --seed S               sampling seed (default 0)\n"
+           "  --seed S               sampling seed, for repeatable sampling (default: a random seed)\n"
            "  --stop STRING          stop when STRING appears in the output (repeatable)\n"
+           "  --ignore-eos           keep generating past end-of-sequence tokens (until --max-tokens\n"
+           "                         or the context is full)\n"
            "  --ids                  (run) print the generated token ids, space-separated, instead of text\n"
            "  --raw                  (run) plain text completion of PROMPT, without the chat template\n"
-           "  --think                let the model think before answering (chat template thinking mode)\n"
+           "  --chat                 (run) wrap PROMPT in the chat template as a user turn (the default)\n"
+           "  --think                let the model think before answering (chat template thinking mode;\n"
+           "                         not with --raw)\n"
            "\n"
            "Global options:\n"
            "  --socket PATH          daemon socket (default $XDG_RUNTIME_DIR/ds4.sock, else\n"
            "                         /tmp/ds4-$UID/ds4.sock; here: " +
            ipc::default_socket_path() +
            ")\n"
+           "                         $DS4_SOCKET overrides the default\n"
            "  -h, --help             this help\n"
+           "  --version              version and git revision\n"
            "\n"
            "Prefill progress is shown on stderr when stderr is a terminal.\n"
            "Exit status: 0 ok, 2 usage error, 3 cannot connect to ds4d, 4 server error (message on stderr),\n"
-           "5 run --session generated the answer but could not store the turn (warning on stderr).\n";
+           "5 run --session generated the answer but could not store the turn (warning on stderr),\n"
+           "6 run's answer was cut short: the context is full or ds4d cancelled it (shutting down),\n"
+           "130 interrupted by Ctrl-C.\n";
 }
 
 CliArgs parse_cli(int argc, const char *const *argv) {
@@ -118,6 +162,10 @@ CliArgs parse_cli(int argc, const char *const *argv) {
             a.command = CliArgs::Command::Help;
             return a;
         }
+        if (arg == "--version") {
+            a.command = CliArgs::Command::Version;
+            return a;
+        }
         if (arg == "--socket") {
             a.socket = value(i, arg);
             if (a.socket.empty()) throw UsageError("--socket needs a path");
@@ -132,27 +180,21 @@ CliArgs parse_cli(int argc, const char *const *argv) {
         if (arg == "--session") {
             a.session = value(i, arg);
             if (a.session.empty()) throw UsageError("--session needs a name");
-        } else if (arg == "--max-tokens") {
-            a.max_tokens = uint32_t(parse_u64(arg, value(i, arg), 1u << 30));
-        } else if (arg == "--temperature") {
-            a.temperature = parse_float(arg, value(i, arg), 0.0f, 100.0f);
-        } else if (arg == "--top-k") {
-            a.top_k = int32_t(parse_u64(arg, value(i, arg), 1u << 30));
-        } else if (arg == "--top-p") {
-            a.top_p = parse_float(arg, value(i, arg), 0.0f, 1.0f);
-        } else if (arg == "--min-p") {
-            a.min_p = parse_float(arg, value(i, arg), 0.0f, 1.0f);
-        } else if (arg == "--seed") {
-            a.seed = parse_u64(arg, value(i, arg), UINT64_MAX);
         } else if (arg == "--stop") {
             a.stops.emplace_back(value(i, arg));
             if (a.stops.back().empty()) throw UsageError("--stop needs a non-empty string");
         } else if (arg == "--ids") {
             a.ids = true;
+        } else if (arg == "--ignore-eos") {
+            a.ignore_eos = true;
         } else if (arg == "--raw") {
             a.raw = true;
+        } else if (arg == "--chat") {
+            a.chat_template = true;
         } else if (arg == "--think") {
             a.think = true;
+        } else if (is_sampling_option(arg)) {
+            set_sampling_option(a, arg.substr(2), value(i, arg));
         } else {
             throw UsageError("unknown option " + arg);
         }
@@ -164,6 +206,8 @@ CliArgs parse_cli(int argc, const char *const *argv) {
         if (positional.empty())
             throw UsageError(std::string(a.command == CliArgs::Command::Run ? "run needs a PROMPT" : "tokenize needs TEXT"));
         for (size_t i = 0; i < positional.size(); ++i) a.prompt += (i ? " " : "") + positional[i];
+        if (a.raw && a.think) throw UsageError("--think needs the chat template; it cannot be combined with --raw");
+        if (a.raw && a.chat_template) throw UsageError("--raw and --chat exclude each other");
         break;
     case CliArgs::Command::Sessions: {
         const std::string op = positional.empty() ? "list" : positional[0];
@@ -173,17 +217,20 @@ CliArgs parse_cli(int argc, const char *const *argv) {
         else if (op == "pin") a.sessions_op = CliArgs::SessionsOp::Pin;
         else throw UsageError("sessions needs list, save NAME, delete NAME or pin NAME, got \"" + op + "\"");
         const size_t want = a.sessions_op == CliArgs::SessionsOp::List ? 1 : 2;
-        if (positional.size() < want) throw UsageError("sessions " + op + " needs a NAME");
+        // Plain `ds4 sessions` lists them (positional is empty then).
+        if (!positional.empty() && positional.size() < want) throw UsageError("sessions " + op + " needs a NAME");
         if (positional.size() > want) throw UsageError("unexpected argument \"" + positional[want] + "\"");
         if (want == 2) a.session_arg = positional[1];
         if (a.unpin && a.sessions_op != CliArgs::SessionsOp::Pin) throw UsageError("--unpin is for sessions pin");
         break;
     }
     case CliArgs::Command::Chat:
-        if (a.ids || a.raw) throw UsageError(std::string(a.ids ? "--ids" : "--raw") + " is for run, not chat");
+        if (a.ids || a.raw || a.chat_template)
+            throw UsageError(std::string(a.ids ? "--ids" : a.raw ? "--raw" : "--chat") + " is for run, not chat");
         [[fallthrough]];
     case CliArgs::Command::Stats:
     case CliArgs::Command::Help:
+    case CliArgs::Command::Version:
         if (!positional.empty()) throw UsageError("unexpected argument \"" + positional[0] + "\"");
         break;
     }

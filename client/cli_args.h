@@ -12,7 +12,7 @@ struct UsageError : std::runtime_error {
 };
 
 struct CliArgs {
-    enum class Command { Help, Run, Chat, Stats, Tokenize, Sessions };
+    enum class Command { Help, Version, Run, Chat, Stats, Tokenize, Sessions };
     Command command = Command::Help;
     std::string socket;             // empty: default path
     // run / chat
@@ -23,11 +23,14 @@ struct CliArgs {
     float top_p = 1.0f;
     float min_p = 0.0f;
     uint64_t seed = 0;
+    bool seed_set = false;          // --seed given; otherwise the command picks a random seed
     bool ids = false;
+    bool ignore_eos = false;        // keep generating past end-of-sequence tokens
     bool raw = false;
+    bool chat_template = false;     // --chat: the chat template even for a model without one
     bool think = false;
     std::vector<std::string> stops;
-    std::string prompt;             // run: the prompt; tokenize: the text
+    std::string prompt;             // run: the prompt; tokenize: the text ("-": stdin)
     // sessions
     enum class SessionsOp { List, Save, Delete, Pin } sessions_op = SessionsOp::List;
     std::string session_arg;        // sessions save|delete|pin NAME
@@ -38,5 +41,10 @@ struct CliArgs {
 CliArgs parse_cli(int argc, const char *const *argv);
 
 std::string usage_text();
+
+// The sampling options shared by the command line and chat's /set: KEY is max_tokens (or
+// max-tokens), temperature, top_k, top_p, min_p or seed. Throws UsageError for a bad value.
+bool is_sampling_option(const std::string &opt);  // "--max-tokens", ...
+void set_sampling_option(CliArgs &a, std::string key, const char *value);
 
 }  // namespace ds4::client

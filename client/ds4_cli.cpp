@@ -1,6 +1,9 @@
 // `ds4`: the command-line client of ds4d (run, chat, stats, tokenize, sessions). See usage_text().
+#include <editline/readline.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/random.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -12,6 +15,7 @@
 
 #include "client/cli_args.h"
 #include "client/ds4client.hpp"
+#include "ds4_version.h"
 
 using namespace ds4::client;
 
@@ -22,11 +26,16 @@ constexpr int kExitUsage = 2;
 constexpr int kExitConnect = 3;
 constexpr int kExitServer = 4;
 constexpr int kExitNotStored = 5;  // run --session: the answer was printed, its turn not stored
+constexpr int kExitCut = 6;        // run: the answer was cut short (context full, cancelled by ds4d)
 constexpr int kExitInterrupted = 130;
 
 int g_sigpipe[2] = {-1, -1};
+// Set by the handler: the client library drains the pipe itself when it cancels a request,
+// so the pipe alone cannot tell afterwards whether Ctrl-C was pressed.
+volatile sig_atomic_t g_sigint_seen = 0;
 
 void on_sigint(int) {
+    g_sigint_seen = 1;
     const int saved = errno;
     const char b = 1;
     [[maybe_unused]] ssize_t w = ::write(g_sigpipe[1], &b, 1);
@@ -45,8 +54,10 @@ void install_sigint() {
     sigaction(SIGINT, &sa, nullptr);
 }
 
+// Whether Ctrl-C was pressed since the last call; drains the self-pipe.
 bool drain_sigpipe() {
-    bool any = false;
+    bool any = g_sigint_seen;
+    g_sigint_seen = 0;
     char buf[64];
     while (g_sigpipe[0] >= 0 && ::read(g_sigpipe[0], buf, sizeof buf) > 0) any = true;
     return any;
@@ -91,6 +102,13 @@ DoneInfo stream_answer(Client &client, const GenerateRequest &req, bool ids, boo
     return d;
 }
 
+// Without --seed every run samples differently, as users of other local runners expect.
+uint64_t random_seed() {
+    uint64_t v = 0;
+    if (::getrandom(&v, sizeof v, 0) != ssize_t(sizeof v)) v = uint64_t(::time(nullptr)) ^ (uint64_t(::getpid()) << 32);
+    return v;
+}
+
 GenerateRequest base_request(const CliArgs &a) {
     GenerateRequest req;
     req.max_tokens = a.max_tokens;
@@ -98,9 +116,10 @@ GenerateRequest base_request(const CliArgs &a) {
     req.top_k = a.top_k;
     req.top_p = a.top_p;
     req.min_p = a.min_p;
-    req.seed = a.seed;
+    req.seed = a.seed_set ? a.seed : random_seed();
     req.stop_strings = a.stops;
     req.thinking = a.think;
+    req.ignore_eos = a.ignore_eos;
     req.progress = ::isatty(2);
     return req;
 }
@@ -133,8 +152,15 @@ void warn_save_error(const std::string &name, const std::string &err) {
                  name.c_str(), err.c_str());
 }
 
-// Generation stopped at the context limit: the answer is cut short, which is not an error
-// but must not pass unnoticed (a session in that state takes no further turn).
+// The answer was cut short by ds4d (not by Ctrl-C here): it is said on stderr, and run exits
+// with kExitCut, so a script does not take a truncated answer for a whole one.
+void note_cancelled_by_daemon(const DoneInfo &d) {
+    if (d.reason != FinishReason::Cancelled) return;
+    std::fprintf(stderr, "ds4: the answer was cancelled by ds4d before it finished (is it shutting down?)\n");
+}
+
+// Generation stopped at the context limit: the answer is cut short and must not pass
+// unnoticed (a session in that state takes no further turn).
 void note_context_full(const DoneInfo &d, const std::string &session) {
     if (d.reason != FinishReason::Context) return;
     if (session.empty()) std::fprintf(stderr, "ds4: the answer stopped because the context is full\n");
@@ -190,6 +216,8 @@ int cmd_run(Client &client, const CliArgs &a) {
         stored = err.empty();
     }
     if (d.reason == FinishReason::Cancelled && drain_sigpipe()) return kExitInterrupted;
+    note_cancelled_by_daemon(d);
+    if (d.reason == FinishReason::Context || d.reason == FinishReason::Cancelled) return kExitCut;
     // Scripts must not take a turn a restart would lose for a stored one.
     return stored ? kExitOk : kExitNotStored;
 }
@@ -226,7 +254,144 @@ bool read_line(std::string &line, bool *interrupted) {
     }
 }
 
-int cmd_chat(Client &client, const CliArgs &a) {
+// Line editing on a terminal (libedit). Its own signal handling is off: SIGINT stays ours,
+// and a Ctrl-C at the prompt ends the read with the line discarded (as in a shell).
+bool g_line_interrupted = false;
+
+int editline_getc(FILE *) {
+    for (;;) {
+        unsigned char c;
+        const ssize_t r = ::read(0, &c, 1);
+        if (r == 1) return c;
+        if (r < 0 && errno == EINTR) {
+            if (drain_sigpipe()) {
+                g_line_interrupted = true;
+                return '\n';
+            }
+            continue;
+        }
+        return EOF;
+    }
+}
+
+std::string history_path() {
+    const char *x = std::getenv("XDG_STATE_HOME");
+    const char *h = std::getenv("HOME");
+    std::string dir = x && *x == '/' ? std::string(x) + "/ds4" : h && *h == '/' ? std::string(h) + "/.local/state/ds4" : "";
+    struct stat st {};
+    if (dir.empty() || ::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return {};
+    return dir + "/chat_history";
+}
+
+class LineReader {
+public:
+    explicit LineReader(bool tty) : tty_(tty) {
+        if (!tty_) return;
+        rl_catch_signals = 0;
+        rl_getc_function = editline_getc;
+        using_history();
+        history_ = history_path();
+        if (!history_.empty()) read_history(history_.c_str());
+    }
+    ~LineReader() {
+        if (tty_ && !history_.empty()) write_history(history_.c_str());
+    }
+    // One logical line (a trailing backslash joins the next). false at end of input.
+    bool read(std::string &out, bool *interrupted) {
+        out.clear();
+        *interrupted = false;
+        for (bool first = true;; first = false) {
+            std::string part;
+            if (tty_) {
+                g_line_interrupted = false;
+                char *l = readline(first ? "> " : ". ");
+                if (!l) return !first;
+                part = l;
+                std::free(l);
+                if (g_line_interrupted) {
+                    *interrupted = true;
+                    out.clear();
+                    return true;
+                }
+            } else {
+                if (!read_line(part, interrupted)) return !first;
+                if (*interrupted) return true;
+            }
+            if (!part.empty() && part.back() == '\\') {
+                part.pop_back();
+                out += part + "\n";
+                continue;
+            }
+            out += part;
+            if (tty_ && !out.empty()) add_history(out.c_str());
+            return true;
+        }
+    }
+
+private:
+    bool tty_;
+    std::string history_;
+};
+
+const char *kChatHelp =
+    "/help              this list\n"
+    "/reset             start a new, empty conversation (a named session stays stored)\n"
+    "/save NAME         store the conversation as the named session NAME\n"
+    "/load NAME         continue the stored session NAME\n"
+    "/set KEY VALUE     change a setting: temperature, top_k, top_p, min_p, seed, max_tokens\n"
+    "/set               show the settings\n"
+    "/exit, /quit       leave (so does end of input, Ctrl-D)\n"
+    "A line ending in \\ continues on the next. Ctrl-C stops the answer being generated.\n";
+
+// Runs one slash command. false: leave the chat.
+bool chat_command(Client &client, CliArgs &a, SessionInfo &s, const std::string &line) {
+    std::vector<std::string> w;
+    for (size_t i = 0; i < line.size();) {
+        while (i < line.size() && line[i] == ' ') ++i;
+        size_t j = line.find(' ', i);
+        if (j == std::string::npos) j = line.size();
+        if (j > i) w.push_back(line.substr(i, j - i));
+        i = j;
+    }
+    const std::string cmd = w.empty() ? "" : w[0];
+    try {
+        if (cmd == "/exit" || cmd == "/quit") return false;
+        if (cmd == "/help") {
+            std::fputs(kChatHelp, stdout);
+        } else if (cmd == "/reset") {
+            if (s.name.empty()) client.close_session(s.id);
+            s = client.open_session();
+            a.session.clear();
+            std::printf("[new conversation]\n");
+        } else if (cmd == "/save" && w.size() == 2) {
+            SavedSession v = client.save_session(w[1], s.id);
+            std::printf("[saved %s: %u tokens]\n", v.name.c_str(), v.n_tokens);
+        } else if (cmd == "/load" && w.size() == 2) {
+            SessionInfo n = client.load_session(w[1]);
+            if (s.name.empty() && n.id != s.id) client.close_session(s.id);
+            s = n;
+            a.session = n.name;
+            std::printf("[loaded %s: %u tokens]\n", n.name.c_str(), n.n_tokens);
+        } else if (cmd == "/set" && w.size() == 3) {
+            set_sampling_option(a, w[1], w[2].c_str());
+            std::printf("[%s = %s]\n", w[1].c_str(), w[2].c_str());
+        } else if (cmd == "/set" && w.size() == 1) {
+            std::printf("temperature %g, top_k %d, top_p %g, min_p %g, max_tokens %u, seed %s\n", double(a.temperature),
+                        a.top_k, double(a.top_p), double(a.min_p), a.max_tokens,
+                        a.seed_set ? std::to_string(a.seed).c_str() : "random");
+        } else {
+            std::printf("[unknown or incomplete command %s; /help lists them]\n", line.c_str());
+        }
+    } catch (const UsageError &e) {
+        std::printf("[%s]\n", e.what());
+    } catch (const ServerError &e) {
+        std::printf("[%s]\n", e.what());
+    }
+    std::fflush(stdout);
+    return true;
+}
+
+int cmd_chat(Client &client, CliArgs a) {
     const bool tty_in = ::isatty(0);
     SessionInfo s = client.open_session(a.session);
     warn_evicted(s);
@@ -234,25 +399,25 @@ int cmd_chat(Client &client, const CliArgs &a) {
     if (!save_error.empty()) warn_save_error(s.name, save_error);
     if (tty_in) {
         const ServerInfo &info = client.server_info();
-        std::fprintf(stderr, "ds4 chat with %s (%s)%s. Ctrl-C stops an answer, /exit leaves.\n",
+        std::fprintf(stderr, "ds4 chat with %s (%s)%s. Ctrl-C stops an answer, /help lists commands, /exit leaves.\n",
                      info.model.name.c_str(), info.model.family.c_str(),
                      s.n_tokens ? (", continuing session " + s.name).c_str() : "");
     }
     client.set_interrupt_fd(g_sigpipe[0]);
+    LineReader reader(tty_in);
     std::string line;
     for (;;) {
-        if (tty_in) {
-            std::fputs("> ", stdout);
-            std::fflush(stdout);
-        }
         bool interrupted = false;
-        if (!read_line(line, &interrupted)) break;
+        if (!reader.read(line, &interrupted)) break;
         if (interrupted) {
-            std::fputc('\n', stdout);
+            if (!tty_in) std::fputc('\n', stdout);
             continue;
         }
-        if (line == "/exit" || line == "/quit") break;
         if (line.empty()) continue;
+        if (line[0] == '/') {
+            if (!chat_command(client, a, s, line)) break;
+            continue;
+        }
         drain_sigpipe();
         GenerateRequest req = base_request(a);
         req.session = s.id;
@@ -264,8 +429,11 @@ int cmd_chat(Client &client, const CliArgs &a) {
         std::fflush(stdout);
         note_context_full(d, a.session);
         if (d.reason == FinishReason::Cancelled) {
-            drain_sigpipe();
-            if (tty_in) std::fprintf(stderr, "[stopped]\n");
+            if (drain_sigpipe()) {
+                if (tty_in) std::fprintf(stderr, "[stopped]\n");
+            } else {
+                note_cancelled_by_daemon(d);
+            }
         }
         if (!a.session.empty()) {
             const std::string err = latest_save_error(client, a.session);
@@ -327,7 +495,7 @@ int cmd_stats(Client &client) {
 }
 
 int cmd_tokenize(Client &client, const CliArgs &a) {
-    std::vector<int32_t> toks = client.tokenize(a.prompt);
+    std::vector<int32_t> toks = client.tokenize(a.prompt == "-" ? read_all_stdin() : a.prompt);
     for (size_t i = 0; i < toks.size(); ++i) std::printf(i ? " %d" : "%d", toks[i]);
     std::printf("\n");
     return kExitOk;
@@ -393,6 +561,10 @@ int main(int argc, char **argv) {
         std::fputs(usage_text().c_str(), stdout);
         return kExitOk;
     }
+    if (a.command == CliArgs::Command::Version) {
+        ds4_print_version("ds4");
+        return kExitOk;
+    }
     install_sigint();
     try {
         Client client(a.socket, "ds4");
@@ -402,12 +574,22 @@ int main(int argc, char **argv) {
         case CliArgs::Command::Stats: return cmd_stats(client);
         case CliArgs::Command::Tokenize: return cmd_tokenize(client, a);
         case CliArgs::Command::Sessions: return cmd_sessions(client, a);
-        case CliArgs::Command::Help: break;
+        case CliArgs::Command::Help:
+        case CliArgs::Command::Version: break;
         }
         return kExitOk;
     } catch (const ConnectError &e) {
         std::fprintf(stderr, "ds4: %s\n", e.what());
+        // Nobody listens there (as opposed to a refused peer): say how to get a daemon.
+        if (std::strstr(e.what(), "No such file") || std::strstr(e.what(), "Connection refused"))
+            std::fprintf(stderr,
+                         "ds4: is ds4d running? Start it with: ds4d --model MODEL.gguf%s\n"
+                         "     (or, installed with systemd units: systemctl --user start ds4d.socket)\n",
+                         a.socket.empty() ? "" : (" --socket " + a.socket).c_str());
         return kExitConnect;
+    } catch (const UsageError &e) {
+        std::fprintf(stderr, "ds4: %s\n", e.what());
+        return kExitUsage;
     } catch (const ServerError &e) {
         std::fprintf(stderr, "ds4: %s\n", e.what());
         return kExitServer;

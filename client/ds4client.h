@@ -140,6 +140,36 @@ int ds4c_detokenize(ds4c_client *c, const int32_t *tokens, size_t n, char *buf, 
                     size_t errlen);
 int ds4c_get_stats(ds4c_client *c, ds4c_stats *out, char *err, size_t errlen);
 
+/* --- persistent named sessions (a daemon with a store; else DS4C_ERR_SERVER, NO_STORE) --- */
+
+/* One stored or live named session. The strings belong to the list they came from. */
+typedef struct {
+    const char *name;
+    const char *save_error;        /* "" unless the latest save failed (then: why) */
+    uint32_t n_tokens;             /* the live history's length */
+    uint32_t stored_tokens;        /* the stored version's length */
+    uint64_t bytes;                /* payload bytes in the store (0: not stored yet) */
+    uint64_t created_unix, last_used_unix;
+    int32_t pinned, live;          /* live: held in daemon memory */
+} ds4c_session_entry;
+
+typedef struct ds4c_session_list ds4c_session_list;
+
+int ds4c_list_sessions(ds4c_client *c, ds4c_session_list **out, char *err, size_t errlen);
+size_t ds4c_session_list_count(const ds4c_session_list *l);
+/* DS4C_ERR_ARG when i >= count. */
+int ds4c_session_list_get(const ds4c_session_list *l, size_t i, ds4c_session_entry *out);
+void ds4c_session_list_free(ds4c_session_list *l);
+
+/* Durable when it returns. session 0: the named session `name`; a session id saves that
+ * session (e.g. an anonymous one) under `name`. Outputs may be NULL. */
+int ds4c_save_session(ds4c_client *c, const char *name, uint64_t session, uint32_t *n_tokens_out,
+                      uint64_t *bytes_out, char *err, size_t errlen);
+/* Opens the stored session `name` (UNKNOWN_SESSION when neither stored nor live). */
+int ds4c_load_session(ds4c_client *c, const char *name, uint32_t ctx, uint64_t *session_out,
+                      uint32_t *n_tokens_out, char *err, size_t errlen);
+int ds4c_delete_session(ds4c_client *c, const char *name, char *err, size_t errlen);
+
 #ifdef __cplusplus
 }
 #endif

@@ -131,6 +131,12 @@ ListenSocket::ListenSocket(const std::string &path, int backlog) : path_(path) {
     }
 }
 
+ListenSocket::ListenSocket(Adopt, int fd, const std::string &path) : path_(path), fd_(fd) {
+    const int fl = ::fcntl(fd_, F_GETFL);
+    if (fl < 0 || ::fcntl(fd_, F_SETFL, fl | O_NONBLOCK) != 0)
+        throw StartupError("cannot make the passed socket non-blocking: " + errno_text(errno));
+}
+
 ListenSocket::~ListenSocket() {
     remove_file();
     if (fd_ >= 0) ::close(fd_);

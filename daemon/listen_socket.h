@@ -39,6 +39,10 @@ class ListenSocket {
 public:
     // Binds and listens on path (which must not exist), mode 0600. Non-blocking, close-on-exec.
     ListenSocket(const std::string &path, int backlog);
+    // Takes over a socket that is already bound and listening (socket activation): the
+    // file belongs to whoever bound it (systemd), so it is never removed here.
+    struct Adopt {};
+    ListenSocket(Adopt, int fd, const std::string &path);
     ~ListenSocket();  // closes the fd if still owned and removes the file if it is still ours
     ListenSocket(const ListenSocket &) = delete;
     ListenSocket &operator=(const ListenSocket &) = delete;

@@ -1,4 +1,5 @@
-// ds4d: opens the model, prewarms it, and only then listens on the socket.
+// ds4d: opens the model, prewarms it, and only then listens on the socket (or, socket-
+// activated, starts serving the socket systemd passed and tells it READY=1).
 #include <signal.h>
 #include <sys/stat.h>
 
@@ -12,7 +13,9 @@
 #include "daemon/log.h"
 #include "daemon/options.h"
 #include "daemon/server.h"
+#include "daemon/systemd.h"
 #include "daemon/worker.h"
+#include "ds4_version.h"
 #include "kvstore/store.h"
 
 using namespace ds4::daemon;
@@ -43,13 +46,26 @@ int main(int argc, char **argv) {
         std::fputs(daemon_usage().c_str(), stdout);
         return 0;
     }
+    if (opt.version) {
+        ds4_print_version("ds4d");
+        return 0;
+    }
     ::signal(SIGPIPE, SIG_IGN);
 
     try {
-        // Claim the path before the (slow) model load, so a second daemon fails at once.
-        prepare_socket_dir(opt.socket_path);
-        SocketLock lock(opt.socket_path);
-        clear_stale_socket(opt.socket_path);
+        // Socket activation: systemd owns the socket file and runs one instance per socket.
+        const int activated_fd = systemd_listen_fd();
+        std::unique_ptr<SocketLock> lock;
+        if (activated_fd >= 0) {
+            const std::string bound = bound_socket_path(activated_fd);
+            opt.socket_path = bound.empty() ? "(socket from systemd)" : bound;
+            log_line("socket activation: serving %s (fd %d)", opt.socket_path.c_str(), activated_fd);
+        } else {
+            // Claim the path before the (slow) model load, so a second daemon fails at once.
+            prepare_socket_dir(opt.socket_path);
+            lock = std::make_unique<SocketLock>(opt.socket_path);
+            clear_stale_socket(opt.socket_path);
+        }
 
         std::unique_ptr<ds4::kvstore::Store> store;
         if (!opt.no_store) {
@@ -100,6 +116,7 @@ int main(int argc, char **argv) {
         OutQueue out;
         Worker worker(wc, out);
         log_line("loading %s", opt.model_path.c_str());
+        systemd_notify("STATUS=loading and prewarming " + opt.model_path);
         worker.start();
         const ModelSummary &m = worker.model();
         log_line("model %s (%s) on %s: %u layers, %u wide, vocab %u, context %u (limit %u)", m.name.c_str(),
@@ -110,18 +127,23 @@ int main(int argc, char **argv) {
         opt.max_connections = connections_within_fd_limit(opt.max_connections, &fd_note);
         if (!fd_note.empty()) log_line("%s", fd_note.c_str());
 
-        ListenSocket listen(opt.socket_path, 128);
-        Server server(opt, worker, out, listen);
+        std::unique_ptr<ListenSocket> listen =
+            activated_fd >= 0 ? std::make_unique<ListenSocket>(ListenSocket::Adopt{}, activated_fd, opt.socket_path)
+                              : std::make_unique<ListenSocket>(opt.socket_path, 128);
+        Server server(opt, worker, out, *listen);
         log_line("listening on %s", opt.socket_path.c_str());
+        // The model is loaded and prewarmed: clients queued on the socket are served from here.
+        systemd_notify("READY=1\nSTATUS=serving " + m.name + " on " + opt.socket_path);
         const int rc = server.run();
+        systemd_notify("STOPPING=1");
         worker.join();
         log_line("stopped");
         return rc;
     } catch (const StartupError &e) {
-        log_line("%s", e.what());
+        log_error("%s", e.what());
         return 1;
     } catch (const std::exception &e) {
-        log_line("%s", e.what());
+        log_error("%s", e.what());
         return 1;
     }
 }

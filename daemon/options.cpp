@@ -27,11 +27,14 @@ std::string daemon_usage() {
            "            [--backend auto|cpu|cuda] [--max-sessions N] [options]\n"
            "\n"
            "Serves a ds4 model to local clients over a Unix socket. Runs in the foreground and\n"
-           "logs to stderr; SIGTERM or SIGINT shuts it down cleanly.\n"
+           "logs to stderr; SIGTERM or SIGINT shuts it down cleanly. Under systemd it takes the\n"
+           "socket passed by socket activation (ds4d.socket; --socket is then ignored), reports\n"
+           "readiness after the model is prewarmed (Type=notify) and logs with journal priorities.\n"
            "\n"
-           "  --model PATH           GGUF model file (required)\n"
+           "  --model PATH           GGUF model file (required; default $DS4_MODEL)\n"
            "  --mtp PATH             sibling MTP/drafter GGUF\n"
-           "  --socket PATH          socket to listen on (default $XDG_RUNTIME_DIR/ds4.sock, else\n"
+           "  --socket PATH          socket to listen on (default $DS4_SOCKET, else\n"
+           "                         $XDG_RUNTIME_DIR/ds4.sock, else\n"
            "                         /tmp/ds4-$UID/ds4.sock in a directory ds4d creates with mode\n"
            "                         0700 and refuses when another user owns it; here: " +
            ipc::default_socket_path() +
@@ -75,7 +78,10 @@ std::string daemon_usage() {
            "                         connection that goes over is refused (default 67108864; at\n"
            "                         least --max-frame)\n"
            "  --shutdown-grace-ms MS time running requests get to finish on SIGTERM (default 2000)\n"
-           "  -h, --help             this help\n";
+           "  -h, --help             this help\n"
+           "  --version              version, git revision and backends built in\n"
+           "\n"
+           "Exit status: 0 after a clean shutdown, 1 start-up or runtime failure, 2 usage error.\n";
 }
 
 DaemonOptions parse_daemon_args(int argc, const char *const *argv) {
@@ -88,6 +94,9 @@ DaemonOptions parse_daemon_args(int argc, const char *const *argv) {
         const std::string a = argv[i];
         if (a == "-h" || a == "--help") {
             o.help = true;
+            return o;
+        } else if (a == "--version") {
+            o.version = true;
             return o;
         } else if (a == "--model") {
             o.model_path = value(i, a);
@@ -143,7 +152,11 @@ DaemonOptions parse_daemon_args(int argc, const char *const *argv) {
             throw UsageError("unknown argument \"" + a + "\"");
         }
     }
-    if (o.model_path.empty()) throw UsageError("--model PATH is required");
+    if (o.model_path.empty()) {
+        const char *env = std::getenv("DS4_MODEL");
+        if (env && *env) o.model_path = env;
+    }
+    if (o.model_path.empty()) throw UsageError("--model PATH is required (or set DS4_MODEL)");
     if (o.no_store && !o.state_dir.empty()) throw UsageError("--no-store and --state-dir exclude each other");
     if (o.input_budget < o.max_frame)
         throw UsageError("--input-budget (" + std::to_string(o.input_budget) + ") must be at least --max-frame (" +

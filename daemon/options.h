@@ -36,9 +36,11 @@ struct DaemonOptions {
     size_t input_budget = 64u << 20;  // bytes of unfinished request frames held across all connections
     uint32_t shutdown_grace_ms = 2000;
     bool help = false;
+    bool version = false;
 };
 
-// argv[0] is the program name. Throws UsageError naming the bad argument.
+// argv[0] is the program name. Throws UsageError naming the bad argument. --model defaults to
+// $DS4_MODEL; the socket to $DS4_SOCKET (ipc::default_socket_path).
 DaemonOptions parse_daemon_args(int argc, const char *const *argv);
 
 std::string daemon_usage();

@@ -10,6 +10,7 @@
 #include "gateway/api_key.h"
 #include "gateway/server.h"
 #include "ipc/socket_path.h"
+#include "ds4_version.h"
 
 namespace {
 
@@ -54,6 +55,10 @@ unsigned long parse_num(const char *opt, const char *v, unsigned long lo, unsign
 }  // namespace
 
 int main(int argc, char **argv) {
+    if (ds4_wants_version(argc, argv)) {
+        ds4_print_version("ds4-gateway");
+        return 0;
+    }
     using namespace ds4::gateway;
     Options o;
     std::string state_dir, key_file;

@@ -13,6 +13,8 @@ namespace ds4::ipc {
 std::string fallback_socket_dir() { return "/tmp/ds4-" + std::to_string(::geteuid()); }
 
 std::string default_socket_path() {
+    const char *env = std::getenv("DS4_SOCKET");
+    if (env && *env) return env;
     const char *xdg = std::getenv("XDG_RUNTIME_DIR");
     if (xdg && *xdg) return std::string(xdg) + "/ds4.sock";
     return fallback_socket_dir() + "/ds4.sock";

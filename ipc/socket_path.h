@@ -1,4 +1,4 @@
-// Where ds4d listens unless told otherwise: $XDG_RUNTIME_DIR/ds4.sock, else
+// Where ds4d listens unless told otherwise: $DS4_SOCKET, else $XDG_RUNTIME_DIR/ds4.sock, else
 // /tmp/ds4-$UID/ds4.sock. The fallback lives in a directory of its own, mode 0700, so
 // another local user can neither take the path first nor reach the socket (as ssh-agent
 // and tmux do); ds4d creates it, and both sides check it before use.

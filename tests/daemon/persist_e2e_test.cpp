@@ -596,10 +596,10 @@ TEST_F(PersistE2E, ASessionThatFilledItsContextReopensAfterARestart) {
         EXPECT_EQ(list[0].stored_tokens, kCtx);
         EXPECT_EQ(list[0].save_error, "");
         expect_full(c, s);
-        // The ds4 command says why an answer stopped short, and that is no error.
+        // The ds4 command says why an answer stopped short, and exits 6 (cut short, issue 22).
         CmdResult cli = run_cmd({DS4_CLI_PATH, "--socket", d.socket, "run", "--ids", "--max-tokens", "1000", "hello"},
                                 dir->path);
-        EXPECT_EQ(cli.rc, 0) << cli.err;
+        EXPECT_EQ(cli.rc, 6) << cli.err;
         EXPECT_NE(cli.err.find("ds4: the answer stopped because the context is full"), std::string::npos) << cli.err;
         EXPECT_EQ(d.stop(SIGTERM), 0);
     }

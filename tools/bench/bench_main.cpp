@@ -12,6 +12,7 @@
 #include "engine/model/session.h"
 #include "tools/backend_option.h"
 #include "tools/bench/membw.h"
+#include "ds4_version.h"
 
 namespace {
 
@@ -31,6 +32,10 @@ double now() { return std::chrono::duration<double>(std::chrono::steady_clock::n
 }  // namespace
 
 int main(int argc, char **argv) {
+    if (ds4_wants_version(argc, argv)) {
+        ds4_print_version("ds4-bench");
+        return 0;
+    }
     std::string model;
     int prompt = 128, gen = 32, threads = 0;
     bool json = false;
@@ -58,6 +63,7 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
+    if (model.empty() && std::getenv("DS4_MODEL")) model = std::getenv("DS4_MODEL");  // --model default
     if (model.empty() || prompt < 1 || gen < 1) {
         std::fputs(kUsage, stderr);
         return 2;

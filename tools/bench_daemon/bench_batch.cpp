@@ -18,6 +18,7 @@
 
 #include "client/ds4client.hpp"
 #include "tools/bench_daemon/own_daemon.h"
+#include "ds4_version.h"
 
 #ifndef DS4D_DEFAULT_PATH
 #define DS4D_DEFAULT_PATH "ds4d"
@@ -324,6 +325,10 @@ void print_json(const std::vector<Report> &reps) {
 }  // namespace
 
 int main(int argc, char **argv) {
+    if (ds4_wants_version(argc, argv)) {
+        ds4_print_version("ds4-bench-batch");
+        return 0;
+    }
     signal(SIGPIPE, SIG_IGN);
     const Args a = parse(argc, argv);
     try {

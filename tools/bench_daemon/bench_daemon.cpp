@@ -27,6 +27,7 @@
 #include "bridge/ds4.hpp"
 #include "client/ds4client.hpp"
 #include "tools/bench_daemon/own_daemon.h"
+#include "ds4_version.h"
 
 #ifndef DS4D_DEFAULT_PATH
 #define DS4D_DEFAULT_PATH "ds4d"
@@ -119,6 +120,7 @@ Args parse(int argc, char **argv) {
             usage(2);
         }
     }
+    if (a.model.empty() && std::getenv("DS4_MODEL")) a.model = std::getenv("DS4_MODEL");  // --model default
     if (a.model.empty()) {
         std::fprintf(stderr, "ds4-bench-daemon: --model is required\n");
         usage(2);
@@ -162,6 +164,10 @@ std::vector<int32_t> make_prompt(int n, int vocab, int salt) {
 }  // namespace
 
 int main(int argc, char **argv) {
+    if (ds4_wants_version(argc, argv)) {
+        ds4_print_version("ds4-bench-daemon");
+        return 0;
+    }
     Args a = parse(argc, argv);
     try {
         OwnDaemon own;

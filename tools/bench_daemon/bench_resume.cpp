@@ -23,6 +23,7 @@
 #include "kvstore/aligned_buffer.h"
 #include "kvstore/store.h"
 #include "tools/bench_kvstore/raw_disk.h"
+#include "ds4_version.h"
 
 namespace {
 
@@ -42,6 +43,10 @@ double raw(double mibs) {
 }  // namespace
 
 int main(int argc, char **argv) {
+    if (ds4_wants_version(argc, argv)) {
+        ds4_print_version("ds4-bench-resume");
+        return 0;
+    }
     std::string model_path, state_dir;
     std::vector<int> lengths = {1024, 4096, 16384};
     int threads = 0, reps = 5;
@@ -75,6 +80,7 @@ int main(int argc, char **argv) {
             return 0;
         } else die("unknown argument " + a);
     }
+    if (model_path.empty() && std::getenv("DS4_MODEL")) model_path = std::getenv("DS4_MODEL");  // --model default
     if (model_path.empty()) die("--model PATH is required");
     const bool own_dir = state_dir.empty();
     if (own_dir) state_dir = std::filesystem::temp_directory_path() / ("ds4-bench-resume-" + std::to_string(getpid()));

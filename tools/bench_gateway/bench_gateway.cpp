@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "client/ds4client.hpp"
+#include "ds4_version.h"
 
 namespace {
 
@@ -100,6 +101,10 @@ double run(int streams, F fn, uint64_t *tokens) {
 }  // namespace
 
 int main(int argc, char **argv) {
+    if (ds4_wants_version(argc, argv)) {
+        ds4_print_version("ds4-bench-gateway");
+        return 0;
+    }
     Opt o;
     for (int i = 1; i < argc; ++i) {
         std::string a = argv[i];

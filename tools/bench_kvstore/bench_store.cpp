@@ -27,6 +27,7 @@
 #include "kvstore/store.h"
 #include "kvstore/xxh64.h"
 #include "tools/bench_kvstore/raw_disk.h"
+#include "ds4_version.h"
 
 using namespace ds4::kvstore;
 using ds4::io::AlignedBuffer;
@@ -91,6 +92,10 @@ void usage() {
 }  // namespace
 
 int main(int argc, char **argv) {
+    if (ds4_wants_version(argc, argv)) {
+        ds4_print_version("ds4-bench-store");
+        return 0;
+    }
     std::string dir = ".";
     std::vector<uint64_t> sizes_kb = {16 << 10, 64 << 10, 256 << 10};
     int reps = 5;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "engine/quant/quants.h"
+#include "ds4_version.h"
 
 using ds4::quant::Type;
 
@@ -71,7 +72,13 @@ double read_bandwidth(const uint8_t *p, size_t n, int reps) {
 
 }  // namespace
 
+constexpr const char *kUsage = "usage: %s [--mb N] [--n ROWLEN] [--reps R] [--types a,b] [--wall] [--tile COLS]\n";
+
 int main(int argc, char **argv) {
+    if (ds4_wants_version(argc, argv)) {
+        ds4_print_version("ds4-bench-quant");
+        return 0;
+    }
     double mb = 64;
     int64_t n = 4096;
     int reps = 5, tile_cols = 0;
@@ -88,7 +95,8 @@ int main(int argc, char **argv) {
         else if (a == "--types") types = next();
         else if (a == "--wall") g_wall = true;
         else if (a == "--tile") tile_cols = std::atoi(next());
-        else { std::fprintf(stderr, "usage: %s [--mb N] [--n ROWLEN] [--reps R] [--types a,b] [--wall] [--tile COLS]\n", argv[0]); return 2; }
+        else if (a == "-h" || a == "--help") { std::printf(kUsage, argv[0]); return 0; }
+        else { std::fprintf(stderr, "unknown argument %s\n", a.c_str()); std::fprintf(stderr, kUsage, argv[0]); return 2; }
     }
     const size_t total = size_t(mb * 1024 * 1024);
     std::mt19937 rng(1);

@@ -209,6 +209,7 @@ const char *kUsageTail =
 int convert_main(int argc, char **argv) {
     ConvertOptions o;
     std::vector<std::string> pos;
+    bool parsing = true;  // errors until the conversion starts are usage errors: exit 2
     try {
         for (int i = 1; i < argc; i++) {
             std::string a = argv[i];
@@ -243,6 +244,7 @@ int convert_main(int argc, char **argv) {
         }
         o.in_dir = pos[0];
         o.out_path = pos[1];
+        parsing = false;
         ConvertResult r = convert_hf(o);
         if (o.progress)
             std::fprintf(stderr, "wrote %s: %zu tensors, %.3f GB (%s)\n", o.out_path.c_str(), r.n_tensors,
@@ -250,7 +252,7 @@ int convert_main(int argc, char **argv) {
         return 0;
     } catch (const std::exception &e) {
         std::fprintf(stderr, "ds4-convert: error: %s\n", e.what());
-        return 1;
+        return parsing ? 2 : 1;
     }
 }
 

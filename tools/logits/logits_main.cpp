@@ -12,6 +12,7 @@
 #include "engine/model/model.h"
 #include "engine/model/session.h"
 #include "tools/backend_option.h"
+#include "ds4_version.h"
 
 namespace {
 
@@ -46,6 +47,10 @@ std::vector<int32_t> parse_tokens(const std::string &s) {
 }  // namespace
 
 int main(int argc, char **argv) {
+    if (ds4_wants_version(argc, argv)) {
+        ds4_print_version("ds4-logits");
+        return 0;
+    }
     std::string model, tokens_arg, mode = "prefill", out;
     int threads = 0, ctx = 0;
     ds4::BackendKind backend = ds4::BackendKind::Auto;
@@ -73,6 +78,7 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
+    if (model.empty() && std::getenv("DS4_MODEL")) model = std::getenv("DS4_MODEL");  // --model default
     if (model.empty() || tokens_arg.empty() || out.empty()) {
         std::fprintf(stderr, kUsage, ds4::tools::kBackendHelp);
         return 2;

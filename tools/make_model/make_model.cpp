@@ -289,6 +289,7 @@ float parse_float(const std::string &opt, const std::string &v) {
 }  // namespace
 
 int make_model_main(int argc, char **argv) {
+    bool parsing = true;  // errors until the model is being made are usage errors: exit 2
     try {
         std::string preset = "tiny";
         // First pass: the preset (shape options apply on top of it, in any order).
@@ -382,6 +383,7 @@ int make_model_main(int argc, char **argv) {
         }
         if (hash_layers >= 0) c.n_hash_layer = hash_layers;
         if (o.sparse && o.fast) o.fast = false;   // nothing big is generated anyway
+        parsing = false;
         MakeModelResult r = make_model(o, out);
         if (o.progress)
             std::fprintf(stderr, "wrote %s: %zu tensors, %.3f GB of tensor data%s (%s)\n", out.c_str(), r.n_tensors,
@@ -389,7 +391,7 @@ int make_model_main(int argc, char **argv) {
         return 0;
     } catch (const std::exception &e) {
         std::fprintf(stderr, "ds4-make-model: error: %s\n", e.what());
-        return 1;
+        return parsing ? 2 : 1;
     }
 }
 

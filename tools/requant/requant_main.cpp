@@ -11,6 +11,7 @@
 #include "engine/common/error.h"
 #include "engine/gguf/gguf.h"
 #include "engine/quant/quants.h"
+#include "ds4_version.h"
 
 namespace {
 
@@ -29,6 +30,10 @@ bool is_expert(const std::string &name) { return name.find("_exps.") != std::str
 }  // namespace
 
 int main(int argc, char **argv) {
+    if (ds4_wants_version(argc, argv)) {
+        ds4_print_version("ds4-requant");
+        return 0;
+    }
     std::string in, out, type_s, expert_s;
     float nudge = 0;
     bool nudge_pending = false;   // --nudge given and blk.0.attn_norm.weight not yet seen

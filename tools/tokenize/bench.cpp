@@ -15,6 +15,7 @@
 #include "engine/common/error.h"
 #include "engine/gguf/gguf.h"
 #include "engine/tokenizer/tokenizer.h"
+#include "ds4_version.h"
 
 namespace {
 
@@ -28,6 +29,10 @@ double cpu_now() {
 }  // namespace
 
 int main(int argc, char **argv) {
+    if (ds4_wants_version(argc, argv)) {
+        ds4_print_version("ds4-tokenize-bench");
+        return 0;
+    }
     std::string model, hf_json, file;
     double mb = 1.0;
     bool special = false;

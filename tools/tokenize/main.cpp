@@ -20,6 +20,7 @@
 #include "engine/common/error.h"
 #include "engine/gguf/gguf.h"
 #include "engine/tokenizer/tokenizer.h"
+#include "ds4_version.h"
 
 namespace {
 
@@ -57,6 +58,10 @@ std::vector<int32_t> parse_ids(const std::string &s) {
 }  // namespace
 
 int main(int argc, char **argv) {
+    if (ds4_wants_version(argc, argv)) {
+        ds4_print_version("ds4-tokenize");
+        return 0;
+    }
     std::string model, hf_json, text, file;
     bool have_text = false, have_file = false, special = false, decode = false;
     for (int i = 1; i < argc; ++i) {
@@ -82,6 +87,7 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
+    if (model.empty() && hf_json.empty() && std::getenv("DS4_MODEL")) model = std::getenv("DS4_MODEL");  // --model default
     if (model.empty() == hf_json.empty() || have_text == have_file) {
         std::fputs(kUsage, stderr);
         return 2;

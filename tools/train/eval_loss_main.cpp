@@ -20,6 +20,7 @@
 #include "engine/model/model.h"
 #include "engine/model/session.h"
 #include "tools/backend_option.h"
+#include "ds4_version.h"
 
 namespace {
 
@@ -69,6 +70,10 @@ int parse_int(const std::string &flag, const std::string &s, int lo) {
 }  // namespace
 
 int main(int argc, char **argv) {
+    if (ds4_wants_version(argc, argv)) {
+        ds4_print_version("ds4-eval-loss");
+        return 0;
+    }
     std::string model, tokens_file, ref_argmax, ref_nll, nll_out, argmax_out;
     int seq = 512, n_rows = 0, threads = 0;
     ds4::BackendKind backend = ds4::BackendKind::Auto;
@@ -96,6 +101,7 @@ int main(int argc, char **argv) {
                 throw ds4::Error("unknown argument " + a);
             }
         }
+        if (model.empty() && std::getenv("DS4_MODEL")) model = std::getenv("DS4_MODEL");  // --model default
         if (model.empty() || tokens_file.empty()) throw ds4::Error("-m and --tokens-file are required");
 
         const std::vector<int32_t> toks = read_array<int32_t>(tokens_file);

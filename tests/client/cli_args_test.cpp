@@ -1,0 +1,85 @@
+// The `ds4` command line (client/cli_args): defects a new user hit, each pinned here.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "client/cli_args.h"
+
+using ds4::client::CliArgs;
+using ds4::client::parse_cli;
+using ds4::client::UsageError;
+
+namespace {
+
+CliArgs parse(std::vector<std::string> args) {
+    args.insert(args.begin(), "ds4");
+    std::vector<const char *> av;
+    for (const auto &a : args) av.push_back(a.c_str());
+    return parse_cli(int(av.size()), av.data());
+}
+
+std::string usage_error(std::vector<std::string> args) {
+    try {
+        parse(std::move(args));
+    } catch (const UsageError &e) {
+        return e.what();
+    }
+    return "(accepted)";
+}
+
+}  // namespace
+
+TEST(CliArgs, SessionsWithoutSubcommandLists) {
+    CliArgs a = parse({"sessions"});
+    EXPECT_EQ(a.command, CliArgs::Command::Sessions);
+    EXPECT_EQ(a.sessions_op, CliArgs::SessionsOp::List);
+    EXPECT_NE(usage_error({"sessions", "save"}).find("needs a NAME"), std::string::npos);
+    EXPECT_NE(usage_error({"sessions", "--unpin"}).find("--unpin"), std::string::npos);
+}
+
+TEST(CliArgs, RawWithThinkIsRefused) {
+    EXPECT_NE(usage_error({"run", "--raw", "--think", "x"}).find("--think"), std::string::npos);
+    EXPECT_NE(usage_error({"run", "--raw", "--chat", "x"}).find("--chat"), std::string::npos);
+    EXPECT_NO_THROW(parse({"run", "--think", "x"}));
+}
+
+TEST(CliArgs, RangeMessagesPrintPlainNumbers) {
+    const std::string e = usage_error({"run", "--temperature", "500", "x"});
+    EXPECT_NE(e.find("[0, 100]"), std::string::npos) << e;
+    EXPECT_EQ(e.find("000000"), std::string::npos) << e;
+    const std::string p = usage_error({"run", "--top-p", "2", "x"});
+    EXPECT_NE(p.find("[0, 1]"), std::string::npos) << p;
+}
+
+TEST(CliArgs, SeedIsRandomUnlessGiven) {
+    EXPECT_FALSE(parse({"run", "x"}).seed_set);
+    CliArgs a = parse({"run", "--seed", "42", "x"});
+    EXPECT_TRUE(a.seed_set);
+    EXPECT_EQ(a.seed, 42u);
+}
+
+TEST(CliArgs, TokenizeDashMeansStdin) {
+    EXPECT_EQ(parse({"tokenize", "-"}).prompt, "-");
+}
+
+TEST(CliArgs, VersionAndHelp) {
+    EXPECT_EQ(parse({"--version"}).command, CliArgs::Command::Version);
+    EXPECT_EQ(parse({"run", "--version"}).command, CliArgs::Command::Version);
+    EXPECT_EQ(parse({"--help"}).command, CliArgs::Command::Help);
+    const std::string u = ds4::client::usage_text();
+    for (const char *w : {"--version", "--chat", "DS4_SOCKET", "130", "/set"}) EXPECT_NE(u.find(w), std::string::npos) << w;
+}
+
+TEST(CliArgs, ChatSetUsesTheCommandLineRules) {
+    CliArgs a;
+    ds4::client::set_sampling_option(a, "temperature", "0.5");
+    EXPECT_FLOAT_EQ(a.temperature, 0.5f);
+    ds4::client::set_sampling_option(a, "max_tokens", "7");
+    EXPECT_EQ(a.max_tokens, 7u);
+    ds4::client::set_sampling_option(a, "top-k", "3");
+    EXPECT_EQ(a.top_k, 3);
+    EXPECT_THROW(ds4::client::set_sampling_option(a, "temperature", "-1"), UsageError);
+    EXPECT_THROW(ds4::client::set_sampling_option(a, "colour", "1"), UsageError);
+    EXPECT_FLOAT_EQ(a.temperature, 0.5f) << "a refused value changes nothing";
+}
