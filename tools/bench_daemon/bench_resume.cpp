@@ -30,10 +30,13 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
-[[noreturn]] void die(const std::string &m) {
+[[noreturn]] void die(const std::string &m, int code = 1) {
     std::fprintf(stderr, "ds4-bench-resume: %s\n", m.c_str());
-    std::exit(1);
+    std::exit(code);
 }
+
+// Bad arguments exit 2, as usage errors do everywhere.
+[[noreturn]] void usage_die(const std::string &m) { die(m, 2); }
 
 double raw(double mibs) {
     if (mibs < 0) die(std::string("raw disk pass: ") + std::strerror(int(-mibs)));
@@ -53,7 +56,7 @@ int main(int argc, char **argv) {
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         auto val = [&]() -> std::string {
-            if (i + 1 >= argc) die(a + " needs a value");
+            if (i + 1 >= argc) usage_die(a + " needs a value");
             return argv[++i];
         };
         if (a == "--model") model_path = val();
@@ -67,7 +70,7 @@ int main(int argc, char **argv) {
                 size_t q = v.find(',', p);
                 if (q == std::string::npos) q = v.size();
                 const int n = std::atoi(v.substr(p, q - p).c_str());
-                if (n <= 0) die("--tokens: bad length '" + v.substr(p, q - p) + "'");
+                if (n <= 0) usage_die("--tokens: bad length '" + v.substr(p, q - p) + "'");
                 lengths.push_back(n);
                 p = q + 1;
             }
@@ -78,10 +81,10 @@ int main(int argc, char **argv) {
                       "               put it on the disk to measure\n"
                       "  --reps       save/resume repetitions per length, interleaved with raw passes (default 5)");
             return 0;
-        } else die("unknown argument " + a);
+        } else usage_die("unknown argument " + a);
     }
     if (model_path.empty() && std::getenv("DS4_MODEL")) model_path = std::getenv("DS4_MODEL");  // --model default
-    if (model_path.empty()) die("--model PATH is required");
+    if (model_path.empty()) usage_die("--model PATH is required");
     const bool own_dir = state_dir.empty();
     if (own_dir) state_dir = std::filesystem::temp_directory_path() / ("ds4-bench-resume-" + std::to_string(getpid()));
 

@@ -38,10 +38,13 @@ using ds4::bench::now_s;
 
 namespace {
 
-[[noreturn]] void die(const std::string &msg) {
-    fprintf(stderr, "ds4-bench-store: %s\n", msg.c_str());
-    exit(1);
+[[noreturn]] void die(const std::string &m, int code = 1) {
+    std::fprintf(stderr, "ds4-bench-store: %s\n", m.c_str());
+    std::exit(code);
 }
+
+// Bad arguments exit 2, as usage errors do everywhere.
+[[noreturn]] void usage_die(const std::string &m) { die(m, 2); }
 
 void fill_random(uint8_t *p, size_t n, uint64_t seed) {
     for (size_t i = 0; i < n; i += 8) {
@@ -103,14 +106,14 @@ int main(int argc, char **argv) {
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         auto val = [&]() -> std::string {
-            if (i + 1 >= argc) die("missing value after " + a);
+            if (i + 1 >= argc) usage_die("missing value after " + a);
             return argv[++i];
         };
         auto num = [&]() -> uint64_t {
             const std::string v = val();
             char *end = nullptr;
             const unsigned long long n = strtoull(v.c_str(), &end, 10);
-            if (v.empty() || *end || n == 0) die(a + " needs a positive integer, not '" + v + "'");
+            if (v.empty() || *end || n == 0) usage_die(a + " needs a positive integer, not '" + v + "'");
             return n;
         };
         if (a == "--dir") dir = val();
@@ -129,7 +132,7 @@ int main(int argc, char **argv) {
                 const bool kib = end && *end == 'K' && end[1] == '\0';
                 const uint64_t kb = kib ? n : uint64_t(n) << 10;
                 if (one.empty() || (*end && !kib) || n == 0 || kb < 64 || kb > (uint64_t(1) << 30))
-                    die("--sizes: bad size '" + one + "' (MiB, or KiB with a K suffix; 64K at least)");
+                    usage_die("--sizes: bad size '" + one + "' (MiB, or KiB with a K suffix; 64K at least)");
                 sizes_kb.push_back(kb);
                 p = q + 1;
             }
@@ -138,7 +141,7 @@ int main(int argc, char **argv) {
             return 0;
         } else {
             usage();
-            die("unknown argument " + a);
+            usage_die("unknown argument " + a);
         }
     }
     char tmpl[4096];

@@ -46,6 +46,10 @@ int main(int argc, char **argv) {
             else mb = std::stod(v);
         } else if (a == "--special") {
             special = true;
+        } else if (a == "-h" || a == "--help") {
+            std::printf("usage: ds4-tokenize-bench (-m MODEL.gguf | --hf-json TOKENIZER.json) --file TEXT [--mb N] "
+                        "[--special]\n");
+            return 0;
         } else {
             std::fprintf(stderr, "usage: ds4-tokenize-bench (-m MODEL.gguf | --hf-json TOKENIZER.json) --file TEXT "
                                  "[--mb N] [--special]\n");

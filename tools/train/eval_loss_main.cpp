@@ -77,6 +77,7 @@ int main(int argc, char **argv) {
     std::string model, tokens_file, ref_argmax, ref_nll, nll_out, argmax_out;
     int seq = 512, n_rows = 0, threads = 0;
     ds4::BackendKind backend = ds4::BackendKind::Auto;
+    bool parsing = true;  // errors before the work starts are usage errors: exit 2
     try {
         for (int i = 1; i < argc; ++i) {
             std::string a = argv[i];
@@ -103,6 +104,7 @@ int main(int argc, char **argv) {
         }
         if (model.empty() && std::getenv("DS4_MODEL")) model = std::getenv("DS4_MODEL");  // --model default
         if (model.empty() || tokens_file.empty()) throw ds4::Error("-m and --tokens-file are required");
+        parsing = false;
 
         const std::vector<int32_t> toks = read_array<int32_t>(tokens_file);
         if (toks.empty() || toks.size() % (size_t)seq != 0)
@@ -173,8 +175,8 @@ int main(int argc, char **argv) {
         if (!nll_out.empty()) write_array(nll_out, nll_all);
         if (!argmax_out.empty()) write_array(argmax_out, argmax_all);
     } catch (const std::exception &e) {
-        std::fprintf(stderr, "ds4-eval-loss: %s\n%s", e.what(), kUsage);
-        return 1;
+        std::fprintf(stderr, "ds4-eval-loss: %s\n%s", e.what(), parsing ? kUsage : "");
+        return parsing ? 2 : 1;
     }
     return 0;
 }
