@@ -396,6 +396,10 @@ struct Soak {
                 tally.error("connection");
             }
         }
+        {
+            std::lock_guard<std::mutex> rl(reference->mu);   // the model's executor is shared
+            n.ref.reset();
+        }
         std::lock_guard<std::mutex> lk(n.data_mu);
         ++n.gen;
         n.name = "soak-" + std::to_string(n.index) + "-g" + std::to_string(n.gen);
@@ -403,7 +407,6 @@ struct Soak {
         n.timeline.clear();
         n.seg_ends.clear();
         n.exact = true;
-        n.ref.reset();
         ++tally.renamed;
     }
 
