@@ -176,9 +176,13 @@ long rss_kb(pid_t p) {
 
 // ---------------------------------------------------------------- tallies
 
+// The request this thread is making, for the error table.
+thread_local const char *t_op = "connect";
+
 struct Tally {
     std::mutex mu;
     std::map<std::string, uint64_t> served, errors;
+    std::map<std::string, std::string> error_sample;   // the first message of each kind
     std::vector<std::string> failures;   // lost / wrong, with details (first 50 kept)
     std::atomic<uint64_t> lost{0}, wrong{0}, unexplained{0}, rolled_back{0}, verified_turns{0}, reopen_checks{0};
     std::atomic<uint64_t> releases_seen{0}, renamed{0};
@@ -187,9 +191,10 @@ struct Tally {
         std::lock_guard<std::mutex> lk(mu);
         ++served[what];
     }
-    void error(const std::string &code) {
+    void error(const std::string &code, const std::string &message = {}) {
         std::lock_guard<std::mutex> lk(mu);
-        ++errors[code];
+        const std::string key = code + " on " + t_op;
+        if (!errors[key]++ && !message.empty()) error_sample[key] = message;
     }
     void fail(std::atomic<uint64_t> &counter, std::string msg) {
         ++counter;
@@ -388,10 +393,11 @@ struct Soak {
     void rename(Client *c, Name &n) {
         if (c) {
             try {
+                t_op = "DeleteSession";
                 c->delete_session(n.name);
                 tally.ok("DeleteSession");
             } catch (const ds4::client::ServerError &e) {
-                tally.error(e.code_name);
+                tally.error(e.code_name, e.server_message);
             } catch (const std::exception &) {
                 tally.error("connection");
             }
@@ -421,6 +427,7 @@ struct Soak {
             rename(c.get(), n);
             return;
         }
+        t_op = "OpenSession";
         const ds4::client::SessionInfo info = c->open_session(n.name, opt.ctx);
         tally.ok("OpenSession");
         if (!info.evicted.empty()) tally.error("evicted-notice");
@@ -468,6 +475,7 @@ struct Soak {
                 got.insert(got.end(), ch.tokens.begin(), ch.tokens.end());
                 return got.size() < cancel_after;
             };
+            t_op = "Generate(named)";
             try {
                 const ds4::client::DoneInfo d = c->generate(req, cb);
                 tally.ok(cancel_after != SIZE_MAX && d.reason == ds4::client::FinishReason::Cancelled ? "Generate(cancelled)"
@@ -480,7 +488,7 @@ struct Soak {
                     certain = false;
                 }
             } catch (const ds4::client::ServerError &e) {
-                tally.error(e.code_name);
+                tally.error(e.code_name, e.server_message);
                 if (got.empty()) return;   // refused before it ran: the session is unchanged
                 c.reset();
             } catch (const std::exception &) {
@@ -504,6 +512,7 @@ struct Soak {
         n.exact = certain;
         if (!certain || !c) return;
         if (rng() % 100 < 35) {
+            t_op = "SaveSession";
             const ds4::client::SavedSession s = c->save_session(n.name);
             tally.ok("SaveSession");
             if (s.n_tokens != n.timeline.size()) {
@@ -535,6 +544,7 @@ struct Soak {
         std::uniform_int_distribution<int> tok(0, vocab - 1);
         while (!stop) {
             try {
+                t_op = "connect";
                 if (!c) c = std::make_unique<Client>(daemon.socket, "soak-" + std::to_string(id));
                 const int r = int(rng() % 100);
                 if (r < 50) {
@@ -572,23 +582,27 @@ struct Soak {
                         tally.ok("AbruptDisconnect");
                         continue;
                     }
+                    t_op = "Generate(one-shot)";
                     c->generate(req, cb);
                     tally.ok(do_cancel ? "Generate(cancelled)" : "Generate(one-shot)");
                 } else if (r < 78) {
+                    t_op = "ListSessions";
                     note_listing(c->list_sessions());
                     tally.ok("ListSessions");
                 } else if (r < 86) {
+                    t_op = "Stats";
                     c->stats();
                     tally.ok("Stats");
                 } else {
                     std::string text;
                     const size_t len = rng() % 64;
                     for (size_t i = 0; i < len; ++i) text.push_back(char(rng() % 4 ? 'a' + rng() % 26 : " \n\t.,(){}"[rng() % 9]));
+                    t_op = "Tokenize";
                     c->tokenize(text, rng() % 2);
                     tally.ok("Tokenize");
                 }
             } catch (const ds4::client::ServerError &e) {
-                tally.error(e.code_name);
+                tally.error(e.code_name, e.server_message);
             } catch (const ds4::bridge::BridgeError &e) {
                 tally.fail(tally.unexplained, std::string("reference: ") + e.what());
             } catch (const std::exception &) {
@@ -610,16 +624,18 @@ struct Soak {
             std::lock_guard<std::mutex> lk(n.turn_mu);
             for (int attempt = 0; attempt < 50; ++attempt) {
                 try {
+                    t_op = "connect";
                     if (!c) c = std::make_unique<Client>(daemon.socket, "soak-check");
                     if (with_turn) {
                         named_turn(c, n, rng, false);
                     } else {
+                        t_op = "OpenSession(check)";
                         const auto info = c->open_session(n.name, opt.ctx);
                         if (!reconcile(n, info.n_tokens, when)) rename(c.get(), n);
                     }
                     break;
                 } catch (const ds4::client::ServerError &e) {
-                    tally.error(e.code_name);
+                    tally.error(e.code_name, e.server_message);
                     std::this_thread::sleep_for(std::chrono::milliseconds(100));
                 } catch (const std::exception &) {
                     tally.error("connection");
@@ -734,9 +750,13 @@ struct Soak {
         uint64_t total = 0;
         for (auto &[k, v] : tally.served) total += v;
         std::printf("requests served: %llu\n", (unsigned long long)total);
-        for (auto &[k, v] : tally.served) std::printf("  %-22s %llu\n", k.c_str(), (unsigned long long)v);
+        for (auto &[k, v] : tally.served) std::printf("  %-36s %llu\n", k.c_str(), (unsigned long long)v);
         std::printf("errors by code:\n");
-        for (auto &[k, v] : tally.errors) std::printf("  %-22s %llu\n", k.c_str(), (unsigned long long)v);
+        for (auto &[k, v] : tally.errors) {
+            auto it = tally.error_sample.find(k);
+            std::printf("  %-36s %llu%s%s\n", k.c_str(), (unsigned long long)v, it == tally.error_sample.end() ? "" : "  e.g. ",
+                        it == tally.error_sample.end() ? "" : it->second.c_str());
+        }
         std::printf("named turns verified against the reference: %llu; session opens checked: %llu\n",
                     (unsigned long long)tally.verified_turns.load(), (unsigned long long)tally.reopen_checks.load());
         std::printf("unacknowledged turns rolled back by kills (allowed): %llu; names renamed (full/failed): %llu\n",
