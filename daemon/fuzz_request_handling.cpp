@@ -44,6 +44,9 @@ struct Harness {
     std::unique_ptr<ds4::kvstore::Store> store;
     std::unique_ptr<Worker> worker;
     uint64_t next_conn = 1;
+    // What the run exercised (printed at exit): requests by kind, reply frames, errors.
+    std::map<std::string, uint64_t> submitted;
+    uint64_t frames = 0, error_replies = 0, rejected = 0;
 };
 
 Harness *g = nullptr;
@@ -84,6 +87,11 @@ void setup() {
     g->worker->start();
     std::atexit([] {
         if (!g) return;
+        std::fprintf(stderr, "fuzz_request_handling: %llu reply frames (%llu errors), %llu envelopes rejected by the parser; "
+                             "requests:", (unsigned long long)g->frames, (unsigned long long)g->error_replies,
+                     (unsigned long long)g->rejected);
+        for (const auto &[k, v] : g->submitted) std::fprintf(stderr, " %s %llu", k.c_str(), (unsigned long long)v);
+        std::fprintf(stderr, "\n");
         g->worker->shutdown(std::chrono::milliseconds(0));
         g->worker->join();
         g->worker.reset();
@@ -116,6 +124,8 @@ struct Tracker {
         if (finals.count(o.request_id) && finals[o.request_id] > 0)
             die("reply after the final one for request " + std::to_string(o.request_id));
         if (!inflight.count(o.request_id)) die("reply for request " + std::to_string(o.request_id) + " never submitted");
+        ++g->frames;
+        if (e->body_type() == fb::Message::Error) ++g->error_replies;
         if (e->body_type() == fb::Message::SessionOpened) sessions.push_back(e->body_as_SessionOpened()->session());
         if (o.final) {
             ++finals[o.request_id];
@@ -143,6 +153,9 @@ struct Tracker {
         if (auto *op = std::get_if<OpenSessionParams>(&body)) op->ctx = std::min<uint32_t>(op->ctx, 4096);
         if (auto *lp = std::get_if<LoadSessionParams>(&body)) lp->ctx = std::min<uint32_t>(lp->ctx, 4096);
         if (auto *sp = std::get_if<StatsParams>(&body)) sp->connections = 1;
+        static const char *kinds[] = {"Generate", "OpenSession", "Close", "Tokenize", "Detokenize", "Stats",
+                                      "ListSessions", "DeleteSession", "SaveSession", "LoadSession", "PinSession"};
+        ++g->submitted[kinds[body.index()]];
         inflight[rid] = true;
         finals[rid] = 0;
         submitted.push_back(rid);
@@ -157,6 +170,7 @@ struct Tracker {
         switch (pr.kind) {
         case ParseResult::Kind::Reject:
             if (pr.message.empty()) die("a rejection without a message");
+            ++g->rejected;
             return 0;
         case ParseResult::Kind::Hello: return 0;
         case ParseResult::Kind::Cancel: g->worker->cancel(conn, pr.cancel_target); return 0;
