@@ -726,14 +726,16 @@ struct Soak {
         sampler.join();
         // Final: one more kill, then a verified turn on every name.
         restart("final");
+        const uint64_t before_final = tally.verified_turns.load();
         check_all("after final restart", true);
-        const uint64_t final_verified = tally.verified_turns.load();
+        const uint64_t final_verified = tally.verified_turns.load() - before_final;
         const int term_rc = daemon.term();
         const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
         report(secs, term_rc, final_verified);
         const bool bad = tally.lost || tally.wrong || tally.unexplained || unexpected_deaths || term_rc != 0 ||
                          tally.verified_turns == 0;
-        if (!opt.keep) fs::remove_all(tmp);
+        if (opt.keep || bad) std::printf("kept %s (ds4d.log, state/)\n", tmp.c_str());
+        else fs::remove_all(tmp);
         return bad ? 1 : 0;
     }
 
@@ -743,7 +745,7 @@ struct Soak {
         return {v[v.size() / 2], v.back()};
     }
 
-    void report(double secs, int term_rc, uint64_t) {
+    void report(double secs, int term_rc, uint64_t final_verified) {
         std::lock_guard<std::mutex> lk(tally.mu);
         std::printf("ds4-soak report: %.0f s, %d clients, %d names, --max-sessions %d, %d kill -9 + restarts\n", secs,
                     opt.clients, opt.names, opt.max_sessions, restarts.load());
@@ -759,6 +761,8 @@ struct Soak {
         }
         std::printf("named turns verified against the reference: %llu; session opens checked: %llu\n",
                     (unsigned long long)tally.verified_turns.load(), (unsigned long long)tally.reopen_checks.load());
+        std::printf("names continued exactly after the final kill -9: %llu of %zu\n", (unsigned long long)final_verified,
+                    names.size());
         std::printf("unacknowledged turns rolled back by kills (allowed): %llu; names renamed (full/failed): %llu\n",
                     (unsigned long long)tally.rolled_back.load(), (unsigned long long)tally.renamed.load());
         std::printf("LOST acknowledged turns: %llu\nWRONG continuations: %llu\nunexplained states: %llu\n"
