@@ -123,8 +123,10 @@ void Worker::Impl::on(Request &r, SaveSessionParams &p) {
     if (!cfg.store) return reply_error(r, fb::ErrorCode::NoStore, "ds4d runs without a session store (--no-store)");
     LiveSession *s = nullptr;
     if (p.session) {
-        s = lookup(r.conn, p.session);
-        if (!s) return reply_error(r, fb::ErrorCode::UnknownSession, "no session " + std::to_string(p.session));
+        fb::ErrorCode code = fb::ErrorCode::UnknownSession;
+        std::string msg = "no session " + std::to_string(p.session);
+        s = lookup(r.conn, p.session, &code, &msg);
+        if (!s) return reply_error(r, code, msg);
     } else {
         auto it = names.find(p.name);
         if (it != names.end()) s = sessions.at(it->second).get();
@@ -182,8 +184,10 @@ void Worker::Impl::on(Request &r, PinSessionParams &p) {
 }
 
 void Worker::Impl::on(Request &r, CloseParams &p) {
-    LiveSession *s = lookup(r.conn, p.session);
-    if (!s) return reply_error(r, fb::ErrorCode::UnknownSession, "no session " + std::to_string(p.session));
+    fb::ErrorCode code = fb::ErrorCode::UnknownSession;
+    std::string msg = "no session " + std::to_string(p.session);
+    LiveSession *s = lookup(r.conn, p.session, &code, &msg);
+    if (!s) return reply_error(r, code, msg);
     if (s->name.empty()) {
         if (s->busy) finish_job(*s->busy, fb::FinishReason::Cancelled);
         erase_session(s);
@@ -338,8 +342,10 @@ void Worker::Impl::on(Request &r, GenerateParams &p) {
         job->ephemeral->ephemeral = true;
         job->session = job->ephemeral.get();
     } else {
-        job->session = lookup(r.conn, p.session);
-        if (!job->session) return reply_error(r, fb::ErrorCode::UnknownSession, "no session " + std::to_string(p.session));
+        fb::ErrorCode code = fb::ErrorCode::UnknownSession;
+        std::string msg = "no session " + std::to_string(p.session);
+        job->session = lookup(r.conn, p.session, &code, &msg);
+        if (!job->session) return reply_error(r, code, msg);
         if (job->session->busy)
             return reply_error(r, fb::ErrorCode::SessionBusy,
                                "session " + std::to_string(p.session) + " is already generating");

@@ -8,15 +8,20 @@
 
 namespace ds4::daemon {
 
-LiveSession *Worker::Impl::lookup(const std::shared_ptr<ConnShared> &conn, uint64_t id) {
+LiveSession *Worker::Impl::lookup(const std::shared_ptr<ConnShared> &conn, uint64_t id, fb::ErrorCode *code,
+                                  std::string *msg) {
     auto it = sessions.find(id);
     if (it == sessions.end()) {
         if (!parked.count(id)) return nullptr;
-        fb::ErrorCode code = fb::ErrorCode::None;
-        std::string msg;
-        LiveSession *s = unpark(id, &code, &msg);
-        if (!s) log_line("released session %llu could not be reloaded: %s", static_cast<unsigned long long>(id),
-                         msg.c_str());
+        fb::ErrorCode c = fb::ErrorCode::None;
+        std::string m;
+        LiveSession *s = unpark(id, &c, &m);
+        if (!s) {
+            log_line("released session %llu could not be reloaded: %s", static_cast<unsigned long long>(id), m.c_str());
+            // The session exists (parked): say why it cannot run now, not that it is unknown.
+            *code = c == fb::ErrorCode::None ? fb::ErrorCode::Internal : c;
+            *msg = "session " + std::to_string(id) + " is stored but cannot be reloaded now: " + m;
+        }
         return s;
     }
     LiveSession *s = it->second.get();

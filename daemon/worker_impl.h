@@ -187,7 +187,9 @@ struct Worker::Impl {
 
     // ---- sessions (session_table.cpp) ----
 
-    LiveSession *lookup(const std::shared_ptr<ConnShared> &conn, uint64_t id);
+    // Null when absent, or when a released session cannot be reloaded: then *code/*msg say
+    // why (SessionLimit, a store error), else they keep the caller's UnknownSession.
+    LiveSession *lookup(const std::shared_ptr<ConnShared> &conn, uint64_t id, fb::ErrorCode *code, std::string *msg);
 
     void erase_session(LiveSession *s);
 

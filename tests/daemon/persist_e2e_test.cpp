@@ -201,6 +201,15 @@ TEST_F(PersistE2E, NamedSessionsBeyondMaxSessionsAreReleasedAndReloadedExactly) 
         EXPECT_EQ(e.code, int(ds4::ipc::fb::ErrorCode::SessionLimit));
         EXPECT_NE(std::string(e.what()).find("none can be released"), std::string::npos) << e.what();
     }
+    // A released session that cannot come back while the anonymous ones hold every slot is
+    // still known: its turn is refused for the limit, not as an unknown session.
+    try {
+        run_turn(c, ids[1], kRounds);
+        ADD_FAILURE() << "a released session was reloaded beyond --max-sessions";
+    } catch (const ServerError &e) {
+        EXPECT_EQ(e.code, int(ds4::ipc::fb::ErrorCode::SessionLimit)) << e.what();
+        EXPECT_NE(std::string(e.what()).find("none can be released"), std::string::npos) << e.what();
+    }
     EXPECT_EQ(d.stop(SIGTERM), 0) << read_file(d.log);
 }
 
