@@ -718,7 +718,7 @@ struct Soak {
             if (Clock::now() >= next_kill && Clock::now() + std::chrono::seconds(5) < end) {
                 restart("scheduled");
                 check_all("after restart", false);
-                next_kill = Clock::now() + std::chrono::seconds(opt.kill_every);
+                next_kill += std::chrono::seconds(opt.kill_every);   // a fixed rate, whatever the check took
             }
         }
         stop = true;
