@@ -17,7 +17,7 @@ run_help() {
     echo "Every program also answers \`--version\`."
     for p in ds4 ds4d ds4-gateway ds4-convert ds4-make-model ds4-requant ds4-tokenize ds4-logits ds4-bench \
              ds4-bench-quant ds4-bench-batch ds4-bench-daemon ds4-bench-resume ds4-bench-gateway ds4-bench-store \
-             ds4-eval-loss ds4-tokenize-bench; do
+             ds4-eval-loss ds4-tokenize-bench ds4-soak; do
         [ -x "$bin/$p" ] || continue
         echo
         echo "## $p"

@@ -38,6 +38,7 @@
 
 #include "bridge/ds4.hpp"
 #include "client/ds4client.hpp"
+#include "ds4_version.h"
 #include "ipc/frame.h"
 
 extern "C" char **environ;
@@ -62,14 +63,16 @@ struct Options {
     bool keep = false;
 };
 
+// msg empty: --help (stdout, exit 0); else a usage error (stderr, exit 2).
 [[noreturn]] void usage(const char *msg) {
-    std::fprintf(stderr,
-                 "%s\nusage: ds4-soak [--model GGUF] [--minutes M | --seconds S] [--clients N] [--kill-every S]\n"
+    std::fprintf(*msg ? stderr : stdout,
+                 "%s%susage: ds4-soak [--model GGUF] [--minutes M | --seconds S] [--clients N] [--kill-every S]\n"
                  "                [--names N] [--max-sessions N] [--ctx N] [--seed N] [--state-dir DIR] [--keep]\n"
                  "                [--ds4d PATH] [--make-model PATH]\n"
-                 "Without --model a tiny random model is generated (ds4-make-model --preset tiny).\n",
-                 msg);
-    std::exit(2);
+                 "Without --model a tiny random model is generated (ds4-make-model --preset tiny).\n"
+                 "Exit status 1 on any lost acknowledged turn, wrong continuation or unexplained session state.\n",
+                 msg, *msg ? "\n" : "");
+    std::exit(*msg ? 2 : 0);
 }
 
 Options parse(int argc, char **argv) {
@@ -801,6 +804,10 @@ struct Soak {
 
 int main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
+    if (ds4_wants_version(argc, argv)) {
+        ds4_print_version("ds4-soak");
+        return 0;
+    }
     Soak s;
     s.opt = parse(argc, argv);
     try {
