@@ -16,6 +16,7 @@
 #include "engine/model/speculative.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "tools/backend_option.h"
+#include "ds4_version.h"
 
 namespace {
 
@@ -155,6 +156,9 @@ int main(int argc, char **argv) {
         else if (a == "--backend") backend = ds4::tools::backend_arg("ds4-bench-spec", val());
         else if (a == "-h" || a == "--help") {
             std::fputs(kUsage, stdout);
+            return 0;
+        } else if (a == "--version") {
+            ds4_print_version("ds4-bench-spec");
             return 0;
         } else {
             std::fprintf(stderr, "ds4-bench-spec: unknown argument %s\n%s", a.c_str(), kUsage);
