@@ -18,6 +18,7 @@
 
 #include "client/ds4client.hpp"
 #include "tools/bench_daemon/own_daemon.h"
+#include "tools/bench_daemon/synthetic_prompt.h"
 #include "ds4_version.h"
 
 #ifndef DS4D_DEFAULT_PATH
@@ -114,18 +115,6 @@ Args parse(int argc, char **argv) {
         usage(2);
     }
     return a;
-}
-
-std::vector<int32_t> make_prompt(int n, int vocab, int salt) {
-    std::vector<int32_t> p;
-    uint64_t x = 0x9E3779B97F4A7C15ull * uint64_t(salt + 1);
-    for (int i = 0; i < n; ++i) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        p.push_back(int32_t(x % uint64_t(vocab)));
-    }
-    return p;
 }
 
 double pct(std::vector<double> v, double q) {

@@ -27,6 +27,7 @@
 #include "bridge/ds4.hpp"
 #include "client/ds4client.hpp"
 #include "tools/bench_daemon/own_daemon.h"
+#include "tools/bench_daemon/synthetic_prompt.h"
 #include "ds4_version.h"
 
 #ifndef DS4D_DEFAULT_PATH
@@ -147,18 +148,6 @@ double thread_ping_pong_us(int iters) {
     close(sv[0]);
     close(sv[1]);
     return us;
-}
-
-std::vector<int32_t> make_prompt(int n, int vocab, int salt) {
-    std::vector<int32_t> p;
-    uint64_t x = 0x9E3779B97F4A7C15ull * uint64_t(salt + 1);
-    for (int i = 0; i < n; ++i) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        p.push_back(int32_t(x % uint64_t(vocab)));
-    }
-    return p;
 }
 
 }  // namespace
