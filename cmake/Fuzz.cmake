@@ -5,14 +5,14 @@ set(DS4_FUZZ_SECONDS 30 CACHE STRING "Seconds each fuzzer runs under ctest")
 
 # ds4_add_fuzzer(NAME SOURCES a.cpp b.cpp [INCLUDES dirs...] [LIBS -lfoo ...] [CORPUS dir]
 #                [DEFINES X=1 ...] [DEPENDS targets/files...] [RUNS n])
-# RUNS: under ctest, run exactly n inputs from a fixed seed instead of DS4_FUZZ_SECONDS of
+# RUNS: under ctest, run exactly n inputs from a fixed seed (SEED s, default 1) instead of DS4_FUZZ_SECONDS of
 # random ones, so CI is reproducible for a target whose input space still hides deep finds
 # (run it by hand without -runs to explore).
 # LIBS may name archives built by the main build ($<TARGET_FILE:lib>; list the target in
 # DEPENDS too): that code is then linked in but not instrumented, so list in SOURCES the
 # sources whose coverage and bounds the fuzzer is about.
 function(ds4_add_fuzzer name)
-  cmake_parse_arguments(F "" "CORPUS;RUNS" "SOURCES;INCLUDES;LIBS;DEFINES;DEPENDS" ${ARGN})
+  cmake_parse_arguments(F "" "CORPUS;RUNS;SEED" "SOURCES;INCLUDES;LIBS;DEFINES;DEPENDS" ${ARGN})
   if(NOT DS4_CLANGXX)
     message(STATUS "ds4: clang++ not found, fuzzer ${name} not built")
     return()
@@ -47,7 +47,10 @@ function(ds4_add_fuzzer name)
   endif()
   set(budget -max_total_time=${DS4_FUZZ_SECONDS})
   if(F_RUNS)
-    set(budget "-seed=1 -runs=${F_RUNS}")
+    if(NOT F_SEED)
+      set(F_SEED 1)
+    endif()
+    set(budget "-seed=${F_SEED} -runs=${F_RUNS}")
   endif()
   add_test(NAME ${name}
            COMMAND ${CMAKE_COMMAND} -E env ASAN_OPTIONS=detect_leaks=1
