@@ -37,6 +37,11 @@ struct ModelOptions {
     int backend = DS4_BRIDGE_BACKEND_CPU;
     int n_threads = 0;
     bool defer_boot_prewarm = false;
+    // SSD expert streaming (ds4_bridge_model_open_options' ssd_streaming_* fields).
+    bool ssd_streaming = false, ssd_streaming_cold = false;
+    uint32_t ssd_streaming_cache_experts = 0;
+    uint64_t ssd_streaming_cache_bytes = 0;
+    std::string ssd_streaming_store_dir;
 };
 
 class Model {
@@ -49,6 +54,11 @@ public:
         opt.backend = o.backend;
         opt.n_threads = o.n_threads;
         opt.defer_boot_prewarm = o.defer_boot_prewarm;
+        opt.ssd_streaming = o.ssd_streaming;
+        opt.ssd_streaming_cold = o.ssd_streaming_cold;
+        opt.ssd_streaming_cache_experts = o.ssd_streaming_cache_experts;
+        opt.ssd_streaming_cache_bytes = o.ssd_streaming_cache_bytes;
+        opt.ssd_streaming_store_dir = o.ssd_streaming_store_dir.empty() ? nullptr : o.ssd_streaming_store_dir.c_str();
         detail::Err e;
         if (ds4_bridge_model_open(&m_, &opt, e.buf, sizeof e.buf) != 0) e.raise("open model");
     }
