@@ -278,7 +278,7 @@ void StreamingExperts::load(io::ExtentReader &reader, std::vector<Load> &loads, 
         std::memcpy(s.piece, where[i].piece, sizeof s.piece);
         s.state = State::Ready;
         s.from_store = loads[i].store;
-        s.prefetched = prefetch;
+        s.prefetched = prefetch && s.pins == 0;  // a pinned one was acquired (late) while loading
         s.tick = ++tick_;
     }
     if (prefetch) st_.prefetched += loads.size();

@@ -1,10 +1,13 @@
 // ds4-bench: prefill and decode throughput of a model on this machine, the weight bytes a
 // decoded token streams, and that figure as achieved bandwidth against the machine's
 // read bandwidth measured in the same run.
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -37,6 +40,9 @@ const char *kUsage =
     "  --cold              do not prewarm the cache from the store's hot set\n"
     "  --expert-store DIR  the expert store (re-laid-out experts + use counts) to use\n"
     "  --no-prefetch       no prediction of the next layer's experts\n"
+    "  --page-out-experts  (without --ssd-streaming) after the prewarm, ask the kernel to\n"
+    "                      reclaim the routed experts' pages of the mapping (MADV_PAGEOUT), so\n"
+    "                      the run starts with them on disk like a cold streaming cache\n"
     "Reports prefill tok/s, decode tok/s, weight bytes streamed per decoded token, the\n"
     "achieved GB/s and the machine's read bandwidth measured in the same run.\n";
 
@@ -52,6 +58,7 @@ int main(int argc, char **argv) {
     ds4::ExpertStreamingOptions so;
     std::string store_dir;
     uint64_t raw_bytes = uint64_t(1) << 30;
+    bool page_out = false;
     for (int i = 1; i < argc; ++i) {
         std::string a = argv[i];
         auto val = [&]() -> const char * {
@@ -71,6 +78,7 @@ int main(int argc, char **argv) {
         else if (a == "--expert-cache-experts") so.cache_experts = std::strtoull(val(), nullptr, 10);
         else if (a == "--cold") so.cold = true;
         else if (a == "--no-prefetch") so.prefetch = false;
+        else if (a == "--page-out-experts") page_out = true;
         else if (a == "--expert-store") store_dir = val();
         else if (a == "--raw-bytes") raw_bytes = std::strtoull(val(), nullptr, 10);
         else if (a == "--backend") backend = ds4::tools::backend_arg("ds4-bench", val());
@@ -104,6 +112,17 @@ int main(int argc, char **argv) {
         if (!json) ds4::tools::say_backend("ds4-bench", *m);
         m->prewarm();
         const double open_s = now() - t_open;
+        if (page_out) {
+            if (so.enabled) throw std::runtime_error("--page-out-experts is for the mapped (resident) path");
+            uint64_t paged = 0;
+            for (const auto &t : m->reader().tensors()) {
+                if (!t.data || t.name.find("_exps.") == std::string::npos) continue;
+                const uintptr_t a = reinterpret_cast<uintptr_t>(t.data) & ~uintptr_t(4095);
+                const size_t len = ds4::io::round_up(reinterpret_cast<uintptr_t>(t.data) + t.nbytes - a, 4096);
+                if (madvise(reinterpret_cast<void *>(a), len, MADV_PAGEOUT) == 0) paged += len;
+            }
+            if (!json) std::printf("paged out        %.2f GB of routed experts\n", paged / 1e9);
+        }
         const ds4::ModelConfig &c = m->config();
         double bw = 0;
         int n_threads = 0;
@@ -151,22 +170,6 @@ int main(int argc, char **argv) {
         const double wait_ns = double(e1.wait_ns - e0.wait_ns);
         const double read_gbs = rd_ns > 0 ? rd_bytes / rd_ns : 0;  // while reads were in flight
         const double hidden = rd_ns > 0 ? std::max(0.0, 1 - wait_ns / rd_ns) : 0;
-        if (so.enabled && !json) {
-            std::printf("expert cache     %llu experts, %.2f GB (%llu resident after the run)\n", (unsigned long long)e1.capacity,
-                        e1.capacity_bytes / 1e9, (unsigned long long)e1.resident);
-            std::printf("prefill experts  %llu used, %llu read (%.2f GB)\n", (unsigned long long)(e_pre.acquired),
-                        (unsigned long long)(e_pre.misses + e_pre.prefetched), e_pre.bytes_read / 1e9);
-            std::printf("decode hit rate  %.1f%% (%.0f of %.0f experts read on demand, %llu waited on a prefetch)\n",
-                        100 * hit, miss, acq, (unsigned long long)(e1.late - e0.late));
-            std::printf("prefetch         %llu read, %llu used; %.1f%% of read time hidden from the step\n",
-                        (unsigned long long)(e1.prefetched - e0.prefetched), (unsigned long long)(e1.prefetch_used - e0.prefetch_used),
-                        100 * hidden);
-            std::printf("expert reads     %.3f GB/token, %.2f GB/s while reading, %.2f GB/s over the decode\n",
-                        n_dec > 0 ? rd_bytes / n_dec / 1e9 : 0.0, read_gbs, rd_bytes / decode_s / 1e9);
-            std::printf("disk raw read    %.2f GB/s (O_DIRECT, 16 x 4 MiB in flight, measured now)\n", raw_gbs);
-            std::printf("store            %llu records read, %llu failed their checksum\n", (unsigned long long)e1.store_reads,
-                        (unsigned long long)e1.store_corrupt);
-        }
         if (json) {
             std::printf("{\"model\":\"%s\",\"backend\":\"%s\",\"threads\":%d,\"open_s\":%.3f,\"prompt_tokens\":%d,\"gen_tokens\":%d,"
                         "\"prefill_tok_s\":%.3f,\"decode_tok_s\":%.3f,\"bytes_per_token\":%.0f,\"achieved_gb_s\":%.3f,"
@@ -187,6 +190,24 @@ int main(int argc, char **argv) {
             std::printf("achieved         %.2f GB/s\n", achieved / 1e9);
             std::printf("machine read bw  %.2f GB/s (measured now)\n", bw / 1e9);
             std::printf("fraction         %.1f%% of measured bandwidth\n", 100 * achieved / bw);
+        }
+        if (so.enabled && !json) {
+            std::printf("expert cache     %llu experts, %.2f GB (%llu resident after the run)\n", (unsigned long long)e1.capacity,
+                        e1.capacity_bytes / 1e9, (unsigned long long)e1.resident);
+            std::printf("prefill experts  %llu used, %llu read (%.2f GB)\n", (unsigned long long)(e_pre.acquired),
+                        (unsigned long long)(e_pre.misses + e_pre.prefetched), e_pre.bytes_read / 1e9);
+            const double pre_used = double(e1.prefetch_used - e0.prefetch_used), late = double(e1.late - e0.late);
+            std::printf("decode hit rate  %.1f%% not read on demand (%.0f of %.0f experts were); %.1f%% already cached\n"
+                        "                 before the token (not prefetched for it), %.0f waited on their prefetch\n",
+                        100 * hit, miss, acq, acq > 0 ? 100 * (acq - miss - pre_used - late) / acq : 0.0, late);
+            std::printf("prefetch         %llu read, %llu used; %.1f%% of read time hidden from the step\n",
+                        (unsigned long long)(e1.prefetched - e0.prefetched), (unsigned long long)(e1.prefetch_used - e0.prefetch_used),
+                        100 * hidden);
+            std::printf("expert reads     %.3f GB/token, %.2f GB/s while reading, %.2f GB/s over the decode\n",
+                        n_dec > 0 ? rd_bytes / n_dec / 1e9 : 0.0, read_gbs, rd_bytes / decode_s / 1e9);
+            std::printf("disk raw read    %.2f GB/s (O_DIRECT, 16 x 4 MiB in flight, measured now)\n", raw_gbs);
+            std::printf("store            %llu records read, %llu failed their checksum\n", (unsigned long long)e1.store_reads,
+                        (unsigned long long)e1.store_corrupt);
         }
     } catch (const std::exception &e) {
         std::fprintf(stderr, "ds4-bench: %s\n", e.what());
