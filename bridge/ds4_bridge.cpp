@@ -404,6 +404,7 @@ int ds4_bridge_expert_stats(ds4_bridge_model *m, ds4_bridge_expert_stats_t *out,
         out->bytes_read = s.bytes_read;
         out->store_reads = s.store_reads, out->store_corrupt = s.store_corrupt;
         out->demand_read_ns = s.demand_read_ns, out->prefetch_read_ns = s.prefetch_read_ns, out->wait_ns = s.wait_ns;
+        out->io_busy_ns = s.io_busy_ns;
         out->resident = s.resident, out->capacity = s.capacity, out->capacity_bytes = s.capacity_bytes;
         return 0;
     });

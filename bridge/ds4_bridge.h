@@ -92,6 +92,7 @@ typedef struct { /* expert source counters since the open (all 0 when not stream
     uint64_t bytes_read;               /* demand + prefetch */
     uint64_t store_reads, store_corrupt;
     uint64_t demand_read_ns, prefetch_read_ns, wait_ns;
+    uint64_t io_busy_ns;               /* wall time with at least one read in flight */
     uint64_t resident, capacity, capacity_bytes;
 } ds4_bridge_expert_stats_t;
 

@@ -34,6 +34,7 @@ struct ExpertSourceStats {
     uint64_t demand_read_ns = 0;   // time spent in demand reads
     uint64_t prefetch_read_ns = 0; // time spent in prefetch reads (on the I/O thread)
     uint64_t wait_ns = 0;          // time acquire() blocked on I/O (demand or in-flight prefetch)
+    uint64_t io_busy_ns = 0;       // wall time with at least one read in flight
     uint64_t resident = 0;         // experts in the cache now
     uint64_t capacity = 0;         // experts the cache holds (0: unbounded, every expert resident)
     uint64_t capacity_bytes = 0;   // bytes of the cache

@@ -187,9 +187,20 @@ void StreamingExperts::load(io::ExtentReader &reader, std::vector<Load> &loads, 
         }
     };
     auto run = [&](std::vector<size_t> &which) {
-        const uint64_t t0 = now_ns();
+        uint64_t t0;
+        {
+            std::lock_guard<std::mutex> lk(mu_);
+            t0 = now_ns();
+            if (reading_++ == 0) busy_since_ = t0;
+        }
         const int rc = reader.read(ex);
-        const uint64_t dt = now_ns() - t0;
+        uint64_t dt;
+        {
+            std::lock_guard<std::mutex> lk(mu_);
+            const uint64_t t1 = now_ns();
+            dt = t1 - t0;
+            if (--reading_ == 0) st_.io_busy_ns += t1 - busy_since_;
+        }
         uint64_t got = 0;
         for (size_t j = 0; j < ex.size(); ++j) {
             if (ex[j].got < 0) failf("expert read failed: %s", std::strerror((int)-ex[j].got));

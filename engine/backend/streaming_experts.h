@@ -143,6 +143,8 @@ private:
     uint64_t tick_ = 0;
     ExpertSourceStats st_;
     uint64_t tokens_since_flush_ = 0;
+    int reading_ = 0;            // batches in flight (demand and prefetch)
+    uint64_t busy_since_ = 0;
 
     std::mutex demand_mu_;  // one demand reader
     io::ExtentReader demand_reader_;

@@ -168,8 +168,10 @@ int main(int argc, char **argv) {
         const double rd_bytes = double(e1.bytes_read - e0.bytes_read);
         const double rd_ns = double((e1.demand_read_ns - e0.demand_read_ns) + (e1.prefetch_read_ns - e0.prefetch_read_ns));
         const double wait_ns = double(e1.wait_ns - e0.wait_ns);
-        const double read_gbs = rd_ns > 0 ? rd_bytes / rd_ns : 0;  // while reads were in flight
-        const double hidden = rd_ns > 0 ? std::max(0.0, 1 - wait_ns / rd_ns) : 0;
+        const double busy_ns = double(e1.io_busy_ns - e0.io_busy_ns);
+        const double read_gbs = busy_ns > 0 ? rd_bytes / busy_ns : 0;  // while reads were in flight
+        const double hidden = busy_ns > 0 ? std::max(0.0, 1 - wait_ns / busy_ns) : 0;
+        (void)rd_ns;
         if (json) {
             std::printf("{\"model\":\"%s\",\"backend\":\"%s\",\"threads\":%d,\"open_s\":%.3f,\"prompt_tokens\":%d,\"gen_tokens\":%d,"
                         "\"prefill_tok_s\":%.3f,\"decode_tok_s\":%.3f,\"bytes_per_token\":%.0f,\"achieved_gb_s\":%.3f,"
