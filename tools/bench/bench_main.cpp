@@ -40,6 +40,7 @@ const char *kUsage =
     "  --cold              do not prewarm the cache from the store's hot set\n"
     "  --expert-store DIR  the expert store (re-laid-out experts + use counts) to use\n"
     "  --no-prefetch       no prediction of the next layer's experts\n"
+    "  --hit-curve         print the experts read on demand by each decoded token\n"
     "  --page-out-experts  (without --ssd-streaming) after the prewarm, ask the kernel to\n"
     "                      reclaim the routed experts' pages of the mapping (MADV_PAGEOUT), so\n"
     "                      the run starts with them on disk like a cold streaming cache\n"
@@ -58,7 +59,7 @@ int main(int argc, char **argv) {
     ds4::ExpertStreamingOptions so;
     std::string store_dir;
     uint64_t raw_bytes = uint64_t(1) << 30;
-    bool page_out = false;
+    bool page_out = false, hit_curve = false;
     for (int i = 1; i < argc; ++i) {
         std::string a = argv[i];
         auto val = [&]() -> const char * {
@@ -79,6 +80,7 @@ int main(int argc, char **argv) {
         else if (a == "--cold") so.cold = true;
         else if (a == "--no-prefetch") so.prefetch = false;
         else if (a == "--page-out-experts") page_out = true;
+        else if (a == "--hit-curve") hit_curve = true;
         else if (a == "--expert-store") store_dir = val();
         else if (a == "--raw-bytes") raw_bytes = std::strtoull(val(), nullptr, 10);
         else if (a == "--backend") backend = ds4::tools::backend_arg("ds4-bench", val());
@@ -156,7 +158,12 @@ int main(int argc, char **argv) {
         const ds4::ExpertSourceStats e0 = m->experts().stats();
         const uint64_t b0 = s.executor().stats().weight_bytes;
         const double t1 = now();
-        for (int i = 1; i < gen; ++i) s.eval(s.argmax());
+        std::vector<uint64_t> miss_curve;  // demand misses of each timed token (--hit-curve)
+        for (int i = 1; i < gen; ++i) {
+            const uint64_t before = hit_curve ? m->experts().stats().misses : 0;
+            s.eval(s.argmax());
+            if (hit_curve) miss_curve.push_back(m->experts().stats().misses - before);
+        }
         const double decode_s = now() - t1;
         const int n_dec = gen - 1;
         const double bytes_per_tok = n_dec > 0 ? (double)(s.executor().stats().weight_bytes - b0) / n_dec : 0;
@@ -210,6 +217,11 @@ int main(int argc, char **argv) {
             std::printf("disk raw read    %.2f GB/s (O_DIRECT, 16 x 4 MiB in flight, measured now)\n", raw_gbs);
             std::printf("store            %llu records read, %llu failed their checksum\n", (unsigned long long)e1.store_reads,
                         (unsigned long long)e1.store_corrupt);
+            if (hit_curve) {
+                std::printf("misses/token    ");
+                for (uint64_t x : miss_curve) std::printf(" %llu", (unsigned long long)x);
+                std::printf("  (of %d experts a token)\n", c.n_layer * c.n_expert_used);
+            }
         }
     } catch (const std::exception &e) {
         std::fprintf(stderr, "ds4-bench: %s\n", e.what());
