@@ -39,6 +39,11 @@ struct ModelOptions {
     bool defer_boot_prewarm = false;
     std::string drafter_path;   // speculative decoding: sibling drafter with the same tokenizer
     int draft_max = 0;          // 0 = the bridge's default
+    // SSD expert streaming (ds4_bridge_model_open_options' ssd_streaming_* fields).
+    bool ssd_streaming = false, ssd_streaming_cold = false;
+    uint32_t ssd_streaming_cache_experts = 0;
+    uint64_t ssd_streaming_cache_bytes = 0;
+    std::string ssd_streaming_store_dir;
 };
 
 // One speculative trial (ds4_bridge_spec_trial): width 0 = fall back to ordinary decoding.
@@ -60,6 +65,11 @@ public:
         opt.defer_boot_prewarm = o.defer_boot_prewarm;
         opt.drafter_path = o.drafter_path.empty() ? nullptr : o.drafter_path.c_str();
         opt.draft_max = o.draft_max;
+        opt.ssd_streaming = o.ssd_streaming;
+        opt.ssd_streaming_cold = o.ssd_streaming_cold;
+        opt.ssd_streaming_cache_experts = o.ssd_streaming_cache_experts;
+        opt.ssd_streaming_cache_bytes = o.ssd_streaming_cache_bytes;
+        opt.ssd_streaming_store_dir = o.ssd_streaming_store_dir.empty() ? nullptr : o.ssd_streaming_store_dir.c_str();
         detail::Err e;
         if (ds4_bridge_model_open(&m_, &opt, e.buf, sizeof e.buf) != 0) e.raise("open model");
     }
@@ -93,6 +103,12 @@ public:
         detail::Err e;
         if (ds4_bridge_memory_stats(m_, &mem, e.buf, sizeof e.buf) != 0) e.raise("memory stats");
         return mem;
+    }
+    ds4_bridge_expert_stats_t expert_stats() const {
+        ds4_bridge_expert_stats_t st{};
+        detail::Err e;
+        if (ds4_bridge_expert_stats(m_, &st, e.buf, sizeof e.buf) != 0) e.raise("expert stats");
+        return st;
     }
     // Text is length-delimited: NUL bytes are tokenized like any other byte.
     std::vector<int32_t> tokenize(std::string_view text, bool rendered_chat = false) const {

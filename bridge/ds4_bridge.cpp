@@ -1,6 +1,7 @@
 // The C ABI over the engine. Every entry point catches everything: exceptions become an
 // int status and a message in the caller's buffer, never an abort across the boundary.
 #include "bridge/ds4_bridge.h"
+#include "bridge/expert_store_link.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -329,8 +330,11 @@ int ds4_bridge_model_open(ds4_bridge_model **out, const ds4_bridge_model_open_op
     NEED(opt->backend == DS4_BRIDGE_BACKEND_CPU || opt->backend == DS4_BRIDGE_BACKEND_CUDA ||
              opt->backend == DS4_BRIDGE_BACKEND_AUTO,
          "unknown backend (DS4_BRIDGE_BACKEND_AUTO, _CPU or _CUDA)");
-    if (opt->ssd_streaming || opt->ssd_streaming_cold || opt->ssd_streaming_cache_experts || opt->ssd_streaming_cache_bytes)
-        return bad(err, errlen, "SSD expert streaming is not implemented yet");
+    if (!opt->ssd_streaming && (opt->ssd_streaming_cold || opt->ssd_streaming_cache_experts ||
+                                opt->ssd_streaming_cache_bytes || (opt->ssd_streaming_store_dir && opt->ssd_streaming_store_dir[0])))
+        return bad(err, errlen, "ssd_streaming_cold, _cache_experts, _cache_bytes and _store_dir need ssd_streaming");
+    NEED(!(opt->ssd_streaming_cache_experts && opt->ssd_streaming_cache_bytes),
+         "give the expert cache budget in experts or in bytes, not both");
     if (opt->mtp_draft_tokens != 0)
         return bad(err, errlen, "mtp_draft_tokens: an MTP head is not implemented yet (speculative decoding takes drafter_path and draft_max)");
     const bool has_drafter = opt->drafter_path && opt->drafter_path[0], has_mtp = opt->mtp_path && opt->mtp_path[0];
@@ -357,6 +361,18 @@ int ds4_bridge_model_open(ds4_bridge_model **out, const ds4_bridge_model_open_op
             // the binder (a slot past it fails there).
             plan = to_plan(*opt->bind_plan, opt->tensor_directory ? dir.tensors.size() : SIZE_MAX);
             mo.plan = &plan;
+        }
+        if (opt->ssd_streaming) {
+            mo.streaming.enabled = true;
+            mo.streaming.cold = opt->ssd_streaming_cold != 0;
+            mo.streaming.cache_experts = opt->ssd_streaming_cache_experts;
+            mo.streaming.cache_bytes = opt->ssd_streaming_cache_bytes;
+            if (opt->ssd_streaming_store_dir && opt->ssd_streaming_store_dir[0]) {
+                const std::string store_dir = opt->ssd_streaming_store_dir;
+                mo.streaming.open_store = [store_dir](uint64_t fp) {
+                    return ds4::bridge_impl::open_expert_store_link(store_dir, fp);
+                };
+            }
         }
         m->model = ds4::Model::open(opt->model_path, mo);
         m->ex = m->model->make_executor();
@@ -454,6 +470,24 @@ int ds4_bridge_memory_stats(ds4_bridge_model *m, ds4_bridge_memory_t *out, char 
     out->device_weights_bytes = d.weight_bytes;
     for (ds4_bridge_session *s : m->sessions) out->cache_bytes += s->s->memory_bytes() + (s->draft ? s->draft->memory_bytes() : 0);
     return 0;
+}
+
+int ds4_bridge_expert_stats(ds4_bridge_model *m, ds4_bridge_expert_stats_t *out, char *err, size_t errlen) {
+    NEED(m, "model is NULL");
+    NEED(out, "out is NULL");
+    return guarded(err, errlen, [&] {
+        std::memset(out, 0, sizeof *out);
+        out->streaming = m->model->streams_experts() ? 1 : 0;
+        const ds4::ExpertSourceStats s = m->model->experts().stats();
+        out->acquired = s.acquired, out->misses = s.misses, out->late = s.late;
+        out->prefetched = s.prefetched, out->prefetch_used = s.prefetch_used;
+        out->bytes_read = s.bytes_read;
+        out->store_reads = s.store_reads, out->store_corrupt = s.store_corrupt;
+        out->demand_read_ns = s.demand_read_ns, out->prefetch_read_ns = s.prefetch_read_ns, out->wait_ns = s.wait_ns;
+        out->io_busy_ns = s.io_busy_ns;
+        out->resident = s.resident, out->capacity = s.capacity, out->capacity_bytes = s.capacity_bytes;
+        return 0;
+    });
 }
 
 int ds4_bridge_session_create(ds4_bridge_session **out, ds4_bridge_model *m, int ctx_size, char *err, size_t errlen) {

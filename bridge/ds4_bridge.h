@@ -48,6 +48,11 @@ typedef struct { /* POD; initialise with ds4_bridge_model_open_options_init */
     int32_t backend;      /* DS4_BRIDGE_BACKEND_* */
     int32_t n_threads;    /* 0 = all cores */
     int32_t defer_boot_prewarm;
+    /* SSD expert streaming (CPU backend): routed experts are read on demand into a cache of
+     * at most cache_experts experts or cache_bytes bytes (give one; both 0 = 4 GiB). A budget
+     * that holds fewer experts than a token uses per layer fails the open. cold: start with
+     * an empty cache instead of loading the store's hot set. The other fields need
+     * ssd_streaming set. */
     int32_t ssd_streaming, ssd_streaming_cold;
     uint32_t ssd_streaming_cache_experts;
     uint64_t ssd_streaming_cache_bytes;
@@ -59,6 +64,9 @@ typedef struct { /* POD; initialise with ds4_bridge_model_open_options_init */
     const char *drafter_path; /* sibling drafter GGUF with the model's tokenizer, NULL if none.
                                * mtp_path is an older name for the same; set one of them. */
     int32_t draft_max;        /* drafts per trial at most, 1..64; 0 = 4 */
+    /* Directory of the expert store (experts re-laid out for direct reads, checksummed, with
+     * use counts for the next start's prewarm); NULL or "" = none, experts read from the GGUF. */
+    const char *ssd_streaming_store_dir;
 } ds4_bridge_model_open_options;
 
 typedef struct {
@@ -79,6 +87,19 @@ typedef struct {
     char device[64];                    /* the GPU's name, or "cpu" */
 } ds4_bridge_memory_t;
 
+typedef struct { /* expert source counters since the open (all 0 when not streaming) */
+    int32_t streaming;                 /* 1 when routed experts are streamed from SSD */
+    uint64_t acquired;                 /* experts used by steps */
+    uint64_t misses;                   /* of which were read on demand */
+    uint64_t late;                     /* of which waited for their prefetch */
+    uint64_t prefetched, prefetch_used;
+    uint64_t bytes_read;               /* demand + prefetch */
+    uint64_t store_reads, store_corrupt;
+    uint64_t demand_read_ns, prefetch_read_ns, wait_ns;
+    uint64_t io_busy_ns;               /* wall time with at least one read in flight */
+    uint64_t resident, capacity, capacity_bytes;
+} ds4_bridge_expert_stats_t;
+
 typedef struct {
     const char *role;    /* "system" | "user" | "assistant" (NUL-terminated) */
     const char *content; /* content_len bytes, may contain NUL; NULL only when content_len is 0 */
@@ -98,6 +119,8 @@ DS4_BRIDGE_API int ds4_bridge_drafter_shared(ds4_bridge_model *m);
 DS4_BRIDGE_API int32_t ds4_bridge_model_vocab_size(ds4_bridge_model *m); /* -1 for NULL */
 DS4_BRIDGE_API int ds4_bridge_model_info(ds4_bridge_model *m, ds4_bridge_model_info_t *out, char *err, size_t errlen);
 DS4_BRIDGE_API int ds4_bridge_memory_stats(ds4_bridge_model *m, ds4_bridge_memory_t *out, char *err, size_t errlen);
+DS4_BRIDGE_API int ds4_bridge_expert_stats(ds4_bridge_model *m, ds4_bridge_expert_stats_t *out, char *err,
+                                           size_t errlen);
 
 /* Cumulative speculative-decoding counters (POD). "accepted" counts drafts the model agreed
  * with, whether or not the caller kept them; acceptance rate = accepted / drafted, mean

@@ -15,6 +15,11 @@ BridgeModel::BridgeModel(const ModelOpenConfig &cfg) {
     o.mtp_path = cfg.mtp_path;
     o.backend = cfg.backend == ModelOpenConfig::Backend::Cuda ? DS4_BRIDGE_BACKEND_CUDA : DS4_BRIDGE_BACKEND_CPU;
     o.n_threads = cfg.threads;
+    o.ssd_streaming = cfg.ssd_streaming;
+    o.ssd_streaming_cold = cfg.ssd_cold;
+    o.ssd_streaming_cache_experts = cfg.expert_cache_experts;
+    o.ssd_streaming_cache_bytes = cfg.expert_cache_bytes;
+    o.ssd_streaming_store_dir = cfg.expert_store_dir;
     o.defer_boot_prewarm = false;  // open touches the weights and runs one dummy forward
     m_ = std::make_unique<ds4::bridge::Model>(o);
     const ds4_bridge_model_info_t info = m_->info();

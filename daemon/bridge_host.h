@@ -31,6 +31,11 @@ struct ModelOpenConfig {
     std::string model_path, mtp_path;
     enum class Backend { Cpu, Cuda } backend = Backend::Cpu;
     int32_t threads = 0;
+    // SSD expert streaming: routed experts read on demand into a bounded cache.
+    bool ssd_streaming = false, ssd_cold = false;
+    uint32_t expert_cache_experts = 0;
+    uint64_t expert_cache_bytes = 0;
+    std::string expert_store_dir;  // empty: no store, experts read from the GGUF
 };
 
 class BridgeModel {

@@ -68,11 +68,13 @@ int main(int argc, char **argv) {
         }
 
         std::unique_ptr<ds4::kvstore::Store> store;
+        std::string expert_store_dir;  // SSD streaming's expert store, under the state dir
         if (!opt.no_store) {
             const std::string dir = resolve_state_dir(opt.state_dir);
             if (dir.empty())
                 throw StartupError("no state dir: set --state-dir, $XDG_STATE_HOME or $HOME (or run with --no-store)");
             make_dirs(dir);
+            if (opt.ssd_streaming) expert_store_dir = dir + "/experts";
             ds4::kvstore::StoreOptions so;
             so.state_dir = dir;
             so.budget_bytes = opt.store_budget;
@@ -98,6 +100,17 @@ int main(int argc, char **argv) {
         wc.model.model_path = opt.model_path;
         wc.model.mtp_path = opt.mtp_path;
         wc.model.threads = opt.threads;
+        wc.model.ssd_streaming = opt.ssd_streaming;
+        wc.model.ssd_cold = opt.ssd_cold;
+        wc.model.expert_cache_experts = opt.expert_cache_experts;
+        wc.model.expert_cache_bytes = opt.expert_cache_bytes;
+        wc.model.expert_store_dir = expert_store_dir;
+        if (opt.ssd_streaming)
+            log_line("SSD expert streaming: cache %s, expert store %s",
+                     opt.expert_cache_experts ? (std::to_string(opt.expert_cache_experts) + " experts").c_str()
+                     : opt.expert_cache_bytes ? (std::to_string(opt.expert_cache_bytes) + " bytes").c_str()
+                                              : "4 GiB (default)",
+                     expert_store_dir.empty() ? "none (--no-store)" : expert_store_dir.c_str());
         wc.model.backend = opt.backend == DaemonOptions::Backend::Cuda ? ModelOpenConfig::Backend::Cuda
                                                                         : ModelOpenConfig::Backend::Cpu;
         wc.backend_auto = opt.backend == DaemonOptions::Backend::Auto;

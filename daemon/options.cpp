@@ -54,6 +54,15 @@ std::string daemon_usage() {
            "  --ctx N                default context size of a session (default min(4096, model limit))\n"
            "  --threads N            CPU threads (default 0: all cores)\n"
            "  --backend B            auto (default: CUDA, else CPU), cpu or cuda\n"
+           "  --ssd-streaming        read routed experts from disk (io_uring, O_DIRECT) into a\n"
+           "                         bounded cache instead of keeping the whole model mapped; the\n"
+           "                         expert store (experts re-laid out for direct reads, with use\n"
+           "                         counts so a restart loads the hot set first) lives in\n"
+           "                         STATE_DIR/experts (CPU backend)\n"
+           "  --expert-cache-bytes N | --expert-cache-experts N\n"
+           "                         the expert cache budget (default 4 GiB); one that cannot\n"
+           "                         hold a token's experts of one layer is refused\n"
+           "  --cold                 start with an empty expert cache (no prewarm)\n"
            "  --max-sessions N       sessions live in memory at once (default 64); beyond that the\n"
            "                         least recently used idle named session whose turns are all\n"
            "                         stored is released and reloads from the store on its next use\n"
@@ -126,6 +135,14 @@ DaemonOptions parse_daemon_args(int argc, const char *const *argv) {
             else if (b == "cpu") o.backend = DaemonOptions::Backend::Cpu;
             else if (b == "cuda") o.backend = DaemonOptions::Backend::Cuda;
             else throw UsageError("--backend must be auto, cpu or cuda, got \"" + b + "\"");
+        } else if (a == "--ssd-streaming") {
+            o.ssd_streaming = true;
+        } else if (a == "--cold") {
+            o.ssd_cold = true;
+        } else if (a == "--expert-cache-bytes") {
+            o.expert_cache_bytes = parse_uint(a, value(i, a), 1, ~0ull);
+        } else if (a == "--expert-cache-experts") {
+            o.expert_cache_experts = uint32_t(parse_uint(a, value(i, a), 1, 1u << 30));
         } else if (a == "--max-sessions") {
             o.max_sessions = uint32_t(parse_uint(a, value(i, a), 1, 100000));
         } else if (a == "--max-batch") {
@@ -158,6 +175,10 @@ DaemonOptions parse_daemon_args(int argc, const char *const *argv) {
     }
     if (o.model_path.empty()) throw UsageError("--model PATH is required (or set DS4_MODEL)");
     if (o.no_store && !o.state_dir.empty()) throw UsageError("--no-store and --state-dir exclude each other");
+    if (!o.ssd_streaming && (o.ssd_cold || o.expert_cache_bytes || o.expert_cache_experts))
+        throw UsageError("--cold, --expert-cache-bytes and --expert-cache-experts need --ssd-streaming");
+    if (o.expert_cache_bytes && o.expert_cache_experts)
+        throw UsageError("give --expert-cache-bytes or --expert-cache-experts, not both");
     if (o.input_budget < o.max_frame)
         throw UsageError("--input-budget (" + std::to_string(o.input_budget) + ") must be at least --max-frame (" +
                          std::to_string(o.max_frame) + "), or no frame of full size could be received");

@@ -24,6 +24,10 @@ struct DaemonOptions {
     uint32_t ctx = 0;                 // 0: min(4096, the model's limit)
     int32_t threads = 0;              // 0: all cores
     enum class Backend { Auto, Cpu, Cuda } backend = Backend::Auto;
+    bool ssd_streaming = false;       // routed experts read from SSD into a bounded cache
+    bool ssd_cold = false;            // no prewarm of the expert store's hot set
+    uint32_t expert_cache_experts = 0;
+    uint64_t expert_cache_bytes = 0;  // both 0: the bridge's default (4 GiB)
     uint32_t max_sessions = 64;
     uint32_t prefill_chunk = 256;     // prefill tokens of one request per step
     uint32_t max_batch = 16;          // requests sharing one forward step

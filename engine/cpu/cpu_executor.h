@@ -74,6 +74,10 @@ private:
     std::vector<float> flat_, mix_, p1_, p2_, kvb_, iq_, iw_, oa_, head_, g_, u_, ein_, eout_, router_, expert_w_;
     std::vector<int> expert_ids_, expert_order_, used_;
     std::vector<ExpertView> views_;
+    std::vector<int> pred_ids_;
+    std::vector<char> pred_mark_;
+    std::vector<float> pred_scores_;
+    void predict_next(int layer, ExpertSource &experts);
     std::vector<std::vector<int>> sel_;                         // indexer picks per row
     std::vector<std::vector<std::pair<int, float>>> by_expert_; // (row, weight) per expert
     std::vector<uint8_t> xq_ffn_;

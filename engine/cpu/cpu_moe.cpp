@@ -83,18 +83,57 @@ void CpuExecutor::routed_experts(int layer, const LayerWeights &L, ExpertSource 
     for (int e = 0; e < E; ++e)
         if (!by_expert_[e].empty()) used_.push_back(e);
     views_.resize(used_.size());
-    experts.acquire(layer, used_, views_.data());
     const float lim = c_.swiglu_limit[layer];
-    for (size_t u = 0; u < used_.size(); ++u) {
-        const auto &list = by_expert_[used_[u]];
-        const int m = (int)list.size();
-        grow(ein_, (size_t)m * D);
-        grow(eout_, (size_t)m * D);
-        for (int i = 0; i < m; ++i) std::memcpy(ein_.data() + (size_t)i * D, XN_.data() + (size_t)list[i].first * D, sizeof(float) * D);
-        const ExpertView &v = views_[u];
-        expert_ffn(v.gate, v.up, v.down, ein_.data(), m, eout_.data(), lim);
-        for (int i = 0; i < m; ++i) ops::axpy(list[i].second, eout_.data() + (size_t)i * D, out + (size_t)list[i].first * D, D);
+    // A bounded source (SSD streaming) may hold fewer experts than a big batch uses in one
+    // layer: acquire them in groups. The output is the same sum in the same order.
+    const size_t group = std::max<size_t>(experts.max_acquire(), 1);
+    for (size_t u0 = 0; u0 < used_.size(); u0 += group) {
+        const size_t n = std::min(group, used_.size() - u0);
+        experts.acquire(layer, std::span<const int>(used_.data() + u0, n), views_.data() + u0);
+        if (u0 == 0) predict_next(layer, experts);
+        for (size_t u = u0; u < u0 + n; ++u) {
+            const auto &list = by_expert_[used_[u]];
+            const int m = (int)list.size();
+            grow(ein_, (size_t)m * D);
+            grow(eout_, (size_t)m * D);
+            for (int i = 0; i < m; ++i) std::memcpy(ein_.data() + (size_t)i * D, XN_.data() + (size_t)list[i].first * D, sizeof(float) * D);
+            const ExpertView &v = views_[u];
+            expert_ffn(v.gate, v.up, v.down, ein_.data(), m, eout_.data(), lim);
+            for (int i = 0; i < m; ++i) ops::axpy(list[i].second, eout_.data() + (size_t)i * D, out + (size_t)list[i].first * D, D);
+        }
     }
+    experts.release();
+}
+
+// When the source asks for it, the next layer's experts are guessed from this layer's MoE
+// input (hash-routed layers: exactly, from the tokens) and prefetched while this layer
+// computes. The guess only moves reads earlier; it never changes what is computed.
+void CpuExecutor::predict_next(int layer, ExpertSource &experts) {
+    const LayerWeights *N = experts.predictor(layer);
+    if (!N) return;
+    const int T = R_, D = c_.n_embd, E = c_.n_expert, K = c_.n_expert_used;
+    pred_ids_.clear();
+    grow(pred_mark_, (size_t)E);
+    std::fill(pred_mark_.begin(), pred_mark_.begin() + E, 0);
+    if (c_.is_hash(layer + 1)) {
+        for (int t = 0; t < T; ++t)
+            for (int k = 0; k < K; ++k) pred_mark_[N->tid2eid[(size_t)lay_.tokens[t] * K + k]] = 1;
+    } else {
+        grow(pred_scores_, (size_t)T * E);
+        matmul(mm_, N->gate_inp, XN_.data(), T, D, pred_scores_.data(), E);
+        std::vector<int> &order = expert_order_;
+        for (int t = 0; t < T; ++t) {
+            float *sc = pred_scores_.data() + (size_t)t * E;
+            for (int e = 0; e < E; ++e) sc[e] = std::sqrt(ops::softplus(sc[e])) + N->probs_b[e];
+            for (int e = 0; e < E; ++e) order[e] = e;
+            std::partial_sort(order.begin(), order.begin() + K, order.begin() + E,
+                              [&](int a, int b) { return sc[a] > sc[b] || (sc[a] == sc[b] && a < b); });
+            for (int k = 0; k < K; ++k) pred_mark_[order[k]] = 1;
+        }
+    }
+    for (int e = 0; e < E; ++e)
+        if (pred_mark_[e]) pred_ids_.push_back(e);
+    experts.prefetch(layer + 1, pred_ids_);
 }
 
 void CpuExecutor::shared_expert(int layer, const LayerWeights &L) {

@@ -139,6 +139,10 @@ public:
     const std::vector<TensorInfo> &tensors() const;
     const TensorInfo *tensor(std::string_view name) const;   // nullptr if absent
     uint64_t total_tensor_bytes() const;
+    // Where a tensor's bytes lie on disk (readers opened from a path only): the file of its
+    // split and the absolute offset in it. Used to read tensors without the mapping.
+    const std::string &split_file(int split) const;
+    uint64_t file_offset(const TensorInfo &t) const;
 
 private:
     Reader();

@@ -450,6 +450,8 @@ struct Reader::Impl {
     std::unordered_map<std::string, size_t> tensor_index;
     uint64_t total_bytes = 0;
     std::vector<std::unique_ptr<Mapping>> maps;
+    std::vector<std::string> split_paths;
+    std::vector<uint64_t> split_data_start;
 
     // Takes the metadata of the first split and the tensors of every split.
     void assemble(std::vector<Parsed> &splits, const std::vector<std::string> &srcs) {
@@ -549,6 +551,8 @@ std::unique_ptr<Reader> Reader::open(const std::string &path, bool map, const Ho
             bad(paths[0], strf("split.tensors.count is %lld but the splits hold %llu tensors", (ll)want, (ull)have));
     }
     r->impl_->assemble(ps, paths);
+    r->impl_->split_paths = paths;
+    for (const Parsed &p : ps) r->impl_->split_data_start.push_back(p.data_start);
     return r;
 }
 
@@ -558,6 +562,16 @@ int Reader::split_count() const { return impl_->split_count; }
 const std::vector<std::pair<std::string, Value>> &Reader::metadata() const { return impl_->kv; }
 const std::vector<TensorInfo> &Reader::tensors() const { return impl_->tensors; }
 uint64_t Reader::total_tensor_bytes() const { return impl_->total_bytes; }
+
+const std::string &Reader::split_file(int s) const {
+    if (s < 0 || s >= (int)impl_->split_paths.size()) fail(strf("gguf: split %d has no file", s));
+    return impl_->split_paths[s];
+}
+
+uint64_t Reader::file_offset(const TensorInfo &t) const {
+    if (t.split < 0 || t.split >= (int)impl_->split_data_start.size()) fail("gguf: tensor " + t.name + " has no file");
+    return impl_->split_data_start[t.split] + t.offset;
+}
 
 const Value *Reader::find(std::string_view key) const {
     auto it = impl_->kv_index.find(std::string(key));

@@ -68,9 +68,17 @@ std::unique_ptr<Model> Model::open(const std::string &path, const ModelOptions &
     } else {
         m->backend_ = make_cpu_backend(m->cfg_);
     }
-    m->experts_ = std::make_unique<ResidentExperts>(m->w_);
-    m->default_threads_ = opt.n_threads;
     m->fingerprint_ = compute_fingerprint(*m->reader_);
+    if (opt.streaming.enabled) {
+        if (kind == BackendKind::Cuda) fail("SSD expert streaming is not implemented for the CUDA backend yet");
+        ExpertStreamingOptions so = opt.streaming;
+        if (!so.store && so.open_store) so.store = so.open_store(m->fingerprint_);
+        m->experts_ = std::make_unique<StreamingExperts>(m->w_, m->cfg_, *m->reader_, so);
+        m->streaming_ = true;
+    } else {
+        m->experts_ = std::make_unique<ResidentExperts>(m->w_);
+    }
+    m->default_threads_ = opt.n_threads;
     return m;
 }
 
@@ -90,11 +98,13 @@ void Model::prewarm() const {
     volatile uint64_t sink = 0;
     for (const auto &t : reader_->tensors()) {
         if (!t.data) continue;
+        if (streaming_ && t.name.find("_exps.") != std::string::npos) continue;  // read by the source
         uint64_t s = 0;
         for (uint64_t off = 0; off < t.nbytes; off += 4096) s += t.data[off];
         sink = sink + s;
     }
     (void)sink;
+    experts_->prewarm();
 }
 
 }  // namespace ds4

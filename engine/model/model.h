@@ -11,6 +11,7 @@
 
 #include "engine/gguf/gguf.h"
 #include "engine/backend/backend.h"
+#include "engine/backend/streaming_experts.h"
 #include "engine/model/config.h"
 #include "engine/model/rope.h"
 #include "engine/model/weights.h"
@@ -31,6 +32,9 @@ struct ModelOptions {
     // to use instead of parsing the files' own, and the name -> tensor index to bind by.
     const gguf::HostDirectory *directory = nullptr;
     const TensorPlan *plan = nullptr;
+    // Routed experts read from SSD into a bounded cache instead of used from the mapping
+    // (CPU backend only for now).
+    ExpertStreamingOptions streaming = {};
 };
 
 class Model {
@@ -50,8 +54,11 @@ public:
     // saved session is never restored into a different model.
     uint64_t fingerprint() const { return fingerprint_; }
     const std::string &path() const { return path_; }
-    // Touches every weight page once so the first request does not pay for page faults.
+    // Touches every weight page once so the first request does not pay for page faults;
+    // with SSD streaming, every page but the routed experts', and then the expert source's
+    // own prewarm (the persisted hot set).
     void prewarm() const;
+    bool streams_experts() const { return streaming_; }
 
 private:
     Model() = default;
@@ -63,6 +70,7 @@ private:
     std::unique_ptr<Backend> backend_;
     std::unique_ptr<ExpertSource> experts_;
     int default_threads_ = 0;
+    bool streaming_ = false;
     uint64_t fingerprint_ = 0;
 };
 

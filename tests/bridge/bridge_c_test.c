@@ -115,8 +115,34 @@ int main(int argc, char **argv) {
     opt.backend = 7;
     CHECK_ERR(ds4_bridge_model_open(&m, &opt, err, errlen), "backend");
     opt.backend = DS4_BRIDGE_BACKEND_CPU;
+    /* SSD streaming: budgets need the switch, one budget at a time, and one that cannot hold a
+     * token's experts of one layer is refused. */
+    opt.ssd_streaming_cache_experts = 64;
+    CHECK_ERR(ds4_bridge_model_open(&m, &opt, err, errlen), "need ssd_streaming");
     opt.ssd_streaming = 1;
-    CHECK_ERR(ds4_bridge_model_open(&m, &opt, err, errlen), "SSD");
+    opt.ssd_streaming_cache_bytes = 1u << 20;
+    CHECK_ERR(ds4_bridge_model_open(&m, &opt, err, errlen), "not both");
+    opt.ssd_streaming_cache_bytes = 0;
+    opt.ssd_streaming_cache_experts = 1;
+    CHECK_ERR(ds4_bridge_model_open(&m, &opt, err, errlen), "too small");
+    opt.ssd_streaming_cache_experts = 0;
+    opt.ssd_streaming_cache_bytes = 4096;
+    CHECK_ERR(ds4_bridge_model_open(&m, &opt, err, errlen), "too small");
+    opt.ssd_streaming_cache_bytes = 0;
+    {
+        /* A streamed model decodes and counts its expert reads. */
+        ds4_bridge_model *sm = NULL;
+        opt.ssd_streaming_cache_experts = 8;
+        opt.n_threads = 2;
+        CHECK(ds4_bridge_model_open(&sm, &opt, E) == 0);
+        ds4_bridge_expert_stats_t es;
+        CHECK(ds4_bridge_expert_stats(sm, &es, E) == 0);
+        CHECK(es.streaming == 1 && es.capacity == 8 && es.acquired > 0 && es.bytes_read > 0 && es.resident <= 8);
+        CHECK_ERR(ds4_bridge_expert_stats(NULL, &es, err, errlen), "NULL");
+        ds4_bridge_model_free(sm);
+        opt.ssd_streaming_cache_experts = 0;
+        opt.n_threads = 0;
+    }
     opt.ssd_streaming = 0;
     opt.mtp_draft_tokens = 3;
     CHECK_ERR(ds4_bridge_model_open(&m, &opt, err, errlen), "speculative");
@@ -130,6 +156,11 @@ int main(int argc, char **argv) {
     CHECK(ds4_bridge_model_boot_prewarm(m, E) == 0);
     CHECK_ERR(ds4_bridge_model_boot_prewarm(NULL, err, errlen), "NULL");
     CHECK(ds4_bridge_drafter_shared(m) == 0);
+    {
+        ds4_bridge_expert_stats_t es;
+        CHECK(ds4_bridge_expert_stats(m, &es, E) == 0);
+        CHECK(es.streaming == 0 && es.misses == 0 && es.bytes_read == 0);
+    }
 
     /* ---- model info ---- */
     const int V = ds4_bridge_model_vocab_size(m);

@@ -142,6 +142,32 @@ TEST(DaemonOptions, ParsesEveryDocumentedFlag) {
     EXPECT_EQ(o.shutdown_grace_ms, 10u);
 }
 
+TEST(DaemonOptions, SsdStreamingFlags) {
+    DaemonOptions o = parse({"--model", "m", "--ssd-streaming", "--expert-cache-bytes", "1000000", "--cold"});
+    EXPECT_TRUE(o.ssd_streaming);
+    EXPECT_TRUE(o.ssd_cold);
+    EXPECT_EQ(o.expert_cache_bytes, 1000000u);
+    EXPECT_EQ(o.expert_cache_experts, 0u);
+    o = parse({"--model", "m", "--ssd-streaming", "--expert-cache-experts", "96"});
+    EXPECT_EQ(o.expert_cache_experts, 96u);
+    EXPECT_FALSE(o.ssd_cold);
+    auto msg = [](std::vector<const char *> a) {
+        try {
+            parse(a);
+        } catch (const UsageError &e) {
+            return std::string(e.what());
+        }
+        return std::string("accepted");
+    };
+    EXPECT_NE(msg({"--model", "m", "--cold"}).find("need --ssd-streaming"), std::string::npos);
+    EXPECT_NE(msg({"--model", "m", "--expert-cache-experts", "8"}).find("need --ssd-streaming"), std::string::npos);
+    EXPECT_NE(msg({"--model", "m", "--ssd-streaming", "--expert-cache-experts", "8", "--expert-cache-bytes", "9"})
+                  .find("not both"),
+              std::string::npos);
+    EXPECT_NE(msg({"--model", "m", "--ssd-streaming", "--expert-cache-experts", "0"}).find("--expert-cache-experts"),
+              std::string::npos);
+}
+
 TEST(DaemonOptions, DefaultSocketFollowsXdgRuntimeDir) {
     const char *old = std::getenv("XDG_RUNTIME_DIR");
     std::string saved = old ? old : "";

@@ -25,6 +25,7 @@ int main(void) {
     F(ds4_bridge_model_open_options, bind_plan);
     F(ds4_bridge_model_open_options, drafter_path);
     F(ds4_bridge_model_open_options, draft_max);
+    F(ds4_bridge_model_open_options, ssd_streaming_store_dir);
 
     S(ds4_bridge_model_info_t);
     F(ds4_bridge_model_info_t, family);
@@ -62,6 +63,24 @@ int main(void) {
     F(ds4_bridge_spec_counters_t, committed);
     F(ds4_bridge_spec_counters_t, draft_max);
     F(ds4_bridge_spec_counters_t, draft_width);
+
+    S(ds4_bridge_expert_stats_t);
+    F(ds4_bridge_expert_stats_t, streaming);
+    F(ds4_bridge_expert_stats_t, acquired);
+    F(ds4_bridge_expert_stats_t, misses);
+    F(ds4_bridge_expert_stats_t, late);
+    F(ds4_bridge_expert_stats_t, prefetched);
+    F(ds4_bridge_expert_stats_t, prefetch_used);
+    F(ds4_bridge_expert_stats_t, bytes_read);
+    F(ds4_bridge_expert_stats_t, store_reads);
+    F(ds4_bridge_expert_stats_t, store_corrupt);
+    F(ds4_bridge_expert_stats_t, demand_read_ns);
+    F(ds4_bridge_expert_stats_t, prefetch_read_ns);
+    F(ds4_bridge_expert_stats_t, wait_ns);
+    F(ds4_bridge_expert_stats_t, io_busy_ns);
+    F(ds4_bridge_expert_stats_t, resident);
+    F(ds4_bridge_expert_stats_t, capacity);
+    F(ds4_bridge_expert_stats_t, capacity_bytes);
 
     S(ds4_bridge_batch_stats_t);
     F(ds4_bridge_batch_stats_t, steps);

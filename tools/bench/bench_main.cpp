@@ -1,9 +1,13 @@
 // ds4-bench: prefill and decode throughput of a model on this machine, the weight bytes a
 // decoded token streams, and that figure as achieved bandwidth against the machine's
 // read bandwidth measured in the same run.
+#include <sys/mman.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -13,17 +17,34 @@
 #include "tools/backend_option.h"
 #include "tools/bench/membw.h"
 #include "ds4_version.h"
+#include "tools/bench_kvstore/raw_disk.h"
+#include "io/aligned_buffer.h"
+#include "bridge/expert_store_link.h"
 
 namespace {
 
 const char *kUsage =
     "usage: ds4-bench -m MODEL.gguf [--prompt-tokens N] [--gen-tokens N] [--threads N] [--backend auto|cpu|cuda] [--json]\n"
+    "                 [--ssd-streaming [--expert-cache-bytes N | --expert-cache-experts N] [--cold]\n"
+    "                  [--expert-store DIR] [--no-prefetch] [--raw-bytes N]]\n"
     "  --prompt-tokens N   tokens prefilled before decoding (default 128)\n"
     "  --gen-tokens N      tokens decoded greedily after the prompt (default 32)\n"
     "  --threads N         engine threads (default: all cores)\n"
     "  --backend B         auto (default: CUDA when a usable GPU is present), cpu or cuda;\n"
     "                      the bandwidth measured is the host's (achieved GB/s is the backend's)\n"
     "  --json              one JSON object instead of text\n"
+    "  --ssd-streaming     routed experts read from disk (io_uring, O_DIRECT) into a bounded\n"
+    "                      cache instead of used from the mapping; reports hit rate, bytes\n"
+    "                      read, read GB/s and the disk's raw O_DIRECT read GB/s measured on\n"
+    "                      the model file in the same run (--raw-bytes, default 1 GiB)\n"
+    "  --expert-cache-bytes N | --expert-cache-experts N   the cache budget (default 4 GiB)\n"
+    "  --cold              do not prewarm the cache from the store's hot set\n"
+    "  --expert-store DIR  the expert store (re-laid-out experts + use counts) to use\n"
+    "  --no-prefetch       no prediction of the next layer's experts\n"
+    "  --hit-curve         print the experts read on demand by each decoded token\n"
+    "  --page-out-experts  (without --ssd-streaming) after the prewarm, ask the kernel to\n"
+    "                      reclaim the routed experts' pages of the mapping (MADV_PAGEOUT), so\n"
+    "                      the run starts with them on disk like a cold streaming cache\n"
     "Reports prefill tok/s, decode tok/s, weight bytes streamed per decoded token, the\n"
     "achieved GB/s and the machine's read bandwidth measured in the same run.\n";
 
@@ -40,6 +61,10 @@ int main(int argc, char **argv) {
     int prompt = 128, gen = 32, threads = 0;
     bool json = false;
     ds4::BackendKind backend = ds4::BackendKind::Auto;
+    ds4::ExpertStreamingOptions so;
+    std::string store_dir;
+    uint64_t raw_bytes = uint64_t(1) << 30;
+    bool page_out = false, hit_curve = false;
     for (int i = 1; i < argc; ++i) {
         std::string a = argv[i];
         auto val = [&]() -> const char * {
@@ -54,6 +79,15 @@ int main(int argc, char **argv) {
         else if (a == "--gen-tokens") gen = std::atoi(val());
         else if (a == "--threads") threads = std::atoi(val());
         else if (a == "--json") json = true;
+        else if (a == "--ssd-streaming") so.enabled = true;
+        else if (a == "--expert-cache-bytes") so.cache_bytes = std::strtoull(val(), nullptr, 10);
+        else if (a == "--expert-cache-experts") so.cache_experts = std::strtoull(val(), nullptr, 10);
+        else if (a == "--cold") so.cold = true;
+        else if (a == "--no-prefetch") so.prefetch = false;
+        else if (a == "--page-out-experts") page_out = true;
+        else if (a == "--hit-curve") hit_curve = true;
+        else if (a == "--expert-store") store_dir = val();
+        else if (a == "--raw-bytes") raw_bytes = std::strtoull(val(), nullptr, 10);
         else if (a == "--backend") backend = ds4::tools::backend_arg("ds4-bench", val());
         else if (a == "-h" || a == "--help") {
             std::fputs(kUsage, stdout);
@@ -68,12 +102,35 @@ int main(int argc, char **argv) {
         std::fputs(kUsage, stderr);
         return 2;
     }
+    if (!so.enabled && (so.cache_bytes || so.cache_experts || so.cold || !so.prefetch || !store_dir.empty())) {
+        std::fprintf(stderr, "ds4-bench: the expert cache options need --ssd-streaming\n");
+        return 2;
+    }
+    if (so.cache_bytes && so.cache_experts) {
+        std::fprintf(stderr, "ds4-bench: give --expert-cache-bytes or --expert-cache-experts, not both\n");
+        return 2;
+    }
+    if (!store_dir.empty())
+        so.open_store = [store_dir](uint64_t fp) { return ds4::bridge_impl::open_expert_store_link(store_dir, fp); };
     try {
         const double t_open = now();
-        auto m = ds4::Model::open(model, ds4::tools::model_options(threads, backend, json));
+        ds4::ModelOptions mo = ds4::tools::model_options(threads, backend, json);
+        mo.streaming = so;
+        auto m = ds4::Model::open(model, mo);
         if (!json) ds4::tools::say_backend("ds4-bench", *m);
         m->prewarm();
         const double open_s = now() - t_open;
+        if (page_out) {
+            if (so.enabled) throw std::runtime_error("--page-out-experts is for the mapped (resident) path");
+            uint64_t paged = 0;
+            for (const auto &t : m->reader().tensors()) {
+                if (!t.data || t.name.find("_exps.") == std::string::npos) continue;
+                const uintptr_t a = reinterpret_cast<uintptr_t>(t.data) & ~uintptr_t(4095);
+                const size_t len = ds4::io::round_up(reinterpret_cast<uintptr_t>(t.data) + t.nbytes - a, 4096);
+                if (madvise(reinterpret_cast<void *>(a), len, MADV_PAGEOUT) == 0) paged += len;
+            }
+            if (!json) std::printf("paged out        %.2f GB of routed experts\n", paged / 1e9);
+        }
         const ds4::ModelConfig &c = m->config();
         double bw = 0;
         int n_threads = 0;
@@ -81,6 +138,15 @@ int main(int argc, char **argv) {
             ds4::ThreadPool pool(threads);   // the same thread count the session's executor gets
             bw = ds4::measure_read_bandwidth(pool);
             n_threads = pool.size();
+        }
+        // The disk's raw O_DIRECT read bandwidth on the model file itself (16 requests of
+        // 4 MiB in flight, into memory), the ceiling for streamed expert reads.
+        double raw_gbs = 0;
+        if (so.enabled && raw_bytes) {
+            raw_bytes = ds4::io::round_up(raw_bytes, ds4::io::kIoAlign);
+            ds4::io::AlignedBuffer rb(raw_bytes);
+            const double mib = ds4::bench::raw_read_queued_mibs(model, rb.data(), raw_bytes, 16);
+            raw_gbs = mib > 0 ? mib * (1 << 20) / 1e9 : 0;
         }
         std::vector<int32_t> toks(prompt);
         uint64_t r = 88172645463325252ull;
@@ -92,22 +158,42 @@ int main(int argc, char **argv) {
         const double t0 = now();
         s.sync(toks);
         const double prefill_s = now() - t0;
+        const ds4::ExpertSourceStats e_pre = m->experts().stats();
         // One warm-up decode step, then the timed ones.
         s.eval(s.argmax());
+        const ds4::ExpertSourceStats e0 = m->experts().stats();
         const uint64_t b0 = s.executor().stats().weight_bytes;
         const double t1 = now();
-        for (int i = 1; i < gen; ++i) s.eval(s.argmax());
+        std::vector<uint64_t> miss_curve;  // demand misses of each timed token (--hit-curve)
+        for (int i = 1; i < gen; ++i) {
+            const uint64_t before = hit_curve ? m->experts().stats().misses : 0;
+            s.eval(s.argmax());
+            if (hit_curve) miss_curve.push_back(m->experts().stats().misses - before);
+        }
         const double decode_s = now() - t1;
         const int n_dec = gen - 1;
         const double bytes_per_tok = n_dec > 0 ? (double)(s.executor().stats().weight_bytes - b0) / n_dec : 0;
         const double dec_tps = n_dec > 0 ? n_dec / decode_s : 0;
         const double achieved = bytes_per_tok * dec_tps;
+        const ds4::ExpertSourceStats e1 = m->experts().stats();
+        const double acq = double(e1.acquired - e0.acquired), miss = double(e1.misses - e0.misses);
+        const double hit = acq > 0 ? 1 - miss / acq : 1;
+        const double rd_bytes = double(e1.bytes_read - e0.bytes_read);
+        const double rd_ns = double((e1.demand_read_ns - e0.demand_read_ns) + (e1.prefetch_read_ns - e0.prefetch_read_ns));
+        const double wait_ns = double(e1.wait_ns - e0.wait_ns);
+        const double busy_ns = double(e1.io_busy_ns - e0.io_busy_ns);
+        const double read_gbs = busy_ns > 0 ? rd_bytes / busy_ns : 0;  // while reads were in flight
+        const double hidden = busy_ns > 0 ? std::max(0.0, 1 - wait_ns / busy_ns) : 0;
+        (void)rd_ns;
         if (json) {
             std::printf("{\"model\":\"%s\",\"backend\":\"%s\",\"threads\":%d,\"open_s\":%.3f,\"prompt_tokens\":%d,\"gen_tokens\":%d,"
                         "\"prefill_tok_s\":%.3f,\"decode_tok_s\":%.3f,\"bytes_per_token\":%.0f,\"achieved_gb_s\":%.3f,"
-                        "\"machine_read_gb_s\":%.3f,\"fraction_of_bandwidth\":%.4f}\n",
+                        "\"machine_read_gb_s\":%.3f,\"fraction_of_bandwidth\":%.4f,\"ssd_streaming\":%s,\"hit_rate\":%.4f,"
+                        "\"expert_bytes_per_token\":%.0f,\"read_gb_s\":%.3f,\"read_hidden\":%.4f,\"disk_raw_gb_s\":%.3f,"
+                        "\"cache_bytes\":%llu}\n",
                         model.c_str(), m->backend().name().c_str(), n_threads, open_s, prompt, gen, prompt / prefill_s, dec_tps, bytes_per_tok,
-                        achieved / 1e9, bw / 1e9, achieved / bw);
+                        achieved / 1e9, bw / 1e9, achieved / bw, so.enabled ? "true" : "false", hit, n_dec > 0 ? rd_bytes / n_dec : 0.0,
+                        read_gbs, hidden, raw_gbs, (unsigned long long)e1.capacity_bytes);
         } else {
             std::printf("model            %s\n                 %s\n", model.c_str(), c.summary().c_str());
             std::printf("backend          %s\n", m->backend().name().c_str());
@@ -119,6 +205,29 @@ int main(int argc, char **argv) {
             std::printf("achieved         %.2f GB/s\n", achieved / 1e9);
             std::printf("machine read bw  %.2f GB/s (measured now)\n", bw / 1e9);
             std::printf("fraction         %.1f%% of measured bandwidth\n", 100 * achieved / bw);
+        }
+        if (so.enabled && !json) {
+            std::printf("expert cache     %llu experts, %.2f GB (%llu resident after the run)\n", (unsigned long long)e1.capacity,
+                        e1.capacity_bytes / 1e9, (unsigned long long)e1.resident);
+            std::printf("prefill experts  %llu used, %llu read (%.2f GB)\n", (unsigned long long)(e_pre.acquired),
+                        (unsigned long long)(e_pre.misses + e_pre.prefetched), e_pre.bytes_read / 1e9);
+            const double pre_used = double(e1.prefetch_used - e0.prefetch_used), late = double(e1.late - e0.late);
+            std::printf("decode hit rate  %.1f%% not read on demand (%.0f of %.0f experts were); %.1f%% already cached\n"
+                        "                 before the token (not prefetched for it), %.0f waited on their prefetch\n",
+                        100 * hit, miss, acq, acq > 0 ? 100 * (acq - miss - pre_used - late) / acq : 0.0, late);
+            std::printf("prefetch         %llu read, %llu used; %.1f%% of read time hidden from the step\n",
+                        (unsigned long long)(e1.prefetched - e0.prefetched), (unsigned long long)(e1.prefetch_used - e0.prefetch_used),
+                        100 * hidden);
+            std::printf("expert reads     %.3f GB/token, %.2f GB/s while reading, %.2f GB/s over the decode\n",
+                        n_dec > 0 ? rd_bytes / n_dec / 1e9 : 0.0, read_gbs, rd_bytes / decode_s / 1e9);
+            std::printf("disk raw read    %.2f GB/s (O_DIRECT, 16 x 4 MiB in flight, measured now)\n", raw_gbs);
+            std::printf("store            %llu records read, %llu failed their checksum\n", (unsigned long long)e1.store_reads,
+                        (unsigned long long)e1.store_corrupt);
+            if (hit_curve) {
+                std::printf("misses/token    ");
+                for (uint64_t x : miss_curve) std::printf(" %llu", (unsigned long long)x);
+                std::printf("  (of %d experts a token)\n", c.n_layer * c.n_expert_used);
+            }
         }
     } catch (const std::exception &e) {
         std::fprintf(stderr, "ds4-bench: %s\n", e.what());

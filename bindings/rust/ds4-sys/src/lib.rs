@@ -54,6 +54,7 @@ pub struct ds4_bridge_model_open_options {
     pub bind_plan: *const ds4_bridge_bind_plan,
     pub drafter_path: *const c_char,
     pub draft_max: i32,
+    pub ssd_streaming_store_dir: *const c_char,
 }
 
 #[repr(C)]
@@ -103,6 +104,27 @@ pub struct ds4_bridge_spec_counters_t {
     pub committed: u64,
     pub draft_max: i32,
     pub draft_width: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ds4_bridge_expert_stats_t {
+    pub streaming: i32,
+    pub acquired: u64,
+    pub misses: u64,
+    pub late: u64,
+    pub prefetched: u64,
+    pub prefetch_used: u64,
+    pub bytes_read: u64,
+    pub store_reads: u64,
+    pub store_corrupt: u64,
+    pub demand_read_ns: u64,
+    pub prefetch_read_ns: u64,
+    pub wait_ns: u64,
+    pub io_busy_ns: u64,
+    pub resident: u64,
+    pub capacity: u64,
+    pub capacity_bytes: u64,
 }
 
 #[repr(C)]
@@ -194,6 +216,12 @@ extern "C" {
     pub fn ds4_bridge_memory_stats(
         m: *mut ds4_bridge_model,
         out: *mut ds4_bridge_memory_t,
+        err: *mut c_char,
+        errlen: usize,
+    ) -> c_int;
+    pub fn ds4_bridge_expert_stats(
+        m: *mut ds4_bridge_model,
+        out: *mut ds4_bridge_expert_stats_t,
         err: *mut c_char,
         errlen: usize,
     ) -> c_int;

@@ -47,6 +47,7 @@ fn rust_layout() -> BTreeMap<String, usize> {
             bind_plan,
             drafter_path,
             draft_max,
+            ssd_streaming_store_dir,
         }
     );
     layout!(
@@ -79,6 +80,27 @@ fn rust_layout() -> BTreeMap<String, usize> {
         }
     );
     layout!(m, ds4_bridge_chat_msg { role, content, content_len });
+    layout!(
+        m,
+        ds4_bridge_expert_stats_t {
+            streaming,
+            acquired,
+            misses,
+            late,
+            prefetched,
+            prefetch_used,
+            bytes_read,
+            store_reads,
+            store_corrupt,
+            demand_read_ns,
+            prefetch_read_ns,
+            wait_ns,
+            io_busy_ns,
+            resident,
+            capacity,
+            capacity_bytes,
+        }
+    );
     layout!(m, ds4_bridge_batch_stats_t { steps, rows, sessions, failed });
     layout!(m, ds4_bridge_spec_counters_t { trials, drafted, accepted, fallbacks, committed, draft_max, draft_width });
     layout!(

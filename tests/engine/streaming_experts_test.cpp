@@ -1,0 +1,225 @@
+// SSD expert streaming (engine/backend/streaming_experts.h) against the resident path:
+// logits must be bit-identical whatever the cache budget (down to one token's experts per
+// layer, which evicts on every layer), with prefetch on or off, for the f32 reference
+// fixtures and the trained Q8_0 model; the expert store (kvstore/expert_store.h through the
+// bridge's link) must detect a corrupt record, never use it and replace it, and a restart
+// must prewarm the persisted hot set.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "bridge/expert_store_link.h"
+#include "engine/common/error.h"
+#include "engine/model/model.h"
+#include "engine/model/session.h"
+#include "kvstore/expert_store.h"
+#include "tests/common/scratch.h"
+#include "tests/engine/fixture.h"
+
+using namespace ds4;
+using namespace ds4test;
+
+namespace {
+
+const std::string kTrained = DS4_SOURCE_DIR "/models/ds4-pystd-q8_0.gguf";
+
+ModelOptions streaming(uint64_t experts, bool prefetch = true, uint64_t bytes = 0) {
+    ModelOptions o;
+    o.n_threads = 2;
+    o.streaming.enabled = true;
+    o.streaming.cache_experts = experts;
+    o.streaming.cache_bytes = bytes;
+    o.streaming.prefetch = prefetch;
+    return o;
+}
+
+// The logits of every position in the given mode, on the resident path and streamed.
+void expect_identical(const std::string &path, const std::vector<int32_t> &toks, const ModelOptions &so,
+                      const std::vector<std::string> &modes) {
+    auto resident = Model::open(path, {2});
+    auto streamed = Model::open(path, so);
+    ASSERT_TRUE(streamed->streams_experts());
+    for (const std::string &mode : modes) {
+        const std::vector<float> a = run_mode(*resident, toks, mode);
+        const std::vector<float> b = run_mode(*streamed, toks, mode);
+        ASSERT_EQ(a.size(), b.size());
+        EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)))
+            << path << " mode " << mode << " cache " << so.streaming.cache_experts << " experts";
+    }
+    const ExpertSourceStats st = streamed->experts().stats();
+    EXPECT_GT(st.acquired, 0u);
+    EXPECT_GT(st.bytes_read, 0u);
+    EXPECT_LE(st.resident, st.capacity);
+}
+
+TEST(StreamingExperts, FixturesBitIdenticalAtEveryBudget) {
+    for (const char *name : {"mix", "flashlike"}) {
+        RefFixture fx = load_fixture(name);
+        const std::string path = converted_gguf(name, "f32");
+        auto m = Model::open(path, {2});
+        const ModelConfig &c = m->config();
+        const uint64_t all = (uint64_t)c.n_layer * c.n_expert;
+        // One token's experts of one layer (constant eviction), a few layers' worth, all.
+        for (uint64_t cap : {(uint64_t)c.n_expert_used, (uint64_t)c.n_expert_used * 3 + 1, all})
+            expect_identical(path, fx.tokens, streaming(cap), {"prefill", "decode", "5"});
+        expect_identical(path, fx.tokens, streaming(c.n_expert_used, /*prefetch=*/false), {"decode", "5"});
+    }
+}
+
+TEST(StreamingExperts, TrainedModelBitIdentical) {
+    auto m = Model::open(kTrained, {2});
+    const ModelConfig &c = m->config();
+    std::vector<int32_t> toks;
+    for (int i = 0; i < 40; ++i) toks.push_back((i * 7919 + 13) % c.n_vocab);
+    for (uint64_t cap : {(uint64_t)c.n_expert_used, (uint64_t)c.n_expert * 2})
+        expect_identical(kTrained, toks, streaming(cap), {"prefill", "decode"});
+    // A budget in bytes behaves the same.
+    expect_identical(kTrained, toks, streaming(0, true, 8u << 20), {"decode"});
+}
+
+TEST(StreamingExperts, PrefetchIsUsedWhenTheCacheIsSmall) {
+    auto m = Model::open(kTrained, {2});
+    const ModelConfig &c = m->config();
+    auto s = Model::open(kTrained, streaming((uint64_t)c.n_expert_used * 4));
+    Session ses(*s, 64);
+    std::vector<int32_t> toks = {1, 2, 3};
+    ses.sync(toks);
+    for (int i = 0; i < 20; ++i) ses.eval(ses.argmax());
+    const ExpertSourceStats st = s->experts().stats();
+    EXPECT_GT(st.prefetched, 0u);
+    EXPECT_GT(st.prefetch_used, 0u);
+    EXPECT_LT(st.misses, st.acquired);
+}
+
+TEST(StreamingExperts, BudgetTooSmallIsAClearError) {
+    auto m = Model::open(kTrained, {2});
+    const int k = m->config().n_expert_used;
+    try {
+        Model::open(kTrained, streaming((uint64_t)k - 1));
+        FAIL() << "a cache smaller than one token's experts per layer was accepted";
+    } catch (const Error &e) {
+        EXPECT_NE(std::string(e.what()).find("too small"), std::string::npos) << e.what();
+    }
+    EXPECT_THROW(Model::open(kTrained, streaming(0, true, 4096)), Error);
+}
+
+// Flips one byte inside the data file at the record of (layer, expert).
+void corrupt_record(const std::string &data_path, const kvstore::ExpertRecord &r) {
+    const int fd = ::open(data_path.c_str(), O_RDWR);
+    ASSERT_GE(fd, 0);
+    uint8_t b = 0;
+    const off_t at = off_t(r.offset + r.length / 3);
+    ASSERT_EQ(1, ::pread(fd, &b, 1, at));
+    b ^= 0x5a;
+    ASSERT_EQ(1, ::pwrite(fd, &b, 1, at));
+    ::fsync(fd);
+    ::close(fd);
+}
+
+ModelOptions with_store(uint64_t experts, const std::string &dir, bool cold = false, bool prefetch = true) {
+    ModelOptions o = streaming(experts, prefetch);
+    o.streaming.cold = cold;
+    o.streaming.open_store = [dir](uint64_t fp) { return bridge_impl::open_expert_store_link(dir, fp); };
+    return o;
+}
+
+TEST(ExpertStore, CorruptRecordIsDetectedRefetchedAndReplaced) {
+    TempDir dir;
+    auto resident = Model::open(kTrained, {2});
+    const ModelConfig &c = resident->config();
+    std::vector<int32_t> toks;
+    for (int i = 0; i < 24; ++i) toks.push_back((i * 104729 + 7) % c.n_vocab);
+    const std::vector<float> want = run_mode(*resident, toks, "decode");
+    const uint64_t all = (uint64_t)c.n_layer * c.n_expert;
+    // First run fills the store from the GGUF.
+    {
+        auto m = Model::open(kTrained, with_store(all, dir.path()));
+        const std::vector<float> got = run_mode(*m, toks, "decode");
+        EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)));
+        EXPECT_EQ(m->experts().stats().store_reads, 0u);
+    }
+    std::unique_ptr<kvstore::ExpertStore> st;
+    ASSERT_TRUE(kvstore::ExpertStore::open(dir.path(), resident->fingerprint(), &st));
+    ASSERT_GT(st->records(), 0u);
+    // Damage the records of every expert the run used in the last layer.
+    int damaged = 0;
+    std::vector<kvstore::ExpertRecord> old;
+    for (int e = 0; e < c.n_expert; ++e) {
+        kvstore::ExpertRecord r;
+        if (!st->find(c.n_layer - 1, e, &r)) continue;
+        corrupt_record(st->data_path(), r);
+        old.push_back(r);
+        ++damaged;
+    }
+    st.reset();
+    ASSERT_GT(damaged, 0);
+    // Second run reads from the store: the damaged records are caught, read from the GGUF
+    // instead and rewritten; the logits do not change.
+    {
+        auto m = Model::open(kTrained, with_store(all, dir.path(), /*cold=*/true));
+        const std::vector<float> got = run_mode(*m, toks, "decode");
+        EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)));
+        const ExpertSourceStats s = m->experts().stats();
+        EXPECT_GT(s.store_reads, 0u);
+        EXPECT_EQ(s.store_corrupt, (uint64_t)damaged);
+    }
+    ASSERT_TRUE(kvstore::ExpertStore::open(dir.path(), resident->fingerprint(), &st));
+    std::vector<uint8_t> data = read_file_bytes(st->data_path());
+    for (int e = 0, i = 0; e < c.n_expert; ++e) {
+        kvstore::ExpertRecord r;
+        if (!st->find(c.n_layer - 1, e, &r)) continue;
+        EXPECT_NE(r.offset, old[i++].offset) << "expert " << e << " still points at the damaged record";
+        ASSERT_LE(r.offset + r.length, data.size());
+        EXPECT_TRUE(kvstore::ExpertStore::verify(r, data.data() + r.offset, r.length));
+    }
+}
+
+TEST(ExpertStore, RestartPrewarmsTheHotSet) {
+    TempDir dir;
+    auto resident = Model::open(kTrained, {2});
+    const ModelConfig &c = resident->config();
+    // Half the experts: the hot half fits, and no prefetch, so misses show what the cache held.
+    const uint64_t cap = (uint64_t)c.n_expert * c.n_layer / 2;
+    std::vector<int32_t> toks = {5};
+    auto decode = [&](Model &m, int n) {
+        Session s(m, 128);
+        s.sync(toks);
+        for (int i = 0; i < n; ++i) s.eval(s.argmax());
+    };
+    {
+        auto m = Model::open(kTrained, with_store(cap, dir.path()));
+        decode(*m, 40);
+    }  // the use counts are flushed on close
+    std::unique_ptr<kvstore::ExpertStore> st;
+    ASSERT_TRUE(kvstore::ExpertStore::open(dir.path(), resident->fingerprint(), &st));
+    const auto hot = st->hot_set(cap);
+    ASSERT_FALSE(hot.empty());
+    EXPECT_GE(st->use_count(hot.front().first, hot.front().second), st->use_count(hot.back().first, hot.back().second));
+    st.reset();
+
+    // A warm restart loads the hot set before the first token; a cold one does not, and
+    // its first tokens miss more.
+    auto first_tokens_misses = [&](bool cold, uint64_t *resident_after_prewarm) {
+        auto m = Model::open(kTrained, with_store(cap, dir.path(), cold, /*prefetch=*/false));
+        m->prewarm();
+        *resident_after_prewarm = m->experts().stats().resident;
+        const uint64_t before = m->experts().stats().misses;
+        decode(*m, 8);
+        return m->experts().stats().misses - before;
+    };
+    uint64_t warm_resident = 0, cold_resident = 0;
+    const uint64_t warm = first_tokens_misses(false, &warm_resident);
+    const uint64_t cold = first_tokens_misses(true, &cold_resident);
+    EXPECT_EQ(warm_resident, std::min<uint64_t>(cap, hot.size()));
+    EXPECT_EQ(cold_resident, 0u);
+    EXPECT_LT(warm, cold);
+    std::printf("first 9 tokens after a restart: %llu misses prewarmed (%llu resident), %llu cold\n",
+                (unsigned long long)warm, (unsigned long long)warm_resident, (unsigned long long)cold);
+}
+
+}  // namespace
