@@ -1,8 +1,12 @@
 // The CUDA executor: the backend operations (engine/backend/backend.h) on one stream, over
 // weights placed in device memory in their GGUF encodings and session caches in device
 // memory. Per-row tables (positions, ring addresses, attention descriptors) are built on
-// the host per operation and uploaded; routed experts are grouped on the host after the
-// router's choices come back. Capturing a step as one graph is separate work.
+// the host per operation and uploaded from pinned memory (HostStage). Routed experts of a
+// step with few rows are grouped on the device (cuda_moe.cu: no synchronisation until the
+// logits); a bigger step copies the router's choices back and groups on the host, one
+// launch set per chosen expert (DS4_CUDA_HOST_MOE=1 forces that path, for comparisons).
+// DS4_CUDA_PROFILE=1 prints the time of each operation (cuda_profile.h). Capturing a step as
+// one graph is separate work.
 //
 // Block-quantised weights multiply activations quantised as the CPU does (cuda_qmatmul.cu).
 // An input is quantised once per type it meets: the normed rows XN and the query latent QR
@@ -10,23 +14,66 @@
 // operation that rewrites them (norm, q_kv) or the next step; routed experts gather their
 // rows from XN's quantised form. DS4_CUDA_F32_ACTIVATIONS=1 multiplies f32 activations
 // with every weight type instead (the kernels before the integer path; for comparisons).
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_buffer.h"
 #include "cuda/cuda_kernels.h"
+#include "cuda/cuda_profile.h"
 #include "cuda/cuda_state.h"
 #include "cuda/cuda_weights.h"
+#include "engine/backend/expert_source.h"
 
 namespace ds4::cuda {
 
 namespace {
 
+#define PROFILE(name) OpProfile::Scope prof_scope_(&profile_, name, s_, R_ > 1)
+
+// Pinned host memory for a step's uploads (row tables, descriptors): a copy from pageable
+// memory makes the host wait for a staging copy every time; from here it is queued like a
+// launch. Append-only within a step, so nothing queued is overwritten; reset() only once the
+// stream has drained.
+class HostStage {
+public:
+    ~HostStage() {
+        reset();
+        if (p_) cudaFreeHost(p_);
+    }
+    void *put(const void *src, size_t n) {
+        used_ = (used_ + 15) & ~size_t(15);
+        if (used_ + n > cap_) {
+            if (p_) retired_.push_back(p_);
+            cap_ = std::max<size_t>({2 * cap_, n, 64 << 10});
+            DS4_CUDA_CHECK(cudaHostAlloc(&p_, cap_, cudaHostAllocDefault));
+            used_ = 0;
+        }
+        void *d = static_cast<uint8_t *>(p_) + used_;
+        std::memcpy(d, src, n);
+        used_ += n;
+        return d;
+    }
+    void reset() {
+        for (void *p : retired_) cudaFreeHost(p);
+        retired_.clear();
+        used_ = 0;
+    }
+
+private:
+    void *p_ = nullptr;
+    size_t cap_ = 0, used_ = 0;
+    std::vector<void *> retired_;
+};
+
 template <class T>
-T *to_device(DeviceBuffer<T> &buf, const std::vector<T> &v, cudaStream_t s) {
+T *to_device(DeviceBuffer<T> &buf, const std::vector<T> &v, cudaStream_t s, HostStage &stage) {
     T *d = buf.need(std::max<size_t>(1, v.size()));
-    if (!v.empty()) DS4_CUDA_CHECK(cudaMemcpyAsync(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice, s));
+    if (!v.empty())
+        DS4_CUDA_CHECK(cudaMemcpyAsync(d, stage.put(v.data(), v.size() * sizeof(T)), v.size() * sizeof(T),
+                                       cudaMemcpyHostToDevice, s));
     return d;
 }
 
@@ -35,11 +82,16 @@ public:
     CudaExecutor(const ModelConfig &c, const DeviceWeights &dw) : c_(c), dw_(dw) {
         const char *e = std::getenv("DS4_CUDA_F32_ACTIVATIONS");
         f32_act_ = e && *e && *e != '0';
+        const char *hm = std::getenv("DS4_CUDA_HOST_MOE");
+        host_moe_ = hm && *hm && *hm != '0';
+        moe_err_.zeros(1);
         DS4_CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking));
     }
     ~CudaExecutor() override { cudaStreamDestroy(s_); }
 
     void begin(const StepLayout &lay) override {
+        DS4_CUDA_CHECK(cudaStreamSynchronize(s_));   // idle after the last head(); not after a failed step
+        stage_.reset();
         lay_ = lay;
         R_ = lay.rows();
         const size_t R = R_, D = c_.n_embd, hc = c_.hc_mult, hq = (size_t)c_.n_head * c_.head_dim;
@@ -47,14 +99,15 @@ public:
         post_.need(R * hc), comb_.need(R * hc * hc), qr_.need(R * c_.q_lora), q_.need(R * hq), o_.need(R * hq);
         h_tokens_.assign(lay.tokens.begin(), lay.tokens.end());
         h_pos_.assign(lay.pos.begin(), lay.pos.end());
-        tokens_ = to_device(tokens_buf_, h_tokens_, s_);
-        pos_ = to_device(pos_buf_, h_pos_, s_);
+        tokens_ = to_device(tokens_buf_, h_tokens_, s_, stage_);
+        pos_ = to_device(pos_buf_, h_pos_, s_, stage_);
         forget(nullptr);
         ++stats_.steps;
         stats_.rows += R;
     }
 
     void embed(const WeightView &te) override {
+        PROFILE("embed");
         const int D = c_.n_embd, hc = c_.hc_mult;
         dequant_rows(s_, te.type, dw_.device(te.data), te.row_bytes, D, tokens_, R_, H_.get(), (int64_t)hc * D);
         for (int k = 1; k < hc; ++k)
@@ -63,6 +116,7 @@ public:
     }
 
     void hc_pre(const WeightView &fn, const float *base, const float *scale) override {
+        PROFILE("hc_pre");
         const int hc = c_.hc_mult, D = c_.n_embd, nmix = (2 + hc) * hc;
         float *flat = flat_.need((size_t)R_ * hc * D), *mix = mix_.need((size_t)R_ * nmix);
         rmsnorm_rows(s_, H_.get(), (int64_t)hc * D, nullptr, (int64_t)hc * D, nullptr, c_.rms_eps, flat, (int64_t)hc * D, R_);
@@ -72,13 +126,18 @@ public:
     }
 
     void norm(const float *w) override {
+        PROFILE("norm");
         forget(XN_.get());
         rmsnorm_rows(s_, X_.get(), c_.n_embd, nullptr, c_.n_embd, dw_.device(w), c_.rms_eps, XN_.get(), c_.n_embd, R_);
     }
 
-    void hc_post() override { cuda::hc_post(s_, H_.get(), A_.get(), post_.get(), comb_.get(), c_.hc_mult, c_.n_embd, R_); }
+    void hc_post() override {
+        PROFILE("hc_post");
+        cuda::hc_post(s_, H_.get(), A_.get(), post_.get(), comb_.get(), c_.hc_mult, c_.n_embd, R_);
+    }
 
     void q_kv(int layer, const LayerWeights &L, const Rope &rope) override {
+        PROFILE("q_kv");
         const ModelConfig &c = c_;
         const int H = c.n_head, hd = c.head_dim, D = c.n_embd;
         float *kvb = kvb_.need((size_t)R_ * hd);
@@ -96,10 +155,11 @@ public:
             st(sg).will_write(dl.kv.get(), dl.cap_kv, hd, sg.n0, sg.n, s_);
             for (int i = 0; i < sg.n; ++i) h_ptrs_[sg.row0 + i] = dl.kv.get() + ((sg.n0 + i) % dl.cap_kv) * hd;
         }
-        scatter_rows(s_, kvb, hd, to_device(ptrs_buf_, h_ptrs_, s_), R_);
+        scatter_rows(s_, kvb, hd, to_device(ptrs_buf_, h_ptrs_, s_, stage_), R_);
     }
 
     void compress(int layer, int which, const CompressorWeights &cw, const Rope &rope) override {
+        PROFILE("compress");
         const int wd = cw.width;
         float *p1 = p1_.need((size_t)R_ * wd), *p2 = p2_.need((size_t)R_ * wd);
         mm(cw.kv, XN_.get(), R_, c_.n_embd, p1, wd);
@@ -122,6 +182,7 @@ public:
     }
 
     void indexer_topk(int layer, const LayerWeights &L, const Rope &rope, int topk) override {
+        PROFILE("indexer_topk");
         const ModelConfig &c = c_;
         const int IH = c.indexer_heads, Id = c.indexer_dim;
         float *iq = iq_.need((size_t)R_ * IH * Id), *iw = iw_.need((size_t)R_ * IH);
@@ -138,9 +199,9 @@ public:
             h_nvis_[r] = std::min<int>(sg.state->n_entries(layer, 1), (int)((lay_.pos[r] + 1) / ic.g.ratio));
             most = std::max(most, h_nvis_[r]);
         }
-        const int *nvis = to_device(nvis_buf_, h_nvis_, s_);
+        const int *nvis = to_device(nvis_buf_, h_nvis_, s_, stage_);
         float *scores = scores_.need((size_t)R_ * most);
-        indexer_scores(s_, iq, iw, IH, Id, to_device(cptrs_buf_, h_cptrs_, s_), nvis, most, scores, R_);
+        indexer_scores(s_, iq, iw, IH, Id, to_device(cptrs_buf_, h_cptrs_, s_, stage_), nvis, most, scores, R_);
         topk_ = topk;
         topk_rows(s_, scores, most, nvis, topk, sel_.need((size_t)R_ * topk), nsel_.need(R_), R_);
         h_nsel_.resize(R_);
@@ -148,6 +209,7 @@ public:
     }
 
     void attend(int layer, const AttnSpec &spec, const float *sinks, const Rope &rope) override {
+        PROFILE("attend");
         const int H = c_.n_head, hd = c_.head_dim;
         h_desc_.resize(R_);
         int max_keys = 1;
@@ -168,15 +230,29 @@ public:
             max_keys = std::max<int>(max_keys, (int)std::min<int64_t>(spec.window, lay_.pos[r] + 1) + d.n_ent);
         }
         float *scratch = attn_scratch_.need((size_t)R_ * H * max_keys);
-        cuda::attend(s_, q_.get(), to_device(desc_buf_, h_desc_, s_), H, hd, spec.window, dw_.device(sinks), scratch, max_keys,
+        cuda::attend(s_, q_.get(), to_device(desc_buf_, h_desc_, s_, stage_), H, hd, spec.window, dw_.device(sinks), scratch, max_keys,
                      o_.get(), R_);
         norm_rope_heads(s_, o_.get(), H, hd, false, nullptr, 0.f, pos_, dw_.device(rope.inv_freq.data()), rope.n_pairs, -1.f, R_);
     }
 
     void out_proj(const LayerWeights &L) override {
+        PROFILE("out_proj");
         const ModelConfig &c = c_;
         const int H = c.n_head, hd = c.head_dim, G = c.o_groups, gin = H * hd / G, gl = c.o_lora;
         float *oa = oa_.need((size_t)R_ * G * gl);
+        if (!f32_act_ && act_type(L.o_a.type) != gguf::Type::F32) {
+            // every group in one launch, over O quantised once (slices start on block boundaries)
+            uint64_t qrow = 0;
+            const uint8_t *xq = quantised(L.o_a.type, o_.get(), R_, (int64_t)H * hd, (int64_t)H * hd, &qrow);
+            {
+                OpProfile::Scope prof_mm(&profile_, "  matmul grouped", s_, R_ > 1);
+                matmul_q_grouped(s_, L.o_a.type, dw_.device(L.o_a.data), L.o_a.in, (int64_t)G * gl, L.o_a.row_bytes, xq, qrow,
+                                 (int64_t)H * hd, gl, R_, oa, (int64_t)G * gl);
+            }
+            stats_.weight_bytes += L.o_a.row_bytes * (uint64_t)G * gl;
+            mm(L.o_b, oa, R_, (int64_t)G * gl, A_.get(), c.n_embd);
+            return;
+        }
         for (int g = 0; g < G; ++g)
             mm(L.o_a.rows((int64_t)g * gl, gl), o_.get() + (size_t)g * gin, R_, (int64_t)H * hd, oa + (size_t)g * gl,
                (int64_t)G * gl);
@@ -184,6 +260,7 @@ public:
     }
 
     void route(int layer, const LayerWeights &L, bool hash_routed) override {
+        PROFILE("route");
         const int E = c_.n_expert, K = c_.n_expert_used;
         float *lg = router_.need((size_t)R_ * E);
         mm(L.gate_inp, XN_.get(), R_, c_.n_embd, lg, E);
@@ -191,16 +268,62 @@ public:
         float *w = wts_.need((size_t)R_ * K);
         cuda::route(s_, lg, E, K, hash_routed ? dw_.device(L.tid2eid) : nullptr, tokens_,
                     hash_routed ? nullptr : dw_.device(L.probs_b.data()), c_.expert_scale, ids, w, R_);
+        ids_on_host_ = false;
+        if (!device_moe(L)) fetch_routes(layer);
+    }
+
+    // Whether this step's routed experts can be grouped on the device (no copy back, no
+    // synchronisation): few pairs, integer products, gate and up quantised alike.
+    bool device_moe(const LayerWeights &L) const {
+        if (host_moe_ || f32_act_ || (int64_t)R_ * c_.n_expert_used > kDeviceMoePairs) return false;
+        const gguf::Type g = L.gate_exps.first.type, u = L.up_exps.first.type, d = L.down_exps.first.type;
+        return moe_type_supported(g) && moe_type_supported(u) && moe_type_supported(d) && act_type(g) == act_type(u);
+    }
+
+    // The router's choices to the host (the host-grouped path), checked.
+    void fetch_routes(int layer) {
+        if (ids_on_host_) return;
+        const int E = c_.n_expert, K = c_.n_expert_used;
         h_ids_.resize((size_t)R_ * K);
         h_wts_.resize((size_t)R_ * K);
-        DS4_CUDA_CHECK(cudaMemcpyAsync(h_ids_.data(), ids, h_ids_.size() * sizeof(int), cudaMemcpyDeviceToHost, s_));
-        DS4_CUDA_CHECK(cudaMemcpyAsync(h_wts_.data(), w, h_wts_.size() * sizeof(float), cudaMemcpyDeviceToHost, s_));
+        DS4_CUDA_CHECK(cudaMemcpyAsync(h_ids_.data(), ids_.get(), h_ids_.size() * sizeof(int), cudaMemcpyDeviceToHost, s_));
+        DS4_CUDA_CHECK(cudaMemcpyAsync(h_wts_.data(), wts_.get(), h_wts_.size() * sizeof(float), cudaMemcpyDeviceToHost, s_));
         DS4_CUDA_CHECK(cudaStreamSynchronize(s_));
         for (int id : h_ids_)
             if (id < 0 || id >= E) failf("router chose expert %d (layer %d has %d)", id, layer, E);
+        ids_on_host_ = true;
+    }
+
+    void routed_experts_on_device(int layer, const LayerWeights &L) {
+        const int D = c_.n_embd, E = c_.n_expert, K = c_.n_expert_used, P = R_ * K;
+        const int64_t F = L.gate_exps.first.out;
+        const MoeGroups g{moe_n_used_.need(1), moe_used_.need(P), moe_off_.need(P + 1), moe_prow_.need(P), moe_pw_.need(P),
+                          moe_err_.get()};
+        moe_group(s_, ids_.get(), wts_.get(), P, K, E, g);
+        const WeightView &gv = L.gate_exps.first, &uv = L.up_exps.first, &dv = L.down_exps.first;
+        const ExpertMats m{static_cast<const uint8_t *>(dw_.device(gv.data)),
+                           static_cast<const uint8_t *>(dw_.device(uv.data)),
+                           static_cast<const uint8_t *>(dw_.device(dv.data)),
+                           L.gate_exps.expert_bytes, L.up_exps.expert_bytes, L.down_exps.expert_bytes,
+                           gv.row_bytes, uv.row_bytes, dv.row_bytes, gv.type, uv.type, dv.type};
+        const int max_used = std::min(E, P);
+        uint64_t qrow = 0;
+        const uint8_t *xq = quantised(gv.type, XN_.get(), R_, D, D, &qrow);
+        float *h = g_.need((size_t)P * F);
+        moe_gate_up(s_, m, D, F, xq, qrow, g, max_used, R_ == 1, h, c_.swiglu_limit[layer]);
+        uint64_t hrow = 0;
+        const uint8_t *hq = quantised(dv.type, h, P, F, F, &hrow);
+        float *y = eout_.need((size_t)P * D);
+        moe_down(s_, m, F, D, hq, hrow, g, max_used, R_ == 1, y);
+        moe_combine(s_, y, D, P, g, A_.get(), R_);
+        // bytes of the experts read: exact for one row, an upper bound when rows share experts
+        stats_.weight_bytes += (uint64_t)max_used * (gv.bytes() + uv.bytes() + dv.bytes());
     }
 
     void routed_experts(int layer, const LayerWeights &L, ExpertSource &experts) override {
+        PROFILE("routed_experts");
+        if (device_moe(L) && dynamic_cast<ResidentExperts *>(&experts)) return routed_experts_on_device(layer, L);
+        fetch_routes(layer);
         const int D = c_.n_embd, E = c_.n_expert, K = c_.n_expert_used;
         // Group rows by expert on the host: each expert's weights are read once per step.
         by_e_.assign(E, {});
@@ -219,8 +342,8 @@ public:
         off_.push_back((int)h_rows_.size());
         views_.resize(used_.size());
         experts.acquire(layer, used_, views_.data());
-        const int *rows = to_device(rows_buf_, h_rows_, s_);
-        const float *rw = to_device(rw_buf_, h_rw_, s_);
+        const int *rows = to_device(rows_buf_, h_rows_, s_, stage_);
+        const float *rw = to_device(rw_buf_, h_rw_, s_, stage_);
         DS4_CUDA_CHECK(cudaMemsetAsync(A_.get(), 0, sizeof(float) * R_ * D, s_));
         for (size_t u = 0; u < used_.size(); ++u) {
             const ExpertView &v = views_[u];
@@ -244,16 +367,18 @@ public:
     }
 
     void shared_expert(int layer, const LayerWeights &L) override {
+        PROFILE("shared_expert");
         float *eout = eout_.need((size_t)R_ * c_.n_embd);
         ffn(L.gate_sh, L.up_sh, L.down_sh, XN_.get(), nullptr, 0, R_, eout, c_.swiglu_limit[layer]);
         add(s_, A_.get(), eout, (int64_t)R_ * c_.n_embd);
     }
 
     void head(const ModelWeights &w, std::span<const int> rows, float *logits) override {
+        PROFILE("head");
         const int hc = c_.hc_mult, D = c_.n_embd, nt = (int)rows.size(), V = c_.n_vocab;
         if (nt == 0) return;
         h_idx_.assign(rows.begin(), rows.end());
-        const int32_t *idx = to_device(idx_buf_, h_idx_, s_);
+        const int32_t *idx = to_device(idx_buf_, h_idx_, s_, stage_);
         float *flat = flat_.need((size_t)nt * hc * D), *mix = mix_.need((size_t)nt * hc), *y = head_.need((size_t)nt * D);
         rmsnorm_rows(s_, H_.get(), (int64_t)hc * D, idx, (int64_t)hc * D, nullptr, c_.rms_eps, flat, (int64_t)hc * D, nt);
         mm(w.output_hc_fn, flat, nt, (int64_t)hc * D, mix, hc);
@@ -262,7 +387,13 @@ public:
         float *lg = logits_.need((size_t)nt * V);
         mm(w.output, y, nt, D, lg, V);
         DS4_CUDA_CHECK(cudaMemcpyAsync(logits, lg, sizeof(float) * nt * V, cudaMemcpyDeviceToHost, s_));
+        int err = 0;
+        DS4_CUDA_CHECK(cudaMemcpyAsync(&err, moe_err_.get(), sizeof err, cudaMemcpyDeviceToHost, s_));
         DS4_CUDA_CHECK(cudaStreamSynchronize(s_));
+        if (err) {
+            DS4_CUDA_CHECK(cudaMemset(moe_err_.get(), 0, sizeof(int)));
+            failf("router chose an expert outside the layer's %d (routed pair %d of a step)", c_.n_expert, err - 1);
+        }
     }
 
     void upload(Act a, const float *src, size_t n) override {
@@ -321,6 +452,7 @@ private:
     void mm(const WeightView &w, const float *x, int64_t n_tok, int64_t xs, float *y, int64_t ys) {
         if (w.empty()) fail("matmul: weight not bound");
         if (f32_act_ || act_type(w.type) == gguf::Type::F32) {
+            OpProfile::Scope prof_mm(&profile_, "  matmul f32-act", s_, n_tok > 1);
             cuda::matmul(s_, w.type, dw_.device(w.data), w.in, w.out, w.row_bytes, x, n_tok, xs, y, ys);
             stats_.weight_bytes += w.bytes();
             return;
@@ -330,6 +462,7 @@ private:
         mmq(w, xq, qrow, n_tok, y, ys);
     }
     void mmq(const WeightView &w, const uint8_t *xq, uint64_t qrow, int64_t n_tok, float *y, int64_t ys) {
+        OpProfile::Scope prof_mm(&profile_, w.type == gguf::Type::Q8_0 ? "  matmul q8_0" : w.type == gguf::Type::Q2_K ? "  matmul q2_k" : w.type == gguf::Type::IQ2_XXS ? "  matmul iq2_xxs" : "  matmul other-q", s_, n_tok > 1);
         matmul_q(s_, w.type, dw_.device(w.data), w.in, w.out, w.row_bytes, xq, qrow, n_tok, y, ys);
         stats_.weight_bytes += w.bytes();
     }
@@ -372,9 +505,14 @@ private:
     const DeviceWeights &dw_;
     cudaStream_t s_ = nullptr;
     ExecutorStats stats_;
+    OpProfile profile_;
+    HostStage stage_;
     StepLayout lay_;
     int R_ = 0, topk_ = 0;
-    bool f32_act_ = false;
+    bool f32_act_ = false, host_moe_ = false, ids_on_host_ = false;
+    static constexpr int64_t kDeviceMoePairs = 512;   // rows x K grouped on the device at most
+    DeviceBuffer<int> moe_n_used_, moe_used_, moe_off_, moe_prow_, moe_err_;
+    DeviceBuffer<float> moe_pw_;
     const int32_t *tokens_ = nullptr;
     const int64_t *pos_ = nullptr;
 

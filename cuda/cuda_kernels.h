@@ -30,6 +30,12 @@ void quantize_act(cudaStream_t s, gguf::Type weight, const float *x, int64_t n_t
 // y[t*ys + o] = dot(W[o], xq row t) with integer block dots (Q8_0 / Q2_K / Q4_K / IQ2_XXS).
 void matmul_q(cudaStream_t s, gguf::Type type, const void *w, int64_t in, int64_t out, uint64_t row_bytes, const uint8_t *xq,
               uint64_t qrow, int64_t n_tok, float *y, int64_t y_stride);
+// Grouped: output o multiplies the slice [(o / out_per_group) * in, + in) of each xq row,
+// rows quantised whole (xn elements), as if each group's slice had been quantised alone --
+// which it is, slices starting on activation block boundaries.
+void matmul_q_grouped(cudaStream_t s, gguf::Type type, const void *w, int64_t in, int64_t out, uint64_t row_bytes,
+                      const uint8_t *xq, uint64_t qrow, int64_t xn, int64_t out_per_group, int64_t n_tok, float *y,
+                      int64_t y_stride);
 // dst row r = src row idx[r] (row_bytes a multiple of 16).
 void gather_bytes(cudaStream_t s, const uint8_t *src, uint64_t row_bytes, const int *idx, uint8_t *dst, int rows);
 // out[r*os + i] = W[ids[r], i] decoded, for r < rows.
@@ -89,5 +95,32 @@ void add(cudaStream_t s, float *y, const float *x, int64_t n);
 // y[r] = RMSNorm(sum_k (sigmoid(mix[r][k]*scale0 + base[k]) + eps) * H[idx[r]][k]) * norm_w
 void hyper_head(cudaStream_t s, const float *H, const int32_t *idx, const float *mix, const float *base, const float *scale,
                 int hc, int D, float hc_eps, const float *norm_w, float rms_eps, float *y, int rows);
+
+// Routed experts grouped on the device (cuda_moe.cu). The step's P = rows * K (row, choice)
+// pairs, ordered by expert then by pair: used[u] is the u-th chosen expert (ascending),
+// its pairs are [off[u], off[u+1]), prow/pw each pair's row and weight. err is set to
+// 1 + the first bad pair's index when the router chose an id outside [0, E).
+struct MoeGroups {
+    int *n_used, *used, *off, *prow;
+    float *pw;
+    int *err;
+};
+// A layer's stacked expert tensors on the device: expert e's matrix starts e * eb_* bytes in.
+struct ExpertMats {
+    const uint8_t *gate, *up, *down;
+    uint64_t eb_gate, eb_up, eb_down, rb_gate, rb_up, rb_down;
+    gguf::Type type_gate, type_up, type_down;
+};
+bool moe_type_supported(gguf::Type t);
+void moe_group(cudaStream_t s, const int *ids, const float *wts, int P, int K, int E, const MoeGroups &g);
+// h[pair][F] = clamped SwiGLU of the pair's expert gate/up on its row of xq (quantised for
+// the gate type); blocks for max_used experts, those past n_used exit.
+void moe_gate_up(cudaStream_t s, const ExpertMats &m, int64_t in, int64_t F, const uint8_t *xq, uint64_t qrow,
+                 const MoeGroups &g, int max_used, bool one_row, float *h, float lim);
+// y[pair][D] = the pair's expert down on hq's row of the same pair.
+void moe_down(cudaStream_t s, const ExpertMats &m, int64_t in, int64_t D, const uint8_t *hq, uint64_t qrow,
+              const MoeGroups &g, int max_used, bool one_row, float *y);
+// A[r] = sum of pw * y over row r's pairs, in pair order (overwrites A).
+void moe_combine(cudaStream_t s, const float *y, int D, int P, const MoeGroups &g, float *A, int rows);
 
 }  // namespace ds4::cuda

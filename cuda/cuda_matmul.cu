@@ -137,6 +137,54 @@ __global__ void __launch_bounds__(32 * kWarps) matmul_kernel(const uint8_t *__re
     }
 }
 
+// Few output rows and long input rows (hyper-connection mixes, routers, compressor gates at
+// decode): a warp per row would leave most of the GPU idle while each warp walks the whole
+// input, so a block of kSplitWarps warps splits each row's input and sums in shared memory.
+constexpr int kSplitWarps = 8;
+template <int T>
+__global__ void __launch_bounds__(32 * kSplitWarps) matmul_split_kernel(const uint8_t *__restrict__ w, int64_t in, int64_t out,
+                                                                       uint64_t row_bytes, const float *__restrict__ x,
+                                                                       int64_t n_tok, int64_t x_stride, float *__restrict__ y,
+                                                                       int64_t y_stride) {
+    __shared__ float part[kSplitWarps][kTileTok];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t o = blockIdx.x;
+    const int64_t t0 = (int64_t)blockIdx.y * kTileTok;
+    const int nt = (int)(n_tok - t0 < kTileTok ? n_tok - t0 : kTileTok);
+    const uint8_t *row = w + (uint64_t)o * row_bytes;
+    float acc[kTileTok];
+#pragma unroll
+    for (int t = 0; t < kTileTok; ++t) acc[t] = 0.f;
+    const int64_t chunks = in >> 3;
+    for (int64_t c = threadIdx.x; c < chunks; c += 32 * kSplitWarps) {
+        float wv[8];
+        deq8<T>(row, c, wv);
+#pragma unroll
+        for (int t = 0; t < kTileTok; ++t) {
+            if (t < nt) {
+                const float *xr = x + (t0 + t) * x_stride + 8 * c;
+                float s = 0.f;
+#pragma unroll
+                for (int i = 0; i < 8; ++i) s = fmaf(wv[i], xr[i], s);
+                acc[t] += s;
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < kTileTok; ++t) {
+        float v = acc[t];
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+        if (lane == 0) part[warp][t] = v;
+    }
+    __syncthreads();
+    if (threadIdx.x < nt) {
+        float v = 0.f;
+        for (int k = 0; k < kSplitWarps; ++k) v += part[k][threadIdx.x];
+        y[(t0 + threadIdx.x) * y_stride + o] = v;
+    }
+}
+
 // One row of a weight (embedding lookup), decoded to f32.
 template <int T>
 __global__ void dequant_rows_kernel(const uint8_t *__restrict__ w, uint64_t row_bytes, int64_t n, const int32_t *__restrict__ ids,
@@ -168,8 +216,13 @@ void by_type(gguf::Type t, A &&...a) {
 template <int T> struct MatmulLaunch {
     static void run(cudaStream_t s, const uint8_t *w, int64_t in, int64_t out, uint64_t rb, const float *x, int64_t n_tok,
                     int64_t xs, float *y, int64_t ys) {
-        const dim3 grid((unsigned)((out + kWarps - 1) / kWarps), (unsigned)((n_tok + kTileTok - 1) / kTileTok));
-        matmul_kernel<T><<<grid, 32 * kWarps, 0, s>>>(w, in, out, rb, x, n_tok, xs, y, ys);
+        const unsigned tiles = (unsigned)((n_tok + kTileTok - 1) / kTileTok);
+        if (out * tiles < 2048 && in >= 2048) {
+            matmul_split_kernel<T><<<dim3((unsigned)out, tiles), 32 * kSplitWarps, 0, s>>>(w, in, out, rb, x, n_tok, xs, y, ys);
+        } else {
+            const dim3 grid((unsigned)((out + kWarps - 1) / kWarps), tiles);
+            matmul_kernel<T><<<grid, 32 * kWarps, 0, s>>>(w, in, out, rb, x, n_tok, xs, y, ys);
+        }
         DS4_CUDA_LAUNCHED();
     }
 };

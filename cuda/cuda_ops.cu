@@ -63,7 +63,7 @@ __global__ void rmsnorm_kernel(const float *x, int64_t xs, const int32_t *idx, i
 
 __global__ void hc_pre_kernel(const float *mix, const float *base, const float *scale, const float *H, int hc, int D,
                               int iters, float eps, float *post, float *comb, float *X) {
-    __shared__ float pre[16];
+    __shared__ float pre[16], cb[256];   // the mixer is built in shared memory, then stored
     const int t = blockIdx.x, nmix = (2 + hc) * hc;
     if (threadIdx.x == 0) {
         const float *m = mix + (int64_t)t * nmix;
@@ -71,7 +71,6 @@ __global__ void hc_pre_kernel(const float *mix, const float *base, const float *
             pre[k] = sigmoidf(m[k] * scale[0] + base[k]) + eps;
             post[t * hc + k] = 2.f * sigmoidf(m[hc + k] * scale[1] + base[hc + k]);
         }
-        float *cb = comb + (int64_t)t * hc * hc;
         for (int j = 0; j < hc; ++j) {
             float mx = -INFINITY;
             for (int k = 0; k < hc; ++k) {
@@ -99,6 +98,7 @@ __global__ void hc_pre_kernel(const float *mix, const float *base, const float *
         }
     }
     __syncthreads();
+    for (int i = threadIdx.x; i < hc * hc; i += blockDim.x) comb[(int64_t)t * hc * hc + i] = cb[i];
     const float *h = H + (int64_t)t * hc * D;
     for (int d = threadIdx.x; d < D; d += blockDim.x) {
         float v = 0;
@@ -217,43 +217,52 @@ __global__ void indexer_scores_kernel(const float *iq, const float *iw, int IH, 
     scores[(int64_t)r * max_vis + s] = score;
 }
 
-// k rounds of a block-wide argmax (ties: lower index), each pick knocked out with -inf.
-__global__ void topk_kernel(float *scores, int stride, const int *n_vis, int k, int *sel, int *nsel) {
-    __shared__ float sv[kBlock];
-    __shared__ int si[kBlock];
-    const int r = blockIdx.x, n = n_vis[r], kk = min(k, n);
-    float *sc = scores + (int64_t)r * stride;
-    for (int round = 0; round < kk; ++round) {
-        float best = -INFINITY;
-        int bi = INT_MAX;
-        for (int i = threadIdx.x; i < n; i += blockDim.x) {
-            const float v = sc[i];
-            if (v > best || (v == best && i < bi)) best = v, bi = i;
+// The same scores with the row's queries staged in shared memory (rows padded by one float
+// so lanes reading different heads hit different banks): a warp per entry, each lane a
+// few heads over the entry (staged, broadcast), then a shuffle sum over the heads.
+constexpr int kIdxEntriesPerWarp = 4;
+__global__ void __launch_bounds__(kBlock) indexer_scores_shared_kernel(const float *iq, const float *iw, int IH, int Id,
+                                                                       const float *const *entries, const int *n_vis,
+                                                                       int max_vis, float *scores) {
+    extern __shared__ float sm[];
+    float *qs = sm, *es = sm + (size_t)IH * (Id + 1);
+    const int r = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int n = n_vis[r];
+    const int s0 = blockIdx.x * (kBlock / 32) * kIdxEntriesPerWarp;
+    if (s0 >= n) return;
+    const float *q = iq + (int64_t)r * IH * Id;
+    for (int i = threadIdx.x; i < IH * Id; i += blockDim.x) qs[(i / Id) * (Id + 1) + i % Id] = q[i];
+    __syncthreads();
+    const float qscale = 1.f / sqrtf((float)Id), wscale = 1.f / sqrtf((float)IH);
+    const float *w = iw + (int64_t)r * IH;
+    float *e = es + (size_t)warp * Id;
+    for (int j = 0; j < kIdxEntriesPerWarp; ++j) {
+        const int sidx = s0 + warp * kIdxEntriesPerWarp + j;
+        if (sidx >= n) break;   // uniform per warp
+        const float *k = entries[r] + (int64_t)sidx * Id;
+        for (int i = lane; i < Id; i += 32) e[i] = k[i];
+        __syncwarp();
+        float part = 0;
+        for (int h = lane; h < IH; h += 32) {
+            const float *qh = qs + (size_t)h * (Id + 1);
+            float d = 0;
+            for (int i = 0; i < Id; ++i) d = fmaf(qh[i], e[i], d);
+            part += (d > 0 ? d * qscale : 0.f) * (w[h] * wscale);
         }
-        sv[threadIdx.x] = best, si[threadIdx.x] = bi;
-        __syncthreads();
-        for (int step = blockDim.x / 2; step > 0; step >>= 1) {
-            if (threadIdx.x < step) {
-                const float v = sv[threadIdx.x + step];
-                const int i = si[threadIdx.x + step];
-                if (v > sv[threadIdx.x] || (v == sv[threadIdx.x] && i < si[threadIdx.x])) sv[threadIdx.x] = v, si[threadIdx.x] = i;
-            }
-            __syncthreads();
-        }
-        if (threadIdx.x == 0) {
-            sel[(int64_t)r * k + round] = si[0];
-            sc[si[0]] = -INFINITY;
-        }
-        __syncthreads();
+        for (int off = 16; off > 0; off >>= 1) part += __shfl_xor_sync(0xffffffffu, part, off);
+        if (lane == 0) scores[(int64_t)r * max_vis + sidx] = part;
+        __syncwarp();
     }
-    if (threadIdx.x == 0) nsel[r] = kk;
 }
 
-__global__ void attend_kernel(const float *q, const AttnRow *desc, int H, int hd, int window, const float *sinks,
-                              float *scratch, int max_keys, float *o) {
+// One block per (row, head). Scores: a warp per key, lanes across the head dimension with
+// 16-byte loads (coalesced rows; hd a multiple of 4), a shuffle sum. Output: threads across
+// the dimension, keys in order.
+__global__ void __launch_bounds__(kBlock) attend_kernel(const float *q, const AttnRow *desc, int H, int hd, int window,
+                                                        const float *sinks, float *scratch, int max_keys, float *o) {
     __shared__ float shf[kBlock / 32];
     __shared__ double shd[kBlock / 32];
-    const int r = blockIdx.x / H, h = blockIdx.x % H;
+    const int r = blockIdx.x / H, h = blockIdx.x % H, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const AttnRow d = desc[r];
     const float *qv = q + ((int64_t)r * H + h) * hd;
     const int64_t w0 = d.pos - window + 1 > 0 ? d.pos - window + 1 : 0;
@@ -266,12 +275,18 @@ __global__ void attend_kernel(const float *q, const AttnRow *desc, int H, int hd
         return d.entries + (int64_t)(d.sel ? d.sel[e] : e) * hd;
     };
     float mx = sinks[h];
-    for (int k = threadIdx.x; k < n_keys; k += blockDim.x) {
-        const float *kv = key(k);
+    for (int k = warp; k < n_keys; k += kBlock / 32) {
+        const float4 *kv = reinterpret_cast<const float4 *>(key(k));
+        const float4 *q4 = reinterpret_cast<const float4 *>(qv);
         float s = 0;
-        for (int i = 0; i < hd; ++i) s = fmaf(qv[i], kv[i], s);
-        lg[k] = s * scale;
-        mx = fmaxf(mx, lg[k]);
+        for (int i = lane; i < hd / 4; i += 32) {
+            const float4 a = q4[i], b = kv[i];
+            s = fmaf(a.x, b.x, s), s = fmaf(a.y, b.y, s), s = fmaf(a.z, b.z, s), s = fmaf(a.w, b.w, s);
+        }
+        for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+        s *= scale;
+        if (lane == 0) lg[k] = s;
+        mx = fmaxf(mx, s);
     }
     mx = block_max(mx, shf);
     double den = 0;
@@ -287,37 +302,69 @@ __global__ void attend_kernel(const float *q, const AttnRow *desc, int H, int hd
     }
 }
 
-__global__ void route_rows_kernel(const float *logits, int E, int K, const int32_t *tid2eid, const int32_t *tokens,
-                                  const float *bias, float scale, int *ids, float *wts, float *sc, int rows) {
-    const int t = blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= rows) return;
+// Better candidate for the router's argmax: higher value, lower expert on ties; -1 = none.
+__device__ __forceinline__ bool route_better(float v, int e, float bv, int be) {
+    return be < 0 || (e >= 0 && (v > bv || (v == bv && e < be)));
+}
+
+// One block per row: scores in shared memory, K rounds of a block-wide argmax.
+__global__ void __launch_bounds__(kBlock) route_rows_kernel(const float *logits, int E, int K, const int32_t *tid2eid,
+                                                            const int32_t *tokens, const float *bias, float scale, int *ids,
+                                                            float *wts) {
+    extern __shared__ float s[];   // [E] scores, then [E] taken flags
+    float *taken = s + E;
+    __shared__ float wv[kBlock / 32];
+    __shared__ int we[kBlock / 32];
+    __shared__ int pick[64];
+    const int t = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const float *lg = logits + (int64_t)t * E;
-    float *s = sc + (int64_t)t * E;
-    for (int e = 0; e < E; ++e) {
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
         const float x = lg[e];
         s[e] = sqrtf(x > 20.f ? x : log1pf(expf(x)));
+        taken[e] = 0.f;
     }
-    int *id = ids + (int64_t)t * K;
+    __syncthreads();
     if (tid2eid) {
-        for (int k = 0; k < K; ++k) id[k] = tid2eid[(int64_t)tokens[t] * K + k];
+        if (threadIdx.x < K) pick[threadIdx.x] = tid2eid[(int64_t)tokens[t] * K + threadIdx.x];
     } else {
         // K rounds of argmax over score + bias (ties: lower expert), excluding earlier picks.
         for (int k = 0; k < K; ++k) {
-            int best = -1;
-            float bv = -INFINITY;
-            for (int e = 0; e < E; ++e) {
-                bool taken = false;
-                for (int j = 0; j < k; ++j) taken |= id[j] == e;
-                if (taken) continue;
+            float bv = 0.f;
+            int be = -1;
+            for (int e = threadIdx.x; e < E; e += blockDim.x) {
+                if (taken[e] != 0.f) continue;
                 const float v = s[e] + bias[e];
-                if (best < 0 || v > bv) best = e, bv = v;
+                if (route_better(v, e, bv, be)) bv = v, be = e;
             }
-            id[k] = best;
+            for (int off = 16; off > 0; off >>= 1) {
+                const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
+                const int oe = __shfl_xor_sync(0xffffffffu, be, off);
+                if (route_better(ov, oe, bv, be)) bv = ov, be = oe;
+            }
+            if (lane == 0) wv[warp] = bv, we[warp] = be;
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                float b = wv[0];
+                int e0 = we[0];
+                for (int w = 1; w < (int)(blockDim.x >> 5); ++w)
+                    if (route_better(wv[w], we[w], b, e0)) b = wv[w], e0 = we[w];
+                pick[k] = e0;
+                if (e0 >= 0) taken[e0] = 1.f;
+            }
+            __syncthreads();
         }
     }
-    double sum = 0;
-    for (int k = 0; k < K; ++k) sum += s[id[k]];
-    for (int k = 0; k < K; ++k) wts[(int64_t)t * K + k] = (float)(s[id[k]] / (sum + 1e-20) * scale);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        // an id outside [0, E) (a damaged hash table) is caught by the caller; it weighs 0 here
+        double sum = 0;
+        for (int k = 0; k < K; ++k) sum += (pick[k] >= 0 && pick[k] < E) ? s[pick[k]] : 0.f;
+        for (int k = 0; k < K; ++k) {
+            const bool ok = pick[k] >= 0 && pick[k] < E;
+            ids[(int64_t)t * K + k] = pick[k];
+            wts[(int64_t)t * K + k] = ok ? (float)(s[pick[k]] / (sum + 1e-20) * scale) : 0.f;
+        }
+    }
 }
 
 __global__ void gather_kernel(const float *src, int width, const int *idx, float *dst) {
@@ -417,29 +464,30 @@ void comp_emit(cudaStream_t s, const float *kv_ring, const float *gate_ring, int
 void indexer_scores(cudaStream_t s, const float *iq, const float *iw, int IH, int Id, const float *const *entries,
                     const int *n_vis, int max_vis, float *scores, int rows) {
     if (rows <= 0 || max_vis <= 0) return;
-    indexer_scores_kernel<<<dim3(blocks_for(max_vis, 128), rows), 128, 0, s>>>(iq, iw, IH, Id, entries, n_vis, max_vis, scores);
-    DS4_CUDA_LAUNCHED();
-}
-
-void topk_rows(cudaStream_t s, float *scores, int stride, const int *n_vis, int k, int *sel, int *nsel, int rows) {
-    if (rows <= 0) return;
-    topk_kernel<<<rows, kBlock, 0, s>>>(scores, stride, n_vis, k, sel, nsel);
+    const size_t shm = sizeof(float) * ((size_t)IH * (Id + 1) + (size_t)(kBlock / 32) * Id);
+    if (shm <= 48 * 1024) {
+        const int per_block = (kBlock / 32) * kIdxEntriesPerWarp;
+        indexer_scores_shared_kernel<<<dim3((unsigned)((max_vis + per_block - 1) / per_block), rows), kBlock, shm, s>>>(
+            iq, iw, IH, Id, entries, n_vis, max_vis, scores);
+    } else {
+        indexer_scores_kernel<<<dim3(blocks_for(max_vis, 128), rows), 128, 0, s>>>(iq, iw, IH, Id, entries, n_vis, max_vis, scores);
+    }
     DS4_CUDA_LAUNCHED();
 }
 
 void attend(cudaStream_t s, const float *q, const AttnRow *desc, int H, int hd, int window, const float *sinks, float *scratch,
             int max_keys, float *o, int rows) {
     if (rows <= 0) return;
-    attend_kernel<<<rows * H, 128, 0, s>>>(q, desc, H, hd, window, sinks, scratch, max_keys, o);
+    if (hd % 4) failf("CUDA backend: attention needs a head dimension that is a multiple of 4 (%d)", hd);
+    attend_kernel<<<rows * H, kBlock, 0, s>>>(q, desc, H, hd, window, sinks, scratch, max_keys, o);
     DS4_CUDA_LAUNCHED();
 }
 
 void route(cudaStream_t s, const float *logits, int E, int K, const int32_t *tid2eid, const int32_t *tokens, const float *bias,
            float scale, int *ids, float *wts, int rows) {
-    // The scores overwrite the logits in place (one thread owns a row).
     if (rows <= 0) return;
-    route_rows_kernel<<<blocks_for(rows, 64), 64, 0, s>>>(logits, E, K, tid2eid, tokens, bias, scale, ids, wts,
-                                                         const_cast<float *>(logits), rows);
+    if (K > 64 || E > 4096) failf("CUDA backend: routing %d of %d experts is beyond the router kernel", K, E);
+    route_rows_kernel<<<rows, kBlock, sizeof(float) * 2 * (size_t)E, s>>>(logits, E, K, tid2eid, tokens, bias, scale, ids, wts);
     DS4_CUDA_LAUNCHED();
 }
 

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <unistd.h>
 
 #include "cuda/cuda_backend.h"
@@ -146,6 +147,52 @@ TEST_P(CudaTypes, MatchesTheCpu) {
 
 INSTANTIATE_TEST_SUITE_P(Types, CudaTypes, ::testing::Values("f32:f32", "f16:f16", "bf16:bf16", "q8_0:q8_0", "f32:q4_k", "f32:q2_k",
                                                    "f32:iq2_xxs", "f32:ds4-q2", "f32:ds4-q4"));
+
+// Routed experts grouped on the device (few rows: decode, small batches, short prefills)
+// against the host-grouped path (DS4_CUDA_HOST_MOE=1): the same integer dots in the same
+// order, so the logits must be equal bit for bit -- in every mode and for a batched step.
+std::vector<float> logits_with(const std::string &path, const std::vector<int32_t> &toks, const char *mode, bool host_moe) {
+    if (host_moe) setenv("DS4_CUDA_HOST_MOE", "1", 1);
+    auto m = open(path, BackendKind::Cuda);
+    std::vector<float> out = run_mode(*m, toks, mode);
+    // a step of six sessions, one row each
+    auto ex = m->make_executor();
+    std::vector<std::unique_ptr<Session>> ss;
+    std::vector<BatchRow> rows;
+    for (int i = 0; i < 6; ++i) {
+        ss.push_back(std::make_unique<Session>(*m, *ex, 64));
+        ss[i]->sync(std::span<const int32_t>(toks).subspan(i, 2 + i));
+        rows.push_back({ss[i].get(), toks[20 + i], ss[i]->pos(), true});
+    }
+    forward_batch(*ex, rows, nullptr);
+    for (auto &s : ss) out.insert(out.end(), s->logits().begin(), s->logits().end());
+    unsetenv("DS4_CUDA_HOST_MOE");
+    return out;
+}
+
+TEST_P(CudaTypes, DeviceGroupedExpertsEqualHostGrouped) {
+    NEED_DEVICE();
+    const std::string type = GetParam();
+    const std::string t = type.substr(0, type.find(':')), et = type.substr(type.find(':') + 1);
+    if (et == "f32" || et == "f16" || et == "bf16") GTEST_SKIP() << "f32-activation experts always group on the host";
+    char dir[] = "/tmp/ds4-cuda-moe-XXXXXX";
+    ASSERT_TRUE(mkdtemp(dir));
+    const std::string path = std::string(dir) + "/m.gguf";
+    const std::string cmd = std::string(DS4_MAKE_MODEL_BIN) + " --preset tiny --embd 256 --expert-ff 256 --type " + t +
+                            " --expert-type " + et + " --quiet " + path;
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    std::vector<int32_t> toks;
+    for (int i = 0; i < 40; ++i) toks.push_back((i * 53 + 7) % 200);
+    for (const char *mode : {"prefill", "decode", "chunk:7"}) {
+        const std::vector<float> dev = logits_with(path, toks, mode, false), host = logits_with(path, toks, mode, true);
+        ASSERT_EQ(dev.size(), host.size());
+        size_t diff = 0;
+        for (size_t i = 0; i < dev.size(); ++i) diff += std::memcmp(&dev[i], &host[i], sizeof(float)) != 0;
+        EXPECT_EQ(diff, 0u) << type << " " << mode << ": " << diff << " of " << dev.size() << " logits differ";
+    }
+    std::remove(path.c_str());
+    rmdir(dir);
+}
 
 struct CudaSessions : ::testing::Test {
     void SetUp() override {

@@ -1,0 +1,235 @@
+// Routed experts without the host: the router's choices stay on the device, one small kernel
+// groups the step's (row, choice) pairs by expert, and the expert products read each chosen
+// expert's weights straight out of the layer's stacked tensor. No copy back, no
+// synchronisation, five launches per layer whatever K is -- and nothing in a step that a
+// graph could not replay. Used for steps of few rows (decode, small batches); a big prefill
+// step groups on the host, where per-expert launches amortise.
+//
+// Results equal the host-grouped path's bit for bit: pairs are ordered by expert, then by
+// row and choice, as the host orders them; each output row is accumulated through the same
+// chunk_dot / warp_dot_total as qmatmul_kernel; the clamped SwiGLU is the same expression;
+// the weighted sum adds the experts' outputs into zero in ascending expert order, as the
+// host path's memset + scatter-adds do.
+#include <cstdint>
+
+#include "cuda/cuda_check.h"
+#include "cuda/cuda_kernels.h"
+#include "cuda/cuda_qblocks.cuh"
+#include "engine/common/error.h"
+
+namespace ds4::cuda {
+
+extern uint64_t *g_grid_addr;   // IQ2_XXS grid in device memory (cuda_qmatmul.cu)
+
+namespace {
+
+using gguf::Type;
+constexpr int kWarps = 4;
+
+__global__ void moe_group_kernel(const int *__restrict__ ids, const float *__restrict__ w, int P, int K, int E,
+                                 MoeGroups g) {
+    extern __shared__ int sm[];   // cnt[E], start[E], ids[P]
+    int *cnt = sm, *start = sm + E, *sid = sm + 2 * E;
+    for (int p = threadIdx.x; p < P; p += blockDim.x) {
+        const int e = ids[p];
+        sid[p] = e;
+        if (e < 0 || e >= E) atomicExch(g.err, 1 + p);
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        int n = 0;
+        for (int p = 0; p < P; ++p) n += sid[p] == e;
+        cnt[e] = n;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int n = 0, pos = 0;
+        for (int e = 0; e < E; ++e) {
+            start[e] = pos;
+            if (!cnt[e]) continue;
+            g.used[n] = e, g.off[n] = pos, ++n;
+            pos += cnt[e];
+        }
+        g.off[n] = pos;
+        *g.n_used = n;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        if (!cnt[e]) continue;
+        int q = start[e];
+        for (int p = 0; p < P; ++p)
+            if (sid[p] == e) g.prow[q] = p / K, g.pw[q] = w[p], ++q;
+    }
+}
+
+// h[j][o] = SwiGLU(gate_e[o] . x[prow[j]], up_e[o] . x[prow[j]]) for the pairs j of expert
+// used[blockIdx.y]; output rows o split kWarps per block, a warp each.
+template <int T, int NT>
+__global__ void __launch_bounds__(32 * kWarps, NT == 1 ? 6 : 4)
+    moe_gate_up_kernel(const uint8_t *__restrict__ gate, const uint8_t *__restrict__ up, uint64_t eb_g, uint64_t eb_u,
+                       uint64_t rb_g, uint64_t rb_u, int64_t in, int64_t F, const uint8_t *__restrict__ xq, uint64_t qrow,
+                       MoeGroups g, float *__restrict__ h, float lim, const uint64_t *__restrict__ grid_g) {
+    using Fm = Fmt<T>;
+    const int u = blockIdx.y;
+    if (u >= *g.n_used) return;   // uniform per block
+    __shared__ uint64_t grid_s[T == 16 ? 256 : 1];
+    if (T == 16) {
+        for (int i = threadIdx.x; i < 256; i += blockDim.x) grid_s[i] = grid_g[i];
+        __syncthreads();
+    }
+    const int lane = threadIdx.x & 31;
+    const int64_t o = (int64_t)blockIdx.x * kWarps + (threadIdx.x >> 5);
+    if (o >= F) return;
+    const int e = g.used[u], p0 = g.off[u], p1 = g.off[u + 1];
+    const uint8_t *grow = gate + (uint64_t)e * eb_g + (uint64_t)o * rb_g;
+    const uint8_t *urow = up + (uint64_t)e * eb_u + (uint64_t)o * rb_u;
+    const int64_t nblk = in / Fm::kQK, chunks = in >> 3;
+    for (int j0 = p0; j0 < p1; j0 += NT) {
+        const int nt = p1 - j0 < NT ? p1 - j0 : NT;
+        const uint8_t *xr[NT];
+        float ag[NT], agm[NT], au[NT], aum[NT];
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+            xr[t] = xq + (uint64_t)g.prow[j0 + (t < nt ? t : 0)] * qrow;
+            ag[t] = agm[t] = au[t] = aum[t] = 0.f;
+        }
+#pragma unroll(NT == 1 ? 4 : 2)
+        for (int64_t c = lane; c < chunks; c += 32) {
+            const Chunk kg = Fm::load(grow, c, grid_s), ku = Fm::load(urow, c, grid_s);
+            const int64_t blk = c / (Fm::kQK / 8);
+#pragma unroll
+            for (int t = 0; t < NT; ++t)
+                if (t < nt) {
+                    chunk_dot<T>(kg, xr[t], in, nblk, c, blk, ag[t], agm[t]);
+                    chunk_dot<T>(ku, xr[t], in, nblk, c, blk, au[t], aum[t]);
+                }
+        }
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+            const float vg = warp_dot_total<T>(ag[t], agm[t]), vu = warp_dot_total<T>(au[t], aum[t]);
+            if (lane == 0 && t < nt) {
+                // as swiglu_kernel
+                const float a = fminf(vg, lim), b = fminf(fmaxf(vu, -lim), lim);
+                h[(int64_t)(j0 + t) * F + o] = a / (1.f + expf(-a)) * b;
+            }
+        }
+    }
+}
+
+// y[j][o] = down_e[o] . hq[j] for the pairs j of expert used[blockIdx.y].
+template <int T, int NT>
+__global__ void __launch_bounds__(32 * kWarps, NT == 1 ? 6 : 4)
+    moe_down_kernel(const uint8_t *__restrict__ down, uint64_t eb, uint64_t rb, int64_t in, int64_t D,
+                    const uint8_t *__restrict__ hq, uint64_t qrow, MoeGroups g, float *__restrict__ y,
+                    const uint64_t *__restrict__ grid_g) {
+    using Fm = Fmt<T>;
+    const int u = blockIdx.y;
+    if (u >= *g.n_used) return;
+    __shared__ uint64_t grid_s[T == 16 ? 256 : 1];
+    if (T == 16) {
+        for (int i = threadIdx.x; i < 256; i += blockDim.x) grid_s[i] = grid_g[i];
+        __syncthreads();
+    }
+    const int lane = threadIdx.x & 31;
+    const int64_t o = (int64_t)blockIdx.x * kWarps + (threadIdx.x >> 5);
+    if (o >= D) return;
+    const int e = g.used[u], p0 = g.off[u], p1 = g.off[u + 1];
+    const uint8_t *row = down + (uint64_t)e * eb + (uint64_t)o * rb;
+    const int64_t nblk = in / Fm::kQK, chunks = in >> 3;
+    for (int j0 = p0; j0 < p1; j0 += NT) {
+        const int nt = p1 - j0 < NT ? p1 - j0 : NT;
+        float acc[NT], accm[NT];
+#pragma unroll
+        for (int t = 0; t < NT; ++t) acc[t] = accm[t] = 0.f;
+#pragma unroll(NT == 1 ? 4 : 2)
+        for (int64_t c = lane; c < chunks; c += 32) {
+            const Chunk k = Fm::load(row, c, grid_s);
+            const int64_t blk = c / (Fm::kQK / 8);
+#pragma unroll
+            for (int t = 0; t < NT; ++t)
+                if (t < nt) chunk_dot<T>(k, hq + (uint64_t)(j0 + t) * qrow, in, nblk, c, blk, acc[t], accm[t]);
+        }
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+            const float v = warp_dot_total<T>(acc[t], accm[t]);
+            if (lane == 0 && t < nt) y[(int64_t)(j0 + t) * D + o] = v;
+        }
+    }
+}
+
+// A[r] = sum over the pairs of row r, in pair order, of pw * y[pair].
+__global__ void moe_combine_kernel(const float *__restrict__ y, int D, int P, MoeGroups g, float *__restrict__ A) {
+    const int r = blockIdx.x;
+    for (int i = threadIdx.x; i < D; i += blockDim.x) {
+        float acc = 0.f;
+        for (int p = 0; p < P; ++p)
+            if (g.prow[p] == r) acc += g.pw[p] * y[(int64_t)p * D + i];
+        A[(int64_t)r * D + i] = acc;
+    }
+}
+
+template <int T>
+void launch_gate_up(cudaStream_t s, const ExpertMats &m, int64_t in, int64_t F, const uint8_t *xq, uint64_t qrow,
+                    const MoeGroups &g, int max_used, bool one_row, float *h, float lim) {
+    const dim3 grid((unsigned)((F + kWarps - 1) / kWarps), (unsigned)max_used);
+    if (one_row)
+        moe_gate_up_kernel<T, 1><<<grid, 32 * kWarps, 0, s>>>(m.gate, m.up, m.eb_gate, m.eb_up, m.rb_gate, m.rb_up, in, F, xq,
+                                                              qrow, g, h, lim, g_grid_addr);
+    else
+        moe_gate_up_kernel<T, 8><<<grid, 32 * kWarps, 0, s>>>(m.gate, m.up, m.eb_gate, m.eb_up, m.rb_gate, m.rb_up, in, F, xq,
+                                                              qrow, g, h, lim, g_grid_addr);
+    DS4_CUDA_LAUNCHED();
+}
+
+template <int T>
+void launch_down(cudaStream_t s, const ExpertMats &m, int64_t in, int64_t D, const uint8_t *hq, uint64_t qrow,
+                 const MoeGroups &g, int max_used, bool one_row, float *y) {
+    const dim3 grid((unsigned)((D + kWarps - 1) / kWarps), (unsigned)max_used);
+    if (one_row)
+        moe_down_kernel<T, 1><<<grid, 32 * kWarps, 0, s>>>(m.down, m.eb_down, m.rb_down, in, D, hq, qrow, g, y, g_grid_addr);
+    else
+        moe_down_kernel<T, 8><<<grid, 32 * kWarps, 0, s>>>(m.down, m.eb_down, m.rb_down, in, D, hq, qrow, g, y, g_grid_addr);
+    DS4_CUDA_LAUNCHED();
+}
+
+template <class F>
+void by_type(Type t, const char *what, F &&f) {
+    switch (t) {
+    case Type::Q8_0: f(std::integral_constant<int, 8>{}); return;
+    case Type::Q2_K: f(std::integral_constant<int, 10>{}); return;
+    case Type::Q4_K: f(std::integral_constant<int, 12>{}); return;
+    case Type::IQ2_XXS: f(std::integral_constant<int, 16>{}); return;
+    default: failf("CUDA backend: no device-grouped expert product for %s %s weights", gguf::type_name(t), what);
+    }
+}
+
+}  // namespace
+
+bool moe_type_supported(Type t) { return t == Type::Q8_0 || t == Type::Q2_K || t == Type::Q4_K || t == Type::IQ2_XXS; }
+
+void moe_group(cudaStream_t s, const int *ids, const float *wts, int P, int K, int E, const MoeGroups &g) {
+    if (P <= 0) return;
+    const size_t shm = sizeof(int) * (2 * (size_t)E + (size_t)P);
+    if (shm > 48 * 1024) failf("CUDA backend: %d routed pairs over %d experts are too many to group on the device", P, E);
+    moe_group_kernel<<<1, 256, shm, s>>>(ids, wts, P, K, E, g);
+    DS4_CUDA_LAUNCHED();
+}
+
+void moe_gate_up(cudaStream_t s, const ExpertMats &m, int64_t in, int64_t F, const uint8_t *xq, uint64_t qrow,
+                 const MoeGroups &g, int max_used, bool one_row, float *h, float lim) {
+    if (m.type_gate != m.type_up) fail("CUDA backend: device-grouped experts need gate and up of one type");
+    by_type(m.type_gate, "gate/up", [&](auto T) { launch_gate_up<T()>(s, m, in, F, xq, qrow, g, max_used, one_row, h, lim); });
+}
+
+void moe_down(cudaStream_t s, const ExpertMats &m, int64_t in, int64_t D, const uint8_t *hq, uint64_t qrow,
+              const MoeGroups &g, int max_used, bool one_row, float *y) {
+    by_type(m.type_down, "down", [&](auto T) { launch_down<T()>(s, m, in, D, hq, qrow, g, max_used, one_row, y); });
+}
+
+void moe_combine(cudaStream_t s, const float *y, int D, int P, const MoeGroups &g, float *A, int rows) {
+    if (rows <= 0) return;
+    moe_combine_kernel<<<(unsigned)rows, 256, 0, s>>>(y, D, P, g, A);
+    DS4_CUDA_LAUNCHED();
+}
+
+}  // namespace ds4::cuda

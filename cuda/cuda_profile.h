@@ -1,0 +1,74 @@
+// Per-operation GPU time of the CUDA executor, for finding where a step's time goes
+// (DS4_CUDA_PROFILE=1; off by default: it synchronises after every operation). Each scope
+// records the host wall time of the operation (launches, host tables, uploads) and the
+// device time between events around it; the table goes to stderr when the executor ends,
+// decode steps (one row) apart from multi-row steps.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <string>
+
+namespace ds4::cuda {
+
+class OpProfile {
+public:
+    OpProfile() {
+        const char *e = std::getenv("DS4_CUDA_PROFILE");
+        on_ = e && *e && *e != '0';
+    }
+    ~OpProfile() { print(); }
+    bool on() const { return on_; }
+
+    struct Scope {
+        OpProfile *p;
+        const char *name;
+        cudaEvent_t a = nullptr, b = nullptr;
+        std::chrono::steady_clock::time_point t0;
+        cudaStream_t s;
+        Scope(OpProfile *p_, const char *n, cudaStream_t s_, bool multi) : p(p_->on_ ? p_ : nullptr), name(n), s(s_) {
+            if (!p) return;
+            key = std::string(multi ? "multi-row " : "one-row   ") + n;
+            cudaStreamSynchronize(s);
+            cudaEventCreate(&a), cudaEventCreate(&b);
+            cudaEventRecord(a, s);
+            t0 = std::chrono::steady_clock::now();
+        }
+        ~Scope() {
+            if (!p) return;
+            const double host = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+            cudaEventRecord(b, s);
+            cudaEventSynchronize(b);
+            float ms = 0.f;
+            cudaEventElapsedTime(&ms, a, b);
+            cudaEventDestroy(a), cudaEventDestroy(b);
+            Row &r = p->rows_[key];
+            r.calls++, r.dev_us += 1000.0 * ms, r.host_us += host;
+        }
+        std::string key;
+    };
+
+private:
+    struct Row {
+        uint64_t calls = 0;
+        double dev_us = 0, host_us = 0;
+    };
+    void print() const {
+        if (!on_ || rows_.empty()) return;
+        double tot = 0;
+        for (auto &[k, r] : rows_) tot += r.dev_us;
+        std::fprintf(stderr, "DS4_CUDA_PROFILE: %-28s %9s %12s %10s %12s %6s\n", "operation", "calls", "device ms", "us/call",
+                     "host ms", "%dev");
+        for (auto &[k, r] : rows_)
+            std::fprintf(stderr, "DS4_CUDA_PROFILE: %-28s %9llu %12.2f %10.1f %12.2f %6.1f\n", k.c_str(),
+                         (unsigned long long)r.calls, r.dev_us / 1000, r.dev_us / r.calls, r.host_us / 1000,
+                         100 * r.dev_us / tot);
+    }
+    bool on_ = false;
+    std::map<std::string, Row> rows_;
+};
+
+}  // namespace ds4::cuda

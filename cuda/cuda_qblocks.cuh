@@ -1,0 +1,140 @@
+// Device-side decoding of block-quantised weight rows for the integer products
+// (cuda_qmatmul.cu, cuda_moe.cu): a row is walked in chunks of 8 elements, each decoded into
+// two int8x4 words with its sub-block's integer scale, and dotted with the matching chunk of
+// an activation row quantised as the CPU does. Both kernels accumulate through chunk_dot and
+// warp_dot_total, so a row's result does not depend on which kernel computed it.
+#pragma once
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "engine/quant/blocks.h"
+
+namespace ds4::cuda {
+namespace {
+
+__device__ __forceinline__ float h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+__device__ __forceinline__ uint16_t ld16(const uint8_t *p) { return *reinterpret_cast<const uint16_t *>(p); }
+__device__ __forceinline__ uint32_t ld32(const uint8_t *p) { return *reinterpret_cast<const uint32_t *>(p); }
+// A 32-bit word at a 2-byte aligned address.
+__device__ __forceinline__ uint32_t ld32_2(const uint8_t *p) { return (uint32_t)ld16(p) | ((uint32_t)ld16(p + 2) << 16); }
+
+// ---------------------------------------------------------------------------------------
+// Weight chunks: elements [8c, 8c + 8) of a row as two int8x4 words, the integer
+// sub-block scale (multiplies the int dot), the min (Q2_K / Q4_K: multiplies the activation
+// sum of the 16 elements [16 (c/2), 16 (c/2) + 16), taken by even chunks) and the float
+// factors of the block.
+struct Chunk {
+    int w0, w1;
+    int sc, mn;
+    float d, dmin;
+};
+
+template <int T> struct Fmt;
+
+template <> struct Fmt<8> {   // Q8_0 weights, Q8_0 activations
+    static constexpr int kQK = 32;
+    static constexpr int kAlign = 2;
+    __device__ static __forceinline__ Chunk load(const uint8_t *row, int64_t c, const uint64_t *) {
+        const uint8_t *b = row + (c >> 2) * sizeof(quant::BlockQ8_0);
+        const uint8_t *qs = b + 2 + 8 * (c & 3);
+        return {(int)ld32_2(qs), (int)ld32_2(qs + 4), 1, 0, h2f(ld16(b)), 0.f};
+    }
+};
+
+template <> struct Fmt<12> {   // Q4_K
+    static constexpr int kQK = 256;
+    static constexpr int kAlign = 8;
+    __device__ static __forceinline__ Chunk load(const uint8_t *row, int64_t c, const uint64_t *) {
+        const uint8_t *b = row + (c >> 5) * sizeof(quant::BlockQ4_K);
+        const int cc = (int)(c & 31), j = cc >> 2, hi = (cc >> 2) & 1;
+        const uint2 q = *reinterpret_cast<const uint2 *>(b + 16 + 32 * (cc >> 3) + 8 * (cc & 3));
+        const int sh = 4 * hi;
+        const uint32_t dd = ld32(b);
+        // the packed 6-bit scale and min of sub-block j (quant::q4k_scale_min)
+        const uint8_t *s = b + 4;
+        int sc, m;
+        if (j < 4) {
+            sc = s[j] & 63, m = s[j + 4] & 63;
+        } else {
+            sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+            m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+        }
+        return {(int)((q.x >> sh) & 0x0F0F0F0Fu), (int)((q.y >> sh) & 0x0F0F0F0Fu), sc, m, h2f(dd & 0xFFFF), h2f(dd >> 16)};
+    }
+};
+
+template <> struct Fmt<10> {   // Q2_K
+    static constexpr int kQK = 256;
+    static constexpr int kAlign = 4;
+    __device__ static __forceinline__ Chunk load(const uint8_t *row, int64_t c, const uint64_t *) {
+        const uint8_t *b = row + (c >> 5) * sizeof(quant::BlockQ2_K);
+        const int e0 = (int)(c & 31) * 8, half = e0 >> 7, r = e0 & 127, sh = 2 * (r >> 5), l0 = r & 31;
+        const uint8_t *qs = b + 16 + 32 * half + l0;
+        const uint8_t sc = b[e0 >> 4];
+        const uint32_t dd = ld32(b + 80);
+        return {(int)((ld32(qs) >> sh) & 0x03030303u), (int)((ld32(qs + 4) >> sh) & 0x03030303u), sc & 15, sc >> 4,
+                h2f(dd & 0xFFFF), h2f(dd >> 16)};
+    }
+};
+
+// 4 sign bits -> bytes of 0xFF (negative) or 0x00.
+__device__ __forceinline__ uint32_t sign_mask4(uint32_t b) { return ((b * 0x00204081u) & 0x01010101u) * 0xFFu; }
+
+template <> struct Fmt<16> {   // IQ2_XXS
+    static constexpr int kQK = 256;
+    static constexpr int kAlign = 2;
+    __device__ static __forceinline__ Chunk load(const uint8_t *row, int64_t c, const uint64_t *grid) {
+        const uint8_t *b = row + (c >> 5) * sizeof(quant::BlockIQ2_XXS);
+        const int e0 = (int)(c & 31) * 8, g = e0 >> 5, l = (e0 & 31) >> 3;
+        const uint8_t *qs = b + 2 + 8 * g;
+        const uint32_t a1 = ld32_2(qs + 4);
+        const uint64_t gv = grid[qs[l]];
+        const uint32_t s7 = (a1 >> (7 * l)) & 127;
+        const uint32_t s8 = s7 | ((__popc(s7) & 1u) << 7);
+        const uint32_t m0 = sign_mask4(s8 & 15), m1 = sign_mask4(s8 >> 4);
+        // per byte: (g ^ m) - m negates where m = 0xFF
+        const uint32_t w0 = __vsub4((uint32_t)gv ^ m0, m0), w1 = __vsub4((uint32_t)(gv >> 32) ^ m1, m1);
+        return {(int)w0, (int)w1, (int)(2 * (a1 >> 28) + 1), 0, h2f(ld16(b)), 0.f};
+    }
+};
+
+// Grouped products: output row o reads the activation slice starting at chunk
+// (o / opg) * gchunks of a quantised row of xn elements (plain products: xn = in, gchunks 0).
+struct XGroups {
+    int64_t xn, opg, gchunks;
+};
+
+constexpr bool has_min(int T) { return T == 10 || T == 12; }
+
+// acc/accm += chunk c of weight chunk k times activation row xr (quantised, `in` elements,
+// nblk activation blocks); blk = c's activation block.
+template <int T>
+__device__ __forceinline__ void chunk_dot(const Chunk &k, const uint8_t *xr, int64_t in, int64_t nblk, int64_t c, int64_t blk,
+                                          float &acc, float &accm) {
+    const int2 xv = reinterpret_cast<const int2 *>(xr)[c];
+    const float xd = reinterpret_cast<const float *>(xr + in)[blk];
+    const int s = __dp4a(k.w0, xv.x, __dp4a(k.w1, xv.y, 0)) * k.sc;
+    // the CPU's factor order: activation scale times weight scale
+    if (T == 8) acc += (k.d * xd) * (float)s;
+    else if (T == 16) acc += (0.125f * xd * k.d) * (float)s;
+    else acc += (xd * k.d) * (float)s;
+    if (has_min(T) && !(c & 1)) {
+        const int bs = reinterpret_cast<const int16_t *>(xr + in + 4 * nblk)[c >> 1];
+        accm += (xd * k.dmin) * (float)(k.mn * bs);
+    }
+}
+
+// The row's value from each lane's partial sums (same on every lane).
+template <int T>
+__device__ __forceinline__ float warp_dot_total(float v, float m) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        v += __shfl_xor_sync(0xffffffffu, v, off);
+        if (has_min(T)) m += __shfl_xor_sync(0xffffffffu, m, off);
+    }
+    return v - m;
+}
+
+}  // namespace
+}  // namespace ds4::cuda
