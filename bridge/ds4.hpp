@@ -234,6 +234,10 @@ public:
         detail::Err e;
         if (ds4_bridge_spec_commit(s_, n, e.buf, sizeof e.buf) != 0) e.raise("speculative commit");
     }
+    void spec_reset() {
+        detail::Err e;
+        if (ds4_bridge_session_spec_reset(s_, e.buf, sizeof e.buf) != 0) e.raise("speculative reset");
+    }
     ds4_bridge_spec_counters_t spec_counters() const {
         ds4_bridge_spec_counters_t c{};
         detail::Err e;

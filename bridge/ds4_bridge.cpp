@@ -761,6 +761,13 @@ int ds4_bridge_spec_commit(ds4_bridge_session *s, int n, char *err, size_t errle
     });
 }
 
+int ds4_bridge_session_spec_reset(ds4_bridge_session *s, char *err, size_t errlen) {
+    NEED_MUTABLE(s);
+    NEED(!spec_pending(s), "a speculative trial is pending; commit it first");
+    if (s->spec) s->spec->reset_rate();
+    return 0;
+}
+
 int ds4_bridge_spec_counters(ds4_bridge_model *m, ds4_bridge_spec_counters_t *out, char *err, size_t errlen) {
     NEED(m, "model is NULL");
     NEED(out, "out is NULL");

@@ -216,6 +216,11 @@ DS4_BRIDGE_API int ds4_bridge_spec_trial(ds4_bridge_session *s, int32_t pending,
  * plus tokens[0..n) (rejected rows restored from the journal, nothing re-evaluated); the new
  * pending token is argmax[n - 1]. */
 DS4_BRIDGE_API int ds4_bridge_spec_commit(ds4_bridge_session *s, int n, char *err, size_t errlen);
+/* Forgets the session's acceptance history: its next trial's width is a fresh session's (the
+ * counters are kept). A host resets at a request's start so the widths, and with them a
+ * sampled request's random draws, depend on that request only. Not while a trial is
+ * pending; a no-op without a drafter or before the first trial. */
+DS4_BRIDGE_API int ds4_bridge_session_spec_reset(ds4_bridge_session *s, char *err, size_t errlen);
 /* Snapshots: the model's totals over all its sessions, or one session's. */
 DS4_BRIDGE_API int ds4_bridge_spec_counters(ds4_bridge_model *m, ds4_bridge_spec_counters_t *out, char *err,
                                             size_t errlen);

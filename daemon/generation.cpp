@@ -97,50 +97,63 @@ bool Worker::Impl::prepare(Job &j) {
     return false;
 }
 
+bool Worker::Impl::out_of_room(const Job &j, fb::FinishReason *why) const {
+    if (j.generated >= j.p.max_tokens) {
+        *why = fb::FinishReason::Length;
+        return true;
+    }
+    // The history (the pending token included) fills the context: a token sampled now
+    // could never be evaluated, and a session holding it could not be reloaded.
+    if (j.session->history.size() >= j.session->ctx) {
+        *why = fb::FinishReason::Context;
+        return true;
+    }
+    return false;
+}
+
+bool Worker::Impl::deliver(Job &j, int32_t t, Clock::time_point t0, fb::FinishReason *why, int32_t *stop_token) {
+    LiveSession *s = j.session;
+    s->history.push_back(t);
+    if ((!j.p.ignore_eos && model->is_stop(t)) || in_stop_tokens(j, t)) {
+        j.decode_ns += ns_since(t0);
+        *why = fb::FinishReason::Stop;
+        *stop_token = t;
+        return false;
+    }
+    if (j.generated == 0) j.first_token_at = Clock::now();
+    ++j.generated;
+    ++tokens_out;
+    const std::string delta = j.text.push(model->token_text(t));
+    j.decode_ns += ns_since(t0);
+    emit(j.conn, j.rid, token_chunk_frame(j.rid, std::span<const int32_t>(&t, 1), delta), false);
+    if (j.text.stopped()) {
+        *why = fb::FinishReason::StopString;
+        return false;
+    }
+    if (out_of_room(j, why)) return false;
+    j.pending = t;
+    return true;
+}
+
 // j's session has fresh logits: sample a token, stream it, apply the stop conditions. False
 // when j ended (and was removed).
 bool Worker::Impl::take_token(Job &j) {
     LiveSession *s = j.session;
     try {
-        if (j.generated >= j.p.max_tokens) {
-            finish_job(j, fb::FinishReason::Length);
-            return false;
-        }
-        // The history (the pending token included) fills the context: a token sampled now
-        // could never be evaluated, and a session holding it could not be reloaded.
-        if (s->history.size() >= s->ctx) {
-            finish_job(j, fb::FinishReason::Context);
+        fb::FinishReason why{};
+        if (out_of_room(j, &why)) {
+            finish_job(j, why);
             return false;
         }
         const auto t0 = Clock::now();
         const int32_t t = j.p.temperature == 0.0f
                               ? s->bridge->argmax()
                               : s->bridge->sample(j.p.temperature, j.p.top_k, j.p.top_p, j.p.min_p, &j.rng);
-        s->history.push_back(t);
-        if ((!j.p.ignore_eos && model->is_stop(t)) || in_stop_tokens(j, t)) {
-            j.decode_ns += ns_since(t0);
-            finish_job(j, fb::FinishReason::Stop, t);
+        int32_t stop = -1;
+        if (!deliver(j, t, t0, &why, &stop)) {
+            finish_job(j, why, stop);
             return false;
         }
-        if (j.generated == 0) j.first_token_at = Clock::now();
-        ++j.generated;
-        ++tokens_out;
-        const std::string delta = j.text.push(model->token_text(t));
-        j.decode_ns += ns_since(t0);
-        emit(j.conn, j.rid, token_chunk_frame(j.rid, std::span<const int32_t>(&t, 1), delta), false);
-        if (j.text.stopped()) {
-            finish_job(j, fb::FinishReason::StopString);
-            return false;
-        }
-        if (j.generated >= j.p.max_tokens) {
-            finish_job(j, fb::FinishReason::Length);
-            return false;
-        }
-        if (s->history.size() >= s->ctx) {
-            finish_job(j, fb::FinishReason::Context);
-            return false;
-        }
-        j.pending = t;
         return true;
     } catch (const BridgeFailure &e) {
         fail_job(j, fb::ErrorCode::Engine, e.what());
@@ -196,6 +209,9 @@ bool Worker::Impl::run_step() {
         auto cur = it++;
         if (std::find(in_step.begin(), in_step.end(), cur->get()) != in_step.end()) jobs.splice(jobs.end(), jobs, cur);
     }
+    // A request decoding alone in this step drafts and verifies several tokens instead.
+    if (in_step.size() == 1 && in_step[0]->decoding && may_speculate(*in_step[0]) && speculative_step(*in_step[0]))
+        return true;
     const auto t0 = Clock::now();
     try {
         batch->eval(handles, counts, toks);
@@ -211,6 +227,10 @@ bool Worker::Impl::run_step() {
     step_sessions += in_step.size();
     step_ns_total += step_ns;
     for (int32_t c : counts) step_rows += uint64_t(c);
+    if (in_step.size() == 1 && in_step[0]->decoding) {
+        ++solo_steps;
+        solo_ns += step_ns;
+    }
 
     for (size_t k = 0; k < in_step.size(); ++k) {
         Job &j = *in_step[k];

@@ -79,6 +79,8 @@ public:
     int step(int32_t pending, const SamplingParams &p, uint64_t *rng, int max_new, std::vector<int32_t> *out);
 
     int draft_width() const;   // the k the next trial will use (before room limits)
+    // Forgets the acceptance history: the next width is a fresh decoder's (counters kept).
+    void reset_rate() { rate_ = opt_.initial_rate; }
     double acceptance_rate() const { return rate_; }
     const SpecCounters &counters() const { return c_; }
     const SpecOptions &options() const { return opt_; }

@@ -332,6 +332,7 @@ extern "C" {
         errlen: usize,
     ) -> c_int;
     pub fn ds4_bridge_spec_commit(s: *mut ds4_bridge_session, n: c_int, err: *mut c_char, errlen: usize) -> c_int;
+    pub fn ds4_bridge_session_spec_reset(s: *mut ds4_bridge_session, err: *mut c_char, errlen: usize) -> c_int;
     pub fn ds4_bridge_spec_counters(
         m: *mut ds4_bridge_model,
         out: *mut ds4_bridge_spec_counters_t,
