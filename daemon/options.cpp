@@ -189,7 +189,7 @@ DaemonOptions parse_daemon_args(int argc, const char *const *argv) {
         const char *env = std::getenv("DS4_DRAFTER");
         if (env) o.drafter_path = env;
     }
-    if (o.draft_max == 0) {
+    if (o.draft_max == 0 && !o.drafter_path.empty()) {
         const char *env = std::getenv("DS4_DRAFT_MAX");
         if (env && *env) o.draft_max = uint32_t(parse_uint("DS4_DRAFT_MAX", env, 1, 64));
     }
