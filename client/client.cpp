@@ -502,7 +502,8 @@ Stats Client::stats() {
     s.spec_accepted = r->spec_accepted();
     s.spec_fallbacks = r->spec_fallbacks();
     s.spec_tokens = r->spec_tokens();
-    s.spec_seconds = r->spec_seconds();
+    s.spec_solo_tokens = r->spec_solo_tokens();
+    s.spec_solo_seconds = r->spec_solo_seconds();
     s.solo_steps = r->solo_steps();
     s.solo_seconds = r->solo_seconds();
     if (r->streams())

@@ -493,9 +493,10 @@ int cmd_stats(Client &client) {
                     s.spec_trials ? double(s.spec_drafted) / double(s.spec_trials) : 0.0,
                     s.spec_trials ? double(s.spec_tokens) / double(s.spec_trials) : 0.0,
                     static_cast<unsigned long long>(s.spec_fallbacks));
-        const double spec_rate = s.spec_seconds > 0 ? double(s.spec_tokens) / s.spec_seconds : 0.0;
+        const double spec_rate = s.spec_solo_seconds > 0 ? double(s.spec_solo_tokens) / s.spec_solo_seconds : 0.0;
         const double solo_rate = s.solo_seconds > 0 ? double(s.solo_steps) / s.solo_seconds : 0.0;
-        std::printf("             %.1f tok/s in trials vs %.1f tok/s in plain one-row steps", spec_rate, solo_rate);
+        std::printf("             alone in a step: %.1f tok/s in trials vs %.1f tok/s in plain one-row steps", spec_rate,
+                    solo_rate);
         if (spec_rate > 0 && solo_rate > 0) std::printf(": measured speedup %.2fx", spec_rate / solo_rate);
         std::printf("\n");
     }

@@ -138,11 +138,12 @@ struct Stats {
     };
     std::vector<Stream> streams;  // requests running now
     // Speculative decoding (ds4d --drafter; draft_max 0: none): trials, drafts proposed and
-    // accepted, trials declined, tokens taken from trials and the engine time of them, and
-    // plain one-row decode steps with their time (the baseline of the measured speedup).
+    // accepted, trials declined, tokens taken from trials; trials and plain one-row decode
+    // steps that ran alone in their step: tokens and engine time (the measured speedup).
     uint32_t draft_max = 0;
     uint64_t spec_trials = 0, spec_drafted = 0, spec_accepted = 0, spec_fallbacks = 0, spec_tokens = 0;
-    double spec_seconds = 0;
+    uint64_t spec_solo_tokens = 0;
+    double spec_solo_seconds = 0;
     uint64_t solo_steps = 0;
     double solo_seconds = 0;
 };

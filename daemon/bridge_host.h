@@ -79,11 +79,8 @@ public:
     int pos();
     void rewind(int pos) { s_.rewind(pos); }
     int prefill_cap() const { return s_.prefill_cap(); }
-    // Speculative decoding (daemon/speculation.cpp; ds4_bridge.h says the rules).
-    ds4::bridge::SpecTrial spec_trial(int32_t pending, float temperature, int top_k, float top_p, float min_p, uint64_t *rng,
-                                      int max_new) {
-        return s_.spec_trial(pending, temperature, top_k, top_p, min_p, rng, max_new);
-    }
+    // Speculative decoding (daemon/speculation.cpp; ds4_bridge.h says the rules): the trials
+    // run in batch steps (ds4_bridge_batch_eval_spec).
     void spec_commit(int n) { s_.spec_commit(n); }
     void spec_reset() { s_.spec_reset(); }
     ds4_bridge_session *handle() const { return s_.handle(); }

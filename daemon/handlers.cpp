@@ -322,7 +322,8 @@ void Worker::Impl::on(Request &r, StatsParams &p) {
         s.spec_fallbacks = c.fallbacks;
     }
     s.spec_tokens = spec_tokens;
-    s.spec_seconds = double(spec_ns) * 1e-9;
+    s.spec_solo_tokens = spec_solo_tokens;
+    s.spec_solo_seconds = double(spec_solo_ns) * 1e-9;
     s.solo_steps = solo_steps;
     s.solo_seconds = double(solo_ns) * 1e-9;
     const auto now = Clock::now();

@@ -100,7 +100,8 @@ Frame stats_result_frame(uint64_t rid, const ModelSummary &m, const StatsFields 
                                         s.tokens_out, s.prefill_tok_s, s.decode_tok_s, mem, s.saves_failed, s.steps,
                                         s.step_rows, s.step_requests, s.step_seconds, s.max_batch, s.step_tokens,
                                         streams, s.draft_max, s.spec_trials, s.spec_drafted, s.spec_accepted,
-                                        s.spec_fallbacks, s.spec_tokens, s.spec_seconds, s.solo_steps, s.solo_seconds));
+                                        s.spec_fallbacks, s.spec_tokens, s.spec_solo_tokens, s.spec_solo_seconds, s.solo_steps,
+                                        s.solo_seconds));
 }
 
 Frame session_list_frame(uint64_t rid, const std::vector<SessionListEntry> &entries,

@@ -100,6 +100,12 @@ struct Job {
     bool spec_started = false;
 };
 
+// The speculative rows of one step and the arrays the bridge fills for them.
+struct SpecStep {
+    std::vector<ds4_bridge_spec_row> rows;
+    std::vector<std::vector<int32_t>> tokens, argmax;
+};
+
 struct Pooled {
     std::unique_ptr<BridgeSession> bridge;
     std::vector<int32_t> evaluated;
@@ -158,7 +164,7 @@ struct Worker::Impl {
     uint64_t steps = 0, step_rows = 0, step_sessions = 0, step_ns_total = 0;
     // Speculative decoding: tokens taken from trials and the time the trials took, against
     // plain one-row decode steps (the baseline a trial replaces) for the measured speedup.
-    uint64_t spec_tokens = 0, spec_ns = 0, solo_steps = 0, solo_ns = 0;
+    uint64_t spec_tokens = 0, spec_solo_tokens = 0, spec_solo_ns = 0, solo_steps = 0, solo_ns = 0;
 
     Impl(WorkerConfig c, OutQueue &o) : cfg(std::move(c)), out(o) {}
 
@@ -281,12 +287,14 @@ struct Worker::Impl {
 
     // ---- speculative decoding (speculation.cpp) ----
 
-    // Whether a step of just j may be a speculative trial instead of a one-row step.
-    bool may_speculate(const Job &j) const;
-    // One speculative step of a decoding j: trial, tokens taken one by one as plain decoding
-    // would take them, commit. False when the bridge declined (nothing changed: run the plain
-    // step); true when the step ran (j may have ended).
-    bool speculative_step(Job &j);
+    // Rows a decode step of j asks the scheduler for: 1 + draft_max when it speculates.
+    uint32_t spec_rows_wanted(const Job &j) const;
+    // The speculative rows of a step: jobs[i] was given rows[i] rows (>= 2).
+    void prepare_trials(const std::vector<Job *> &jobs, const std::vector<uint32_t> &rows, SpecStep *out);
+    // After the step: j's trial (width >= 2) is pending; j takes the model's tokens one by one
+    // as plain decoding would, then the trial is committed with exactly those. alone: the
+    // step ran only j (the measured speedup's figures).
+    void take_trial(Job &j, const ds4_bridge_spec_row &r, uint64_t step_ns, bool alone);
 
     // ---- commands and the loop (worker.cpp) ----
 
