@@ -3,8 +3,8 @@
 // batching, and 8 at once with every step a trial); stop tokens, stop strings, length limits
 // and cancels inside a trial's accepted run leave the session exact (the next turn equals a
 // session that never speculated, and the stored payload is byte-identical to one saved after
-// the same turn without speculation); a sampled request is reproducible from its seed; the
-// stats count the drafts; a drafter of another vocabulary stops ds4d at start.
+// the same turn without speculation); a sampled request is reproducible from its seed, alone
+// or among others; the stats count the drafts; a drafter of another vocabulary stops ds4d.
 #include <gtest/gtest.h>
 
 #ifndef DS4_E2E
@@ -160,6 +160,8 @@ TEST_F(SpeculationE2E, GreedyEightAtATimeEqualsPlainDecoding) {
     constexpr uint32_t kTokens = 24;
     std::vector<std::vector<int32_t>> want(kPrompts), got(kPrompts);
     for (int i = 0; i < kPrompts; ++i) want[size_t(i)] = solo(prompt(40 + i), kTokens);
+    Client probe(daemon->socket, "probe");
+    const auto s0 = probe.stats();
     std::vector<std::string> errors(kClients);
     std::vector<std::thread> th;
     for (int c = 0; c < kClients; ++c)
@@ -174,6 +176,13 @@ TEST_F(SpeculationE2E, GreedyEightAtATimeEqualsPlainDecoding) {
     for (auto &t : th) t.join();
     for (int c = 0; c < kClients; ++c) ASSERT_EQ(errors[size_t(c)], "") << "client " << c;
     for (int i = 0; i < kPrompts; ++i) EXPECT_EQ(got[size_t(i)], want[size_t(i)]) << "prompt " << i;
+    // Trials ran inside shared steps: several requests per step, and more rows than requests.
+    const auto s1 = probe.stats();
+    const double steps = double(s1.steps - s0.steps);
+    ASSERT_GT(steps, 0);
+    EXPECT_GT(double(s1.step_requests - s0.step_requests) / steps, 2.0);
+    EXPECT_GT(s1.step_rows - s0.step_rows, 2 * (s1.step_requests - s0.step_requests));
+    EXPECT_GT(s1.spec_trials - s0.spec_trials, uint64_t(kPrompts) * 3);
 }
 
 // --max-batch 1: every decode step of every request is a trial, eight sessions interleaved.
@@ -284,20 +293,37 @@ TEST_F(SpeculationE2E, CancelledTurnLeavesTheSessionExact) {
     }
 }
 
+// Every decoding row speculates, alone or batched, and a request's draft widths and random
+// draws depend only on it: the same seed gives the same tokens alone and among 7 others.
 TEST_F(SpeculationE2E, SampledRequestIsReproducibleFromItsSeed) {
     Client c(daemon->socket, "sampled");
     const auto s0 = c.stats();
-    Output r[3];
-    for (int k = 0; k < 3; ++k) {
-        GenerateRequest req = tokens_req(prompt(3), 40);
+    auto sampled = [&](Client &cl, int i, uint64_t seed) {
+        GenerateRequest req = tokens_req(prompt(i), 40);
         req.temperature = 0.8f;
         req.top_k = 40;
-        req.seed = k < 2 ? 1234 : 99;
-        r[k] = generate(c, req);
-    }
-    EXPECT_EQ(r[0].tokens, r[1].tokens);
-    EXPECT_EQ(r[0].tokens.size(), 40u);
-    EXPECT_NE(r[0].tokens, r[2].tokens);   // the seed matters (40 tokens at temperature 0.8)
+        req.seed = seed;
+        return generate(cl, req).tokens;
+    };
+    const std::vector<int32_t> a = sampled(c, 3, 1234), b = sampled(c, 3, 1234), other = sampled(c, 3, 99);
+    EXPECT_EQ(a, b);
+    EXPECT_EQ(a.size(), 40u);
+    EXPECT_NE(a, other);   // the seed matters (40 tokens at temperature 0.8)
+    std::vector<std::vector<int32_t>> crowd(8);
+    std::vector<std::string> errors(8);
+    std::vector<std::thread> th;
+    for (int k = 0; k < 8; ++k)
+        th.emplace_back([&, k] {
+            try {
+                Client cl(daemon->socket, "crowd");
+                crowd[size_t(k)] = sampled(cl, k == 0 ? 3 : 120 + k, k == 0 ? 1234 : uint64_t(k));
+            } catch (const std::exception &e) {
+                errors[size_t(k)] = e.what();
+            }
+        });
+    for (auto &t : th) t.join();
+    for (const std::string &e : errors) ASSERT_EQ(e, "");
+    EXPECT_EQ(crowd[0], a) << "the same seed among other requests";
     EXPECT_GT(c.stats().spec_trials, s0.spec_trials);
 }
 
