@@ -234,6 +234,10 @@ public:
         detail::Err e;
         if (ds4_bridge_spec_commit(s_, n, e.buf, sizeof e.buf) != 0) e.raise("speculative commit");
     }
+    void spec_reset() {
+        detail::Err e;
+        if (ds4_bridge_session_spec_reset(s_, e.buf, sizeof e.buf) != 0) e.raise("speculative reset");
+    }
     ds4_bridge_spec_counters_t spec_counters() const {
         ds4_bridge_spec_counters_t c{};
         detail::Err e;
@@ -291,6 +295,19 @@ public:
         detail::Err e;
         if (ds4_bridge_batch_eval(b_, sessions.data(), counts.data(), int(sessions.size()), tokens.data(), e.buf,
                                   sizeof e.buf) != 0)
+            e.raise("batch eval");
+    }
+    // eval() plus a speculative row per spec entry (ds4_bridge_batch_eval_spec); each entry's
+    // tokens/argmax point at caller-owned arrays of cap entries; width/accepted are filled.
+    void eval_spec(std::span<ds4_bridge_session *const> sessions, std::span<const int32_t> counts,
+                   std::span<const int32_t> tokens, std::span<ds4_bridge_spec_row> spec) {
+        size_t total = 0;
+        for (int32_t c : counts) total += size_t(c > 0 ? c : 0);
+        if (sessions.size() != counts.size() || total != tokens.size())
+            throw BridgeError("batch eval: sessions, counts and tokens disagree in size");
+        detail::Err e;
+        if (ds4_bridge_batch_eval_spec(b_, sessions.data(), counts.data(), int(sessions.size()), tokens.data(), spec.data(),
+                                       int(spec.size()), e.buf, sizeof e.buf) != 0)
             e.raise("batch eval");
     }
     ds4_bridge_batch_stats_t stats() const {

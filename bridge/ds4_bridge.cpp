@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -674,6 +675,124 @@ int ds4_bridge_batch_eval(ds4_bridge_batch *b, ds4_bridge_session *const *sessio
     });
 }
 
+int ds4_bridge_batch_eval_spec(ds4_bridge_batch *b, ds4_bridge_session *const *sessions, const int32_t *counts,
+                               int n_sessions, const int32_t *tokens, ds4_bridge_spec_row *spec, int n_spec, char *err,
+                               size_t errlen) {
+    NEED(b, "batch is NULL");
+    NEED(n_sessions >= 0 && n_spec >= 0 && n_sessions + n_spec > 0, "n_sessions and n_spec must be >= 0, one of them positive");
+    NEED(n_sessions == 0 || (sessions && counts && tokens), "sessions, counts or tokens is NULL");
+    NEED(n_spec == 0 || spec, "spec is NULL");
+    // Checked before anything runs (drafting included), in the caller's terms.
+    std::vector<ds4_bridge_session *> all;
+    for (int i = 0; i < n_sessions + n_spec; ++i) {
+        const bool sp = i >= n_sessions;
+        const int at = sp ? i - n_sessions : i;
+        const std::string what = std::string(sp ? "spec[" : "sessions[") + std::to_string(at) + "]";
+        ds4_bridge_session *s = sp ? spec[at].session : sessions[at];
+        if (!s) return bad(err, errlen, (what + " has no session").c_str());
+        if (s->owner != b->model) return bad(err, errlen, (what + " belongs to another model").c_str());
+        if (s->in_callback) return bad(err, errlen, (what + " is inside its progress callback").c_str());
+        if (spec_pending(s)) return bad(err, errlen, (what + ": a speculative trial is pending; commit it first").c_str());
+        if (std::find(all.begin(), all.end(), s) != all.end()) return bad(err, errlen, (what + " appears twice").c_str());
+        all.push_back(s);
+        if (!sp) {
+            if (counts[at] < 1 || counts[at] > s->s->prefill_cap())
+                return bad(err, errlen, ("counts[" + std::to_string(at) + "] is " + std::to_string(counts[at]) + ", outside [1, " +
+                                         std::to_string(s->s->prefill_cap()) + "] (the session's prefill cap)").c_str());
+            continue;
+        }
+        const ds4_bridge_spec_row &r = spec[at];
+        if (!r.tokens || !r.argmax) return bad(err, errlen, (what + ": token or argmax array is NULL").c_str());
+        if (r.cap < 2) return bad(err, errlen, (what + ": cap must be >= 2 (pending plus at least one draft)").c_str());
+        if (r.max_new < 1) return bad(err, errlen, (what + ": max_new must be >= 1").c_str());
+        const int V = b->model->model->config().n_vocab;
+        if (r.pending < 0 || r.pending >= V)
+            return bad(err, errlen, (what + ": pending token " + std::to_string(r.pending) + " is out of range").c_str());
+        if (r.temperature > 0.f && !r.rng) return bad(err, errlen, (what + ": rng is required when temperature > 0").c_str());
+        if (r.temperature > 0.f) {
+            try {
+                ds4::check_sampling(ds4::SamplingParams{r.temperature, r.top_k, r.top_p, r.min_p});
+            } catch (const std::exception &e) {
+                return bad(err, errlen, (what + ": " + e.what()).c_str());
+            }
+        }
+    }
+    return guarded(err, errlen, [&] {
+        // Drafts first (each session's drafter, its own rng), then one step for everything.
+        for (int i = 0; i < n_spec; ++i) {
+            ds4_bridge_spec_row &r = spec[i];
+            ds4_bridge_session *s = r.session;
+            r.width = 1;
+            r.accepted = 0;
+            r.tokens[0] = r.pending;
+            if (!s->owner->drafter) continue;
+            if (!s->spec) {
+                s->draft = std::make_unique<ds4::Session>(*s->owner->drafter, *s->owner->drafter_ex, s->s->ctx());
+                s->spec = std::make_unique<ds4::SpeculativeDecoder>(*s->s, *s->draft, s->owner->spec);
+            }
+            int w;
+            try {
+                w = s->spec->draft(r.pending, ds4::SamplingParams{r.temperature, r.top_k, r.top_p, r.min_p}, r.rng,
+                                   std::min(r.max_new, r.cap));
+            } catch (...) {
+                report_counters(s);
+                throw;
+            }
+            report_counters(s);
+            if (w > 0) r.width = w;
+        }
+        b->rows.clear();
+        const int32_t *t = tokens;
+        for (int i = 0; i < n_sessions; ++i) {
+            ds4::Session *s = sessions[i]->s.get();
+            for (int k = 0; k < counts[i]; ++k)
+                b->rows.push_back(ds4::BatchRow{s, *t++, int64_t(s->pos()) + k, k + 1 == counts[i]});
+        }
+        for (int i = 0; i < n_spec; ++i) {
+            ds4::Session *s = spec[i].session->s.get();
+            if (spec[i].width == 1) {
+                b->rows.push_back(ds4::BatchRow{s, spec[i].pending, int64_t(s->pos()), true});
+                continue;
+            }
+            const std::span<const int32_t> toks = spec[i].session->spec->tokens();
+            for (size_t k = 0; k < toks.size(); ++k)
+                b->rows.push_back(ds4::BatchRow{s, toks[k], int64_t(s->pos()) + int64_t(k), true, true});
+        }
+        std::vector<uint64_t> gens;
+        for (ds4_bridge_session *s : all) gens.push_back(s->s->generation());
+        try {
+            ds4::forward_batch(*b->model->ex, b->rows, nullptr);
+        } catch (...) {
+            for (size_t i = 0; i < all.size(); ++i)
+                if (all[i]->s->generation() != gens[i]) {
+                    ++b->stats.failed;
+                    break;
+                }
+            throw;
+        }
+        ++b->stats.steps;
+        b->stats.rows += uint64_t(b->rows.size());
+        b->stats.sessions += uint64_t(all.size());
+        // Decide each trial from its rows (the session keeps them until commit).
+        for (int i = 0; i < n_spec; ++i) {
+            ds4_bridge_spec_row &r = spec[i];
+            if (r.width < 2) continue;
+            ds4_bridge_session *s = r.session;
+            try {
+                s->spec->verify(s->s->trial_logits(), ds4::SamplingParams{r.temperature, r.top_k, r.top_p, r.min_p}, r.rng);
+            } catch (...) {
+                report_counters(s);
+                throw;
+            }
+            report_counters(s);
+            std::memcpy(r.tokens, s->spec->tokens().data(), sizeof(int32_t) * size_t(r.width));
+            std::memcpy(r.argmax, s->spec->next().data(), sizeof(int32_t) * size_t(r.width));
+            r.accepted = s->spec->accepted();
+        }
+        return 0;
+    });
+}
+
 int ds4_bridge_batch_stats(ds4_bridge_batch *b, ds4_bridge_batch_stats_t *out, char *err, size_t errlen) {
     NEED(b, "batch is NULL");
     NEED(out, "out is NULL");
@@ -759,6 +878,13 @@ int ds4_bridge_spec_commit(ds4_bridge_session *s, int n, char *err, size_t errle
         report_counters(s);
         return 0;
     });
+}
+
+int ds4_bridge_session_spec_reset(ds4_bridge_session *s, char *err, size_t errlen) {
+    NEED_MUTABLE(s);
+    NEED(!spec_pending(s), "a speculative trial is pending; commit it first");
+    if (s->spec) s->spec->reset_rate();
+    return 0;
 }
 
 int ds4_bridge_spec_counters(ds4_bridge_model *m, ds4_bridge_spec_counters_t *out, char *err, size_t errlen) {

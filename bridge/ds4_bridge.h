@@ -216,6 +216,42 @@ DS4_BRIDGE_API int ds4_bridge_spec_trial(ds4_bridge_session *s, int32_t pending,
  * plus tokens[0..n) (rejected rows restored from the journal, nothing re-evaluated); the new
  * pending token is argmax[n - 1]. */
 DS4_BRIDGE_API int ds4_bridge_spec_commit(ds4_bridge_session *s, int n, char *err, size_t errlen);
+/* Speculation inside a batch step: ds4_bridge_batch_eval_spec runs the ordinary segments
+ * (sessions/counts/tokens exactly as ds4_bridge_batch_eval; n_sessions may be 0) and, in the
+ * same forward step, a speculative row for each spec[i]: its session drafts as
+ * ds4_bridge_spec_trial does and contributes w = k + 1 journaled rows (pending and the
+ * drafts), so rows of different sessions carry different widths. Filled per entry:
+ *   width >= 2: the trial is pending as after ds4_bridge_spec_trial (tokens, argmax and
+ *     accepted likewise); commit it with ds4_bridge_spec_commit before anything else;
+ *   width == 1: no drafts (no drafter, max_new < 2, no room): pending was evaluated as an
+ *     ordinary row in this step and the session's logits follow it (argmax/sample as usual);
+ *     tokens[0] = pending.
+ * A session's draws from rng are the same as in ds4_bridge_spec_trial, so its output does
+ * not depend on what else shares the step. All sessions (both lists) are distinct and none
+ * has a trial pending; everything is checked before anything runs. A failure while drafting
+ * leaves the targets unchanged; one inside the step invalidates every session in it. */
+typedef struct {
+    ds4_bridge_session *session;
+    int32_t pending;
+    float temperature; /* sampling as in ds4_bridge_session_sample; <= 0: greedy */
+    int32_t top_k;
+    float top_p, min_p;
+    uint64_t *rng;     /* required when temperature > 0; advances */
+    int32_t max_new;   /* tokens the caller can still take (>= 1) */
+    int32_t *tokens;   /* caller-owned, cap entries */
+    int32_t *argmax;   /* caller-owned, cap entries */
+    int32_t cap;       /* >= 2: bounds the width */
+    int32_t width;     /* out */
+    int32_t accepted;  /* out: drafts accepted */
+} ds4_bridge_spec_row;
+DS4_BRIDGE_API int ds4_bridge_batch_eval_spec(ds4_bridge_batch *b, ds4_bridge_session *const *sessions,
+                                              const int32_t *counts, int n_sessions, const int32_t *tokens,
+                                              ds4_bridge_spec_row *spec, int n_spec, char *err, size_t errlen);
+/* Forgets the session's acceptance history: its next trial's width is a fresh session's (the
+ * counters are kept). A host resets at a request's start so the widths, and with them a
+ * sampled request's random draws, depend on that request only. Not while a trial is
+ * pending; a no-op without a drafter or before the first trial. */
+DS4_BRIDGE_API int ds4_bridge_session_spec_reset(ds4_bridge_session *s, char *err, size_t errlen);
 /* Snapshots: the model's totals over all its sessions, or one session's. */
 DS4_BRIDGE_API int ds4_bridge_spec_counters(ds4_bridge_model *m, ds4_bridge_spec_counters_t *out, char *err,
                                             size_t errlen);

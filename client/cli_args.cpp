@@ -105,6 +105,7 @@ std::string usage_text() {
            "  --stop STRING          stop when STRING appears in the output (repeatable)\n"
            "  --ignore-eos           keep generating past end-of-sequence tokens (until --max-tokens\n"
            "                         or the context is full)\n"
+           "  --no-speculate         decode without ds4d's drafter (--drafter): plain one-token steps\n"
            "  --ids                  (run) print the generated token ids, space-separated, instead of text\n"
            "  --raw                  (run) plain text completion of PROMPT, without the chat template\n"
            "  --chat                 (run) wrap PROMPT in the chat template as a user turn (the default)\n"
@@ -187,6 +188,8 @@ CliArgs parse_cli(int argc, const char *const *argv) {
             a.ids = true;
         } else if (arg == "--ignore-eos") {
             a.ignore_eos = true;
+        } else if (arg == "--no-speculate") {
+            a.no_speculate = true;
         } else if (arg == "--raw") {
             a.raw = true;
         } else if (arg == "--chat") {

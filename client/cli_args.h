@@ -26,6 +26,7 @@ struct CliArgs {
     bool seed_set = false;          // --seed given; otherwise the command picks a random seed
     bool ids = false;
     bool ignore_eos = false;        // keep generating past end-of-sequence tokens
+    bool no_speculate = false;      // decode without ds4d's drafter
     bool raw = false;
     bool chat_template = false;     // --chat: the chat template even for a model without one
     bool think = false;

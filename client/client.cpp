@@ -368,7 +368,8 @@ DoneInfo Client::generate(const GenerateRequest &req, const GenerateCallbacks &c
     auto stop_tokens = req.stop_tokens.empty() ? 0 : fbb.CreateVector(req.stop_tokens);
     auto sampling = fb::CreateSampling(fbb, req.temperature, req.top_k, req.top_p, req.min_p, req.seed);
     auto body = fb::CreateGenerate(fbb, req.session, text, tokens, messages, req.add_generation_prompt, req.thinking,
-                                   sampling, req.max_tokens, stop_strings, stop_tokens, req.ignore_eos, req.progress);
+                                   sampling, req.max_tokens, stop_strings, stop_tokens, req.ignore_eos, req.progress,
+                                   req.speculate);
     const uint64_t id = impl_->rid();
     ipc::finish_frame(fbb, id, body);
     impl_->send(fbb);
@@ -495,6 +496,16 @@ Stats Client::stats() {
     s.step_seconds = r->step_seconds();
     s.max_batch = r->max_batch();
     s.step_tokens = r->step_tokens();
+    s.draft_max = r->draft_max();
+    s.spec_trials = r->spec_trials();
+    s.spec_drafted = r->spec_drafted();
+    s.spec_accepted = r->spec_accepted();
+    s.spec_fallbacks = r->spec_fallbacks();
+    s.spec_tokens = r->spec_tokens();
+    s.spec_solo_tokens = r->spec_solo_tokens();
+    s.spec_solo_seconds = r->spec_solo_seconds();
+    s.solo_steps = r->solo_steps();
+    s.solo_seconds = r->solo_seconds();
     if (r->streams())
         for (const fb::StreamStats *x : *r->streams()) {
             if (!x) continue;
@@ -506,6 +517,8 @@ Stats Client::stats() {
             st.prefilled = x->prefilled();
             st.generated = x->generated();
             st.tok_s = x->tok_s();
+            st.drafted = x->drafted();
+            st.accepted = x->accepted();
             s.streams.push_back(std::move(st));
         }
     if (const fb::MemoryStats *m = r->memory()) {

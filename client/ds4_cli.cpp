@@ -120,6 +120,7 @@ GenerateRequest base_request(const CliArgs &a) {
     req.stop_strings = a.stops;
     req.thinking = a.think;
     req.ignore_eos = a.ignore_eos;
+    req.speculate = !a.no_speculate;
     req.progress = ::isatty(2);
     return req;
 }
@@ -483,13 +484,35 @@ int cmd_stats(Client &client) {
                     static_cast<unsigned long long>(s.steps), reqs, rows, s.max_batch ? 100.0 * reqs / s.max_batch : 0.0,
                     s.max_batch, s.step_tokens, s.step_seconds > 0 ? double(s.steps) / s.step_seconds : 0.0);
     }
+    if (s.draft_max) {
+        std::printf("speculation  --draft-max %u: %llu trials, %llu drafted, %llu accepted (%.1f%%), mean k %.2f, "
+                    "%.2f tokens per trial, %llu declined\n",
+                    s.draft_max, static_cast<unsigned long long>(s.spec_trials),
+                    static_cast<unsigned long long>(s.spec_drafted), static_cast<unsigned long long>(s.spec_accepted),
+                    s.spec_drafted ? 100.0 * double(s.spec_accepted) / double(s.spec_drafted) : 0.0,
+                    s.spec_trials ? double(s.spec_drafted) / double(s.spec_trials) : 0.0,
+                    s.spec_trials ? double(s.spec_tokens) / double(s.spec_trials) : 0.0,
+                    static_cast<unsigned long long>(s.spec_fallbacks));
+        const double spec_rate = s.spec_solo_seconds > 0 ? double(s.spec_solo_tokens) / s.spec_solo_seconds : 0.0;
+        const double solo_rate = s.solo_seconds > 0 ? double(s.solo_steps) / s.solo_seconds : 0.0;
+        std::printf("             alone in a step: %.1f tok/s in trials vs %.1f tok/s in plain one-row steps", spec_rate,
+                    solo_rate);
+        if (spec_rate > 0 && solo_rate > 0) std::printf(": measured speedup %.2fx", spec_rate / solo_rate);
+        std::printf("\n");
+    }
     for (const Stats::Stream &x : s.streams) {
         if (x.prefilling)
             std::printf("  request %-6llu %-16s prefill %u/%u tokens\n", static_cast<unsigned long long>(x.request_id),
                         x.session.empty() ? "(one-shot)" : x.session.c_str(), x.prefilled, x.prompt_tokens);
         else
-            std::printf("  request %-6llu %-16s %u tokens, %.1f tok/s\n", static_cast<unsigned long long>(x.request_id),
+        {
+            std::printf("  request %-6llu %-16s %u tokens, %.1f tok/s", static_cast<unsigned long long>(x.request_id),
                         x.session.empty() ? "(one-shot)" : x.session.c_str(), x.generated, x.tok_s);
+            if (x.drafted)
+                std::printf(", %llu/%llu drafts accepted (%.0f%%)", static_cast<unsigned long long>(x.accepted),
+                            static_cast<unsigned long long>(x.drafted), 100.0 * double(x.accepted) / double(x.drafted));
+            std::printf("\n");
+        }
     }
     return kExitOk;
 }

@@ -83,6 +83,7 @@ struct GenerateRequest {
     std::vector<int32_t> stop_tokens;
     bool ignore_eos = false;
     bool progress = false;      // ask for prefill progress reports
+    bool speculate = true;      // decode with ds4d's drafter when it has one
 };
 
 enum class FinishReason { Stop = 0, StopString, Length, Context, Cancelled };
@@ -133,8 +134,18 @@ struct Stats {
         bool prefilling = false;
         uint32_t prompt_tokens = 0, prefilled = 0, generated = 0;
         double tok_s = 0;        // since its first token
+        uint64_t drafted = 0, accepted = 0;  // speculative decoding: its drafts, accepted
     };
     std::vector<Stream> streams;  // requests running now
+    // Speculative decoding (ds4d --drafter; draft_max 0: none): trials, drafts proposed and
+    // accepted, trials declined, tokens taken from trials; trials and plain one-row decode
+    // steps that ran alone in their step: tokens and engine time (the measured speedup).
+    uint32_t draft_max = 0;
+    uint64_t spec_trials = 0, spec_drafted = 0, spec_accepted = 0, spec_fallbacks = 0, spec_tokens = 0;
+    uint64_t spec_solo_tokens = 0;
+    double spec_solo_seconds = 0;
+    uint64_t solo_steps = 0;
+    double solo_seconds = 0;
 };
 
 // One entry of ListSessions: stored sessions and named sessions held in memory.

@@ -12,7 +12,8 @@ std::string fixed_str(const char *p, size_t cap) { return std::string(p, strnlen
 BridgeModel::BridgeModel(const ModelOpenConfig &cfg) {
     ds4::bridge::ModelOptions o;
     o.model_path = cfg.model_path;
-    o.mtp_path = cfg.mtp_path;
+    o.drafter_path = cfg.drafter_path;
+    o.draft_max = cfg.draft_max;
     o.backend = cfg.backend == ModelOpenConfig::Backend::Cuda ? DS4_BRIDGE_BACKEND_CUDA : DS4_BRIDGE_BACKEND_CPU;
     o.n_threads = cfg.threads;
     o.ssd_streaming = cfg.ssd_streaming;

@@ -28,7 +28,9 @@ struct MemorySnapshot {
 };
 
 struct ModelOpenConfig {
-    std::string model_path, mtp_path;
+    std::string model_path;
+    std::string drafter_path;   // empty: no speculative decoding
+    int32_t draft_max = 0;      // 0: the bridge's default
     enum class Backend { Cpu, Cuda } backend = Backend::Cpu;
     int32_t threads = 0;
     // SSD expert streaming: routed experts read on demand into a bounded cache.
@@ -77,6 +79,10 @@ public:
     int pos();
     void rewind(int pos) { s_.rewind(pos); }
     int prefill_cap() const { return s_.prefill_cap(); }
+    // Speculative decoding (daemon/speculation.cpp; ds4_bridge.h says the rules): the trials
+    // run in batch steps (ds4_bridge_batch_eval_spec).
+    void spec_commit(int n) { s_.spec_commit(n); }
+    void spec_reset() { s_.spec_reset(); }
     ds4_bridge_session *handle() const { return s_.handle(); }
     // The whole state as a payload (docs/ARCHITECTURE.md §4), and its inverse.
     std::vector<uint8_t> save_payload();

@@ -97,50 +97,63 @@ bool Worker::Impl::prepare(Job &j) {
     return false;
 }
 
+bool Worker::Impl::out_of_room(const Job &j, fb::FinishReason *why) const {
+    if (j.generated >= j.p.max_tokens) {
+        *why = fb::FinishReason::Length;
+        return true;
+    }
+    // The history (the pending token included) fills the context: a token sampled now
+    // could never be evaluated, and a session holding it could not be reloaded.
+    if (j.session->history.size() >= j.session->ctx) {
+        *why = fb::FinishReason::Context;
+        return true;
+    }
+    return false;
+}
+
+bool Worker::Impl::deliver(Job &j, int32_t t, Clock::time_point t0, fb::FinishReason *why, int32_t *stop_token) {
+    LiveSession *s = j.session;
+    s->history.push_back(t);
+    if ((!j.p.ignore_eos && model->is_stop(t)) || in_stop_tokens(j, t)) {
+        j.decode_ns += ns_since(t0);
+        *why = fb::FinishReason::Stop;
+        *stop_token = t;
+        return false;
+    }
+    if (j.generated == 0) j.first_token_at = Clock::now();
+    ++j.generated;
+    ++tokens_out;
+    const std::string delta = j.text.push(model->token_text(t));
+    j.decode_ns += ns_since(t0);
+    emit(j.conn, j.rid, token_chunk_frame(j.rid, std::span<const int32_t>(&t, 1), delta), false);
+    if (j.text.stopped()) {
+        *why = fb::FinishReason::StopString;
+        return false;
+    }
+    if (out_of_room(j, why)) return false;
+    j.pending = t;
+    return true;
+}
+
 // j's session has fresh logits: sample a token, stream it, apply the stop conditions. False
 // when j ended (and was removed).
 bool Worker::Impl::take_token(Job &j) {
     LiveSession *s = j.session;
     try {
-        if (j.generated >= j.p.max_tokens) {
-            finish_job(j, fb::FinishReason::Length);
-            return false;
-        }
-        // The history (the pending token included) fills the context: a token sampled now
-        // could never be evaluated, and a session holding it could not be reloaded.
-        if (s->history.size() >= s->ctx) {
-            finish_job(j, fb::FinishReason::Context);
+        fb::FinishReason why{};
+        if (out_of_room(j, &why)) {
+            finish_job(j, why);
             return false;
         }
         const auto t0 = Clock::now();
         const int32_t t = j.p.temperature == 0.0f
                               ? s->bridge->argmax()
                               : s->bridge->sample(j.p.temperature, j.p.top_k, j.p.top_p, j.p.min_p, &j.rng);
-        s->history.push_back(t);
-        if ((!j.p.ignore_eos && model->is_stop(t)) || in_stop_tokens(j, t)) {
-            j.decode_ns += ns_since(t0);
-            finish_job(j, fb::FinishReason::Stop, t);
+        int32_t stop = -1;
+        if (!deliver(j, t, t0, &why, &stop)) {
+            finish_job(j, why, stop);
             return false;
         }
-        if (j.generated == 0) j.first_token_at = Clock::now();
-        ++j.generated;
-        ++tokens_out;
-        const std::string delta = j.text.push(model->token_text(t));
-        j.decode_ns += ns_since(t0);
-        emit(j.conn, j.rid, token_chunk_frame(j.rid, std::span<const int32_t>(&t, 1), delta), false);
-        if (j.text.stopped()) {
-            finish_job(j, fb::FinishReason::StopString);
-            return false;
-        }
-        if (j.generated >= j.p.max_tokens) {
-            finish_job(j, fb::FinishReason::Length);
-            return false;
-        }
-        if (s->history.size() >= s->ctx) {
-            finish_job(j, fb::FinishReason::Context);
-            return false;
-        }
-        j.pending = t;
         return true;
     } catch (const BridgeFailure &e) {
         fail_job(j, fb::ErrorCode::Engine, e.what());
@@ -172,33 +185,50 @@ bool Worker::Impl::run_step() {
             continue;
         }
         const uint32_t cap = uint32_t(std::max(1, j->session->bridge->prefill_cap()));
-        cands.push_back({j->decoding, uint32_t(j->full.size() - j->synced), cap, j->arrival});
+        cands.push_back({j->decoding, uint32_t(j->full.size() - j->synced), cap, j->arrival,
+                         j->decoding ? spec_rows_wanted(*j) : 1u});
         cjobs.push_back(j);
     }
     const std::vector<PlannedSegment> plan =
         plan_step(cands, StepLimits{cfg.max_batch, cfg.step_tokens, cfg.prefill_chunk});
     if (plan.empty()) return progressed;
 
-    std::vector<Job *> in_step;
+    // Plain segments (prefill chunks, one-row decodes) and speculative rows (a decoder given
+    // more than one row: pending and drafts, speculation.cpp) run in one step.
+    std::vector<Job *> in_step;   // plain segments first, in `counts` order, then speculative
     std::vector<ds4_bridge_session *> handles;
     std::vector<int32_t> counts, toks;
+    std::vector<Job *> spec_jobs;
+    std::vector<uint32_t> spec_rows;
     for (const PlannedSegment &sg : plan) {
         Job &j = *cjobs[sg.candidate];
+        if (j.decoding && sg.rows > 1) {
+            spec_jobs.push_back(&j);
+            spec_rows.push_back(sg.rows);
+            continue;
+        }
         in_step.push_back(&j);
         handles.push_back(j.session->bridge->handle());
         counts.push_back(int32_t(sg.rows));
         if (j.decoding) toks.push_back(j.pending);
         else toks.insert(toks.end(), j.full.begin() + ptrdiff_t(j.synced), j.full.begin() + ptrdiff_t(j.synced + sg.rows));
     }
+    const size_t n_plain = in_step.size();
+    in_step.insert(in_step.end(), spec_jobs.begin(), spec_jobs.end());
     // Those that run go to the back of the round-robin order.
     auto it = jobs.begin();
     for (size_t n = jobs.size(); n > 0; --n) {
         auto cur = it++;
         if (std::find(in_step.begin(), in_step.end(), cur->get()) != in_step.end()) jobs.splice(jobs.end(), jobs, cur);
     }
+    SpecStep spec;
     const auto t0 = Clock::now();
     try {
-        batch->eval(handles, counts, toks);
+        if (spec_jobs.empty()) batch->eval(handles, counts, toks);
+        else {
+            prepare_trials(spec_jobs, spec_rows, &spec);
+            batch->eval_spec(handles, counts, toks, spec.rows);
+        }
     } catch (const std::exception &e) {
         // A failed step may have touched every session in it: each request in it fails.
         const std::string why = e.what();
@@ -211,11 +241,22 @@ bool Worker::Impl::run_step() {
     step_sessions += in_step.size();
     step_ns_total += step_ns;
     for (int32_t c : counts) step_rows += uint64_t(c);
+    for (const ds4_bridge_spec_row &r : spec.rows) step_rows += uint64_t(r.width);
+    const bool alone = in_step.size() == 1;
+    if (alone && n_plain == 1 && in_step[0]->decoding) {
+        ++solo_steps;
+        solo_ns += step_ns;
+    }
 
     for (size_t k = 0; k < in_step.size(); ++k) {
         Job &j = *in_step[k];
         LiveSession *s = j.session;
         if (j.decoding) {
+            if (draft_max > 0 && j.p.speculate) ++j.spec_steps;
+            if (k >= n_plain && spec.rows[k - n_plain].width > 1) {
+                take_trial(j, spec.rows[k - n_plain], step_ns, alone);
+                continue;
+            }
             s->evaluated.push_back(j.pending);
             j.pending = -1;
             j.decode_ns += step_ns;

@@ -313,6 +313,19 @@ void Worker::Impl::on(Request &r, StatsParams &p) {
     s.step_seconds = double(step_ns_total) * 1e-9;
     s.max_batch = cfg.max_batch;
     s.step_tokens = cfg.step_tokens;
+    if (draft_max > 0) {
+        const ds4_bridge_spec_counters_t c = model->model().spec_counters();
+        s.draft_max = uint32_t(draft_max);
+        s.spec_trials = c.trials;
+        s.spec_drafted = c.drafted;
+        s.spec_accepted = c.accepted;
+        s.spec_fallbacks = c.fallbacks;
+    }
+    s.spec_tokens = spec_tokens;
+    s.spec_solo_tokens = spec_solo_tokens;
+    s.spec_solo_seconds = double(spec_solo_ns) * 1e-9;
+    s.solo_steps = solo_steps;
+    s.solo_seconds = double(solo_ns) * 1e-9;
     const auto now = Clock::now();
     for (auto &j : jobs) {
         StatsFields::Stream x;
@@ -324,6 +337,8 @@ void Worker::Impl::on(Request &r, StatsParams &p) {
         x.generated = j->generated;
         const double secs = j->generated ? std::chrono::duration<double>(now - j->first_token_at).count() : 0.0;
         x.tok_s = secs > 0 ? double(j->generated) / secs : 0.0;
+        x.drafted = j->drafted;
+        x.accepted = j->accepted;
         s.streams.push_back(std::move(x));
     }
     emit(r.conn, r.id, stats_result_frame(r.id, model_summary, s), true);

@@ -98,7 +98,8 @@ int main(int argc, char **argv) {
 
         WorkerConfig wc;
         wc.model.model_path = opt.model_path;
-        wc.model.mtp_path = opt.mtp_path;
+        wc.model.drafter_path = opt.drafter_path;
+        wc.model.draft_max = int32_t(opt.draft_max);
         wc.model.threads = opt.threads;
         wc.model.ssd_streaming = opt.ssd_streaming;
         wc.model.ssd_cold = opt.ssd_cold;

@@ -32,7 +32,14 @@ std::string daemon_usage() {
            "readiness after the model is prewarmed (Type=notify) and logs with journal priorities.\n"
            "\n"
            "  --model PATH           GGUF model file (required; default $DS4_MODEL)\n"
-           "  --mtp PATH             sibling MTP/drafter GGUF\n"
+           "  --drafter PATH         speculative decoding: a smaller sibling GGUF with the model's\n"
+           "                         tokenizer (default $DS4_DRAFTER; \"\": none). Each decoding\n"
+           "                         request drafts tokens with it and the model verifies them\n"
+           "                         within the batched step; greedy output is unchanged, sampled\n"
+           "                         output keeps the model's distribution. ds4d refuses to start\n"
+           "                         when its vocabulary differs. --mtp PATH is an older name\n"
+           "  --draft-max K          drafts per trial at most, 1..64; the width adapts to the\n"
+           "                         recent acceptance rate (default $DS4_DRAFT_MAX, else 4)\n"
            "  --socket PATH          socket to listen on (default $DS4_SOCKET, else\n"
            "                         $XDG_RUNTIME_DIR/ds4.sock, else\n"
            "                         /tmp/ds4-$UID/ds4.sock in a directory ds4d creates with mode\n"
@@ -95,6 +102,7 @@ std::string daemon_usage() {
 
 DaemonOptions parse_daemon_args(int argc, const char *const *argv) {
     DaemonOptions o;
+    bool drafter_given = false;
     auto value = [&](int &i, const std::string &opt) -> const char * {
         if (i + 1 >= argc) throw UsageError(opt + " needs a value");
         return argv[++i];
@@ -109,8 +117,11 @@ DaemonOptions parse_daemon_args(int argc, const char *const *argv) {
             return o;
         } else if (a == "--model") {
             o.model_path = value(i, a);
-        } else if (a == "--mtp") {
-            o.mtp_path = value(i, a);
+        } else if (a == "--drafter" || a == "--mtp") {
+            o.drafter_path = value(i, a);
+            drafter_given = true;
+        } else if (a == "--draft-max") {
+            o.draft_max = uint32_t(parse_uint(a, value(i, a), 1, 64));
         } else if (a == "--socket") {
             o.socket_path = value(i, a);
         } else if (a == "--state-dir") {
@@ -174,6 +185,16 @@ DaemonOptions parse_daemon_args(int argc, const char *const *argv) {
         if (env && *env) o.model_path = env;
     }
     if (o.model_path.empty()) throw UsageError("--model PATH is required (or set DS4_MODEL)");
+    if (!drafter_given) {
+        const char *env = std::getenv("DS4_DRAFTER");
+        if (env) o.drafter_path = env;
+    }
+    if (o.draft_max == 0 && !o.drafter_path.empty()) {
+        const char *env = std::getenv("DS4_DRAFT_MAX");
+        if (env && *env) o.draft_max = uint32_t(parse_uint("DS4_DRAFT_MAX", env, 1, 64));
+    }
+    if (o.draft_max && o.drafter_path.empty())
+        throw UsageError("--draft-max needs a drafter (--drafter PATH or DS4_DRAFTER)");
     if (o.no_store && !o.state_dir.empty()) throw UsageError("--no-store and --state-dir exclude each other");
     if (!o.ssd_streaming && (o.ssd_cold || o.expert_cache_bytes || o.expert_cache_experts))
         throw UsageError("--cold, --expert-cache-bytes and --expert-cache-experts need --ssd-streaming");

@@ -13,7 +13,8 @@ struct UsageError : std::runtime_error {
 
 struct DaemonOptions {
     std::string model_path;
-    std::string mtp_path;
+    std::string drafter_path;         // speculative decoding (--drafter, $DS4_DRAFTER); empty: none
+    uint32_t draft_max = 0;           // drafts per trial at most (0: the bridge's default, 4)
     std::string socket_path;          // resolved: never empty after parse
     std::string state_dir;            // resolved by resolve_state_dir() unless no_store
     bool no_store = false;            // sessions live in memory only
@@ -44,7 +45,8 @@ struct DaemonOptions {
 };
 
 // argv[0] is the program name. Throws UsageError naming the bad argument. --model defaults to
-// $DS4_MODEL; the socket to $DS4_SOCKET (ipc::default_socket_path).
+// $DS4_MODEL, --drafter to $DS4_DRAFTER, --draft-max to $DS4_DRAFT_MAX; the socket to
+// $DS4_SOCKET (ipc::default_socket_path).
 DaemonOptions parse_daemon_args(int argc, const char *const *argv);
 
 std::string daemon_usage();

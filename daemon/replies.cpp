@@ -92,14 +92,16 @@ Frame stats_result_frame(uint64_t rid, const ModelSummary &m, const StatsFields 
     std::vector<flatbuffers::Offset<fb::StreamStats>> st;
     for (const auto &x : s.streams)
         st.push_back(fb::CreateStreamStats(fbb, x.request_id, sv(fbb, x.session), x.prefilling, x.prompt_tokens,
-                                           x.prefilled, x.generated, x.tok_s));
+                                           x.prefilled, x.generated, x.tok_s, x.drafted, x.accepted));
     auto streams = fbb.CreateVector(st);
     return finish(fbb, rid,
                   fb::CreateStatsResult(fbb, s.uptime_s, mi, s.sessions, s.connections, s.active_requests,
                                         s.queued_requests, s.requests_total, s.tokens_in, s.tokens_cached,
                                         s.tokens_out, s.prefill_tok_s, s.decode_tok_s, mem, s.saves_failed, s.steps,
                                         s.step_rows, s.step_requests, s.step_seconds, s.max_batch, s.step_tokens,
-                                        streams));
+                                        streams, s.draft_max, s.spec_trials, s.spec_drafted, s.spec_accepted,
+                                        s.spec_fallbacks, s.spec_tokens, s.spec_solo_tokens, s.spec_solo_seconds, s.solo_steps,
+                                        s.solo_seconds));
 }
 
 Frame session_list_frame(uint64_t rid, const std::vector<SessionListEntry> &entries,

@@ -36,8 +36,16 @@ struct StatsFields {
         bool prefilling = false;
         uint32_t prompt_tokens = 0, prefilled = 0, generated = 0;
         double tok_s = 0;
+        uint64_t drafted = 0, accepted = 0;
     };
     std::vector<Stream> streams;
+    // Speculative decoding (ds4.fbs StatsResult says what each is).
+    uint32_t draft_max = 0;
+    uint64_t spec_trials = 0, spec_drafted = 0, spec_accepted = 0, spec_fallbacks = 0, spec_tokens = 0;
+    uint64_t spec_solo_tokens = 0;
+    double spec_solo_seconds = 0;
+    uint64_t solo_steps = 0;
+    double solo_seconds = 0;
 };
 
 struct SessionListEntry {

@@ -99,6 +99,7 @@ ParseResult parse_generate(const fb::Generate *g, const ParseLimits &lim) {
     if (g->stop_tokens()) p.stop_tokens.assign(g->stop_tokens()->begin(), g->stop_tokens()->end());
     p.ignore_eos = g->ignore_eos();
     p.progress = g->progress();
+    p.speculate = g->speculate();
     return request(std::move(p));
 }
 

@@ -46,6 +46,7 @@ struct GenerateParams {
     std::vector<int32_t> stop_tokens;
     bool ignore_eos = false;
     bool progress = false;
+    bool speculate = true;   // use ds4d's drafter when it has one
 };
 
 struct OpenSessionParams {

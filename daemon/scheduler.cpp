@@ -18,7 +18,7 @@ std::vector<PlannedSegment> plan_step(const std::vector<StepCandidate> &cands, c
         // No batching: the old time slicing, one request per step in round-robin order.
         for (size_t i = 0; i < cands.size(); ++i) {
             const StepCandidate &c = cands[i];
-            if (c.decoding) return {{i, 1}};
+            if (c.decoding) return {{i, std::max<uint32_t>(1, std::min(c.decode_rows, budget))}};
             if (c.prefill_left > 0 && c.cap > 0)
                 return {{i, std::min({c.prefill_left, c.cap, std::max<uint32_t>(1, lim.prefill_chunk), budget})}};
         }
@@ -33,6 +33,13 @@ std::vector<PlannedSegment> plan_step(const std::vector<StepCandidate> &cands, c
         out.push_back({i, 1});
         --decode_budget;
         --budget;
+    }
+    for (PlannedSegment &sg : out) {
+        const uint32_t want = cands[sg.candidate].decode_rows > 1 ? cands[sg.candidate].decode_rows - 1 : 0;
+        const uint32_t extra = std::min(want, decode_budget);
+        sg.rows += extra;
+        decode_budget -= extra;
+        budget -= extra;
     }
     for (size_t i : prefills) {
         if (out.size() >= max_batch || budget == 0) break;

@@ -11,6 +11,9 @@
 //  - Prefills are served oldest first, each a chunk of at most prefill_chunk tokens (and
 //    the session's cap), from what the token budget leaves after the decode rows: the
 //    oldest prompt finishes soonest instead of every prompt crawling.
+//  - A decoder that speculates (decode_rows > 1: pending plus drafts) gets its extra rows
+//    after every chosen decoder has its one row, in candidate order, from the decode budget;
+//    one that gets none decodes plainly.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -29,11 +32,12 @@ struct StepCandidate {
     uint32_t prefill_left = 0;   // tokens still to prefill (prefilling only)
     uint32_t cap = 0;            // the session's rows-per-step limit (prefill cap)
     uint64_t arrival = 0;        // request order, for oldest-first prefill
+    uint32_t decode_rows = 1;    // rows a decode step of it would use (speculation: 1 + drafts)
 };
 
 struct PlannedSegment {
     size_t candidate;  // index into the candidates given
-    uint32_t rows;     // 1 for decode; the chunk length for prefill
+    uint32_t rows;     // decode: 1, or up to decode_rows when speculating; prefill: the chunk
 };
 
 // Candidates in round-robin order. Returns the segments of one step (decode rows first, in

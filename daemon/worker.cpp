@@ -1,6 +1,7 @@
 // The worker thread: start-up, the command queue, the loop that runs one batched step at a
 // time (generation.cpp), and shutdown. Requests are handled in handlers.cpp.
 #include <algorithm>
+#include <string_view>
 
 #include "daemon/log.h"
 #include "daemon/worker_impl.h"
@@ -34,12 +35,17 @@ void Worker::Impl::open_model() {
         try {
             model = std::make_unique<BridgeModel>(mc);
         } catch (const BridgeFailure &e) {
+            // A drafter that does not fit the model fails on any backend: say so once.
+            if (std::string_view(e.what()).find("does not fit the model") != std::string_view::npos) throw;
             log_line("CUDA backend unavailable (%s); using the CPU backend", e.what());
             mc.backend = ModelOpenConfig::Backend::Cpu;
         }
     }
     if (!model) model = std::make_unique<BridgeModel>(mc);
     model_summary = model->summary();
+    draft_max = model->model().spec_counters().draft_max;
+    if (draft_max > 0)
+        log_line("speculative decoding: drafter %s, at most %d drafts per trial", cfg.model.drafter_path.c_str(), draft_max);
     const uint32_t limit = model_summary.n_ctx_max;
     if (cfg.ctx) {
         if (limit && cfg.ctx > limit)

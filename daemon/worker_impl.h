@@ -95,6 +95,15 @@ struct Job {
     Clock::time_point first_token_at{};
     size_t last_checkpoint = 0;  // prefill frontier of the last checkpoint (or the cached start)
     uint32_t checkpoints = 0;
+    uint64_t drafted = 0, accepted = 0;  // speculative decoding (speculation.cpp)
+    uint32_t spec_steps = 0;             // steps where it could speculate
+    bool spec_started = false;
+};
+
+// The speculative rows of one step and the arrays the bridge fills for them.
+struct SpecStep {
+    std::vector<ds4_bridge_spec_row> rows;
+    std::vector<std::vector<int32_t>> tokens, argmax;
 };
 
 struct Pooled {
@@ -124,6 +133,7 @@ struct Worker::Impl {
     // Worker thread only (model_summary/default_ctx are read-only after start()).
     std::unique_ptr<BridgeModel> model;
     std::unique_ptr<ds4::bridge::Batch> batch;
+    int32_t draft_max = 0;              // > 0: a drafter is loaded (speculation.cpp)
     ModelSummary model_summary;
     uint32_t default_ctx = 0;
     std::vector<int32_t> template_prefix;
@@ -152,6 +162,9 @@ struct Worker::Impl {
     uint64_t requests_total = 0, tokens_in = 0, tokens_cached = 0, tokens_out = 0;
     uint64_t prefill_tokens = 0, prefill_ns_total = 0, decode_ns_total = 0;
     uint64_t steps = 0, step_rows = 0, step_sessions = 0, step_ns_total = 0;
+    // Speculative decoding: tokens taken from trials and the time the trials took, against
+    // plain one-row decode steps (the baseline a trial replaces) for the measured speedup.
+    uint64_t spec_tokens = 0, spec_solo_tokens = 0, spec_solo_ns = 0, solo_steps = 0, solo_ns = 0;
 
     Impl(WorkerConfig c, OutQueue &o) : cfg(std::move(c)), out(o) {}
 
@@ -264,7 +277,24 @@ struct Worker::Impl {
 
     bool prepare(Job &j);
     bool take_token(Job &j);
+    // A stop rule that holds before any token is taken (length, context): true with *why set.
+    bool out_of_room(const Job &j, fb::FinishReason *why) const;
+    // t is j's next token (sampled after its session's history, from time t0): history,
+    // streaming, stop rules. False when a rule ends j (*why, *stop_token); the caller then
+    // finishes it. True: t is j's pending token.
+    bool deliver(Job &j, int32_t t, Clock::time_point t0, fb::FinishReason *why, int32_t *stop_token);
     bool run_step();
+
+    // ---- speculative decoding (speculation.cpp) ----
+
+    // Rows a decode step of j asks the scheduler for: 1 + draft_max when it speculates.
+    uint32_t spec_rows_wanted(const Job &j) const;
+    // The speculative rows of a step: jobs[i] was given rows[i] rows (>= 2).
+    void prepare_trials(const std::vector<Job *> &jobs, const std::vector<uint32_t> &rows, SpecStep *out);
+    // After the step: j's trial (width >= 2) is pending; j takes the model's tokens one by one
+    // as plain decoding would, then the trial is committed with exactly those. alone: the
+    // step ran only j (the measured speedup's figures).
+    void take_trial(Job &j, const ds4_bridge_spec_row &r, uint64_t step_ns, bool alone);
 
     // ---- commands and the loop (worker.cpp) ----
 

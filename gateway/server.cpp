@@ -373,6 +373,11 @@ struct Server::Impl {
             line("ds4d_session_saves_failed_total", "counter", "Session store saves that failed.", std::to_string(s.saves_failed));
             line("ds4d_cache_bytes", "gauge", "Session cache memory.", std::to_string(s.memory.cache_bytes));
             line("ds4d_weights_bytes", "gauge", "Model weight memory.", std::to_string(s.memory.weights_bytes));
+            if (s.draft_max) {   // ds4d --drafter: speculative decoding
+                line("ds4d_spec_trials_total", "counter", "Speculative trials ds4d ran.", std::to_string(s.spec_trials));
+                line("ds4d_spec_drafted_total", "counter", "Draft tokens proposed.", std::to_string(s.spec_drafted));
+                line("ds4d_spec_accepted_total", "counter", "Draft tokens the model accepted.", std::to_string(s.spec_accepted));
+            }
             try {
                 std::vector<cl::EvictedSession> ev;
                 auto stored = c->list_sessions(&ev);

@@ -245,6 +245,9 @@ void forward_batch(Executor &ex, std::span<const BatchRow> rows, std::vector<flo
         } else if (b.pos != rows[r - 1].pos + 1) {
             failf("forward_batch: row %zu is not at the position after the previous row of its session", r);
         }
+        if (r > 0 && rows[r - 1].session == b.session && rows[r - 1].trial != b.trial)
+            failf("forward_batch: rows of one session must all be trial rows or none (row %zu)", r);
+        if (b.trial && !b.logits) failf("forward_batch: trial row %zu must want logits", r);
         StepSegment &sg = segs.back();
         ++sg.n;
         if (sg.n > s.prefill_cap_) failf("forward_batch: more than %d rows of one session", s.prefill_cap_);
@@ -260,6 +263,15 @@ void forward_batch(Executor &ex, std::span<const BatchRow> rows, std::vector<flo
     }
     const int V = model->config().n_vocab;
     std::vector<float> out(want.size() * (size_t)V);
+    for (size_t i = 0; i < segs.size(); ++i) {
+        if (!rows[size_t(segs[i].row0)].trial) continue;
+        Session &s = *sessions[i];   // as Session::trial
+        s.pre_trial_logits_ = s.logits_;
+        s.pre_trial_has_logits_ = s.has_logits_;
+        s.trial_logits_.clear();
+        s.state_->journal_begin();
+        s.trial_k_ = segs[i].n;
+    }
     try {
         run_step(*model, ex, StepLayout{tokens, pos, seg, segs}, want, out.data());
     } catch (...) {
@@ -274,6 +286,8 @@ void forward_batch(Executor &ex, std::span<const BatchRow> rows, std::vector<flo
         while (want[w] < sg.row0 + sg.n - 1) ++w;   // the segment's last row wants logits
         std::memcpy(s.logits_.data(), out.data() + w * V, sizeof(float) * V);
         s.has_logits_ = true;
+        if (rows[size_t(sg.row0)].trial)   // every row wanted logits: the last sg.n up to w
+            s.trial_logits_.assign(out.begin() + (w + 1 - sg.n) * V, out.begin() + (w + 1) * V);
     }
     if (logits) *logits = std::move(out);
 }

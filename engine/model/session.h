@@ -68,6 +68,10 @@ public:
     // session equals one that only evaluated those j tokens.
     void commit(int j);
     bool in_trial() const { return trial_k_ > 0; }
+    // The pending trial's logits, every position's (rows in order); empty without a trial.
+    std::span<const float> trial_logits() const {
+        return trial_k_ ? std::span<const float>(trial_logits_) : std::span<const float>();
+    }
 
     bool has_logits() const { return has_logits_; }
     const std::vector<float> &logits() const;
@@ -126,12 +130,16 @@ struct BatchRow {
     int32_t token;
     int64_t pos;
     bool logits;
+    // The session's rows are a trial (Session::trial in this step): every row wants logits,
+    // every row of the session says so, and its cache writes are journaled until commit().
+    bool trial = false;
 };
 
 // Runs one step over rows of several sessions on `ex`. Rows of one session must be
 // contiguous, at consecutive positions from its current length, at most its prefill_cap.
 // Each session's last row must want logits (they become its logits()); *logits, when
-// given, receives the rows that want them, in order, n_vocab each. Everything is checked
+// given, receives the rows that want them, in order, n_vocab each. Trial rows leave their
+// session in a trial, exactly as Session::trial of those tokens would. Everything is checked
 // before anything runs; a failure inside the step invalidates every session in it.
 void forward_batch(Executor &ex, std::span<const BatchRow> rows, std::vector<float> *logits);
 

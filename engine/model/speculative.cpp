@@ -61,7 +61,7 @@ int32_t SpeculativeDecoder::draft_one(const SamplingParams &p, uint64_t *rng, in
     return sample_from(q_[i], rng);
 }
 
-int SpeculativeDecoder::trial(int32_t pending, const SamplingParams &p, uint64_t *rng, int max_new) {
+int SpeculativeDecoder::draft(int32_t pending, const SamplingParams &p, uint64_t *rng, int max_new) {
     if (target_.in_trial()) fail("speculative trial: a trial is pending on the target; commit it first");
     const int V = target_.model().config().n_vocab;
     if (pending < 0 || pending >= V) failf("speculative trial: pending token %d is out of range (vocabulary has %d tokens)", pending, V);
@@ -73,6 +73,7 @@ int SpeculativeDecoder::trial(int32_t pending, const SamplingParams &p, uint64_t
     toks_.clear();
     next_.clear();
     accepted_ = 0;
+    drafted_ = false;
     // Room: the trial's rows and, after them, a position for the new pending token.
     const int room = std::min(target_.ctx() - target_.pos() - 2, target_.prefill_cap() - 1);
     const int k = std::min({draft_width(), max_new - 1, room});
@@ -93,16 +94,33 @@ int SpeculativeDecoder::trial(int32_t pending, const SamplingParams &p, uint64_t
         drafter_.invalidate();
         throw;
     }
+    drafted_ = true;
+    return k + 1;
+}
+
+int SpeculativeDecoder::trial(int32_t pending, const SamplingParams &p, uint64_t *rng, int max_new) {
+    const int w = draft(pending, p, rng, max_new);
+    if (w == 0) return 0;
     try {
         target_.trial(toks_, &rows_);
     } catch (...) {
         toks_.clear();
+        drafted_ = false;
         throw;
     }
-    const int w = k + 1;
+    verify(rows_, p, rng);
+    return w;
+}
+
+void SpeculativeDecoder::verify(std::span<const float> rows, const SamplingParams &p, uint64_t *rng) {
+    const int V = target_.model().config().n_vocab;
+    const int w = (int)toks_.size(), k = w - 1;
+    if (!drafted_ || !target_.in_trial()) fail("speculative verify: no drafted trial is pending on the target");
+    if (rows.size() != (size_t)w * V) failf("speculative verify: %zu logits given, the trial has %d rows of %d", rows.size(), w, V);
+    drafted_ = false;
     next_.assign(w, -1);
     std::vector<float> row(V);
-    auto load_row = [&](int i) { std::copy(rows_.begin() + (size_t)i * V, rows_.begin() + (size_t)(i + 1) * V, row.begin()); };
+    auto load_row = [&](int i) { std::copy(rows.begin() + (size_t)i * V, rows.begin() + (size_t)(i + 1) * V, row.begin()); };
     int j = 0;
     if (p.temperature <= 0.f) {
         for (int i = 0; i < w; ++i) {
@@ -138,7 +156,6 @@ int SpeculativeDecoder::trial(int32_t pending, const SamplingParams &p, uint64_t
     c_.drafted += k;
     c_.accepted += j;
     note_outcomes(j, k);
-    return w;
 }
 
 void SpeculativeDecoder::commit(int n) {

@@ -62,6 +62,14 @@ public:
     // anything runs. A failure in the drafter leaves the target unchanged (the drafter is
     // rebuilt on the next trial); one in the target invalidates it (Session's rule).
     int trial(int32_t pending, const SamplingParams &p, uint64_t *rng, int max_new);
+    // trial() in two halves, so several sessions' verifications share one forward_batch step:
+    // draft() runs step 1 and returns the width w (0: declined, as trial()) with tokens()
+    // holding pending and the drafts and nothing changed on the target; the caller then runs
+    // tokens() on the target as a trial (BatchRow::trial) and hands its w rows of logits to
+    // verify(), with the same p and rng, which runs step 3. A trial() equals draft() +
+    // verify() of the same rows, random draws included.
+    int draft(int32_t pending, const SamplingParams &p, uint64_t *rng, int max_new);
+    void verify(std::span<const float> rows, const SamplingParams &p, uint64_t *rng);
     // The pending trial: tokens()[0..w) = pending, d1..dk; next()[i] = the target's choice
     // after tokens()[0..i] (greedy: the argmax of row i; sampled: the accepted draft, the
     // residual draw at the first rejection, or the bonus), -1 past the first rejection when
@@ -79,6 +87,8 @@ public:
     int step(int32_t pending, const SamplingParams &p, uint64_t *rng, int max_new, std::vector<int32_t> *out);
 
     int draft_width() const;   // the k the next trial will use (before room limits)
+    // Forgets the acceptance history: the next width is a fresh decoder's (counters kept).
+    void reset_rate() { rate_ = opt_.initial_rate; }
     double acceptance_rate() const { return rate_; }
     const SpecCounters &counters() const { return c_; }
     const SpecOptions &options() const { return opt_; }
@@ -89,6 +99,7 @@ private:
     void catch_up_drafter(int32_t pending);
     int32_t draft_one(const SamplingParams &p, uint64_t *rng, int i);
     void note_outcomes(int accepted, int drafted);
+    bool drafted_ = false;   // draft() succeeded, verify() not yet run
 
     Session &target_;
     Session &drafter_;

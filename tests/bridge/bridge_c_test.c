@@ -290,6 +290,24 @@ int main(int argc, char **argv) {
         CHECK(ds4_bridge_spec_commit(ss, acc + 1, E) == 0 && ds4_bridge_session_pos(ss) == 10 + acc + 1);
         CHECK(ds4_bridge_session_spec_counters(ss, &sc, E) == 0 && sc.trials == 1 && sc.accepted == (uint64_t)acc &&
               sc.draft_max == 3);
+        /* The same through a batch step (ds4_bridge_batch_eval_spec), after a reset. */
+        CHECK(ds4_bridge_session_spec_reset(ss, E) == 0);
+        ds4_bridge_batch *sb = NULL;
+        CHECK(ds4_bridge_batch_create(&sb, sm, E) == 0);
+        ds4_bridge_spec_row row;
+        memset(&row, 0, sizeof row);
+        row.session = ss;
+        row.pending = sarg[acc];
+        row.max_new = 16;
+        row.tokens = stoks;
+        row.argmax = sarg;
+        row.cap = 8;
+        const int32_t pos0 = ds4_bridge_session_pos(ss);
+        CHECK(ds4_bridge_batch_eval_spec(sb, NULL, NULL, 0, NULL, &row, 1, E) == 0);
+        CHECK(row.width >= 2 && row.width <= 4 && row.accepted == row.width - 1 && stoks[0] == row.pending);
+        CHECK_ERR(ds4_bridge_session_spec_reset(ss, err, errlen), "pending");
+        CHECK(ds4_bridge_spec_commit(ss, row.accepted + 1, E) == 0 && ds4_bridge_session_pos(ss) == pos0 + row.accepted + 1);
+        ds4_bridge_batch_free(sb);
         ds4_bridge_session_free(ss);
         ds4_bridge_model_free(sm);
     }

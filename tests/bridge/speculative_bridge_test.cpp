@@ -4,6 +4,7 @@
 // bytes as plain decoding; bad arguments and calls during a pending trial are errors that
 // leave the session as it was; counters add up.
 #include <cstring>
+#include <memory>
 #include <span>
 
 #include "tests/bridge/bridge_test_util.h"
@@ -303,6 +304,150 @@ TEST(SpecBridge, SampledTurnsRunAndStayConsistent) {
     r.sync(held);
     EXPECT_EQ(s.pos(), r.pos());
     EXPECT_EQ(s.save_payload(), r.save_payload());
+}
+
+// ds4_bridge_batch_eval_spec: several sessions' trials (different widths) and a plain
+// prefill segment in one step give each session exactly what ds4_bridge_spec_trial gives it
+// alone (widths, drafts, choices, random draws, the state after commit); a session that
+// cannot draft (max_new 1) is evaluated as a plain row of the step.
+TEST(SpecBridge, BatchedTrialsEqualTrialsAlone) {
+    for (const float temp : {0.f, 0.9f}) {
+        SCOPED_TRACE(temp > 0 ? "sampled" : "greedy");
+        Model m = open(DS4_TEST_MODEL, kModels + "/mix-q8.gguf", 4);
+        Model solo_m = open(DS4_TEST_MODEL, kModels + "/mix-q8.gguf", 4);
+        constexpr int kN = 3;
+        std::vector<std::unique_ptr<Session>> bs, ss;
+        std::vector<int32_t> pending(kN);
+        std::vector<uint64_t> brng(kN), srng(kN);
+        for (int i = 0; i < kN; ++i) {
+            const std::vector<int32_t> prompt = {int32_t(3 + i), 8, int32_t(20 + 7 * i), 6, 5};
+            bs.push_back(std::make_unique<Session>(m, 128));
+            ss.push_back(std::make_unique<Session>(solo_m, 128));
+            bs.back()->sync(prompt);
+            ss.back()->sync(prompt);
+            pending[size_t(i)] = bs.back()->argmax();
+            brng[size_t(i)] = srng[size_t(i)] = 1000 + uint64_t(i);
+        }
+        Session pre(m, 128), pre_ref(solo_m, 128);   // a plain prefill segment in the same steps
+        Session one(m, 128), one_ref(solo_m, 128);   // max_new 1: a plain row
+        one.sync(std::vector<int32_t>{4, 4, 4});
+        one_ref.sync(std::vector<int32_t>{4, 4, 4});
+        ds4::bridge::Batch batch(m);
+        int widths_seen = 0;
+        for (int step = 0; step < 8; ++step) {
+            std::vector<ds4_bridge_spec_row> rows(kN + 1);
+            std::vector<std::vector<int32_t>> tk(kN + 1, std::vector<int32_t>(8)), am(kN + 1, std::vector<int32_t>(8));
+            for (int i = 0; i <= kN; ++i) {
+                ds4_bridge_spec_row &r = rows[size_t(i)];
+                r = ds4_bridge_spec_row{};
+                r.session = i < kN ? bs[size_t(i)]->handle() : one.handle();
+                r.pending = i < kN ? pending[size_t(i)] : 9;
+                r.temperature = temp;
+                r.top_k = 20;
+                r.top_p = 0.95f;
+                r.rng = i < kN ? &brng[size_t(i)] : nullptr;
+                r.max_new = i < kN ? 2 + (step + i) % 4 : 1;   // widths differ across rows and steps
+                r.tokens = tk[size_t(i)].data();
+                r.argmax = am[size_t(i)].data();
+                r.cap = 8;
+            }
+            if (temp > 0) rows[kN].rng = &brng[0];   // unused: a plain row draws nothing
+            const std::vector<int32_t> chunk = {int32_t(11 + step), int32_t(12 + step)};
+            ds4_bridge_session *ph = pre.handle();
+            const int32_t count = 2;
+            batch.eval_spec(std::span<ds4_bridge_session *const>(&ph, 1), std::span<const int32_t>(&count, 1), chunk, rows);
+            pre_ref.sync([&] {
+                std::vector<int32_t> h(size_t(2 * (step + 1)));
+                for (int k = 0; k <= step; ++k) h[size_t(2 * k)] = 11 + k, h[size_t(2 * k + 1)] = 12 + k;
+                return h;
+            }());
+            EXPECT_EQ(pre.logits(m.vocab_size()), pre_ref.logits(solo_m.vocab_size()));
+            for (int i = 0; i < kN; ++i) {
+                const ds4_bridge_spec_row &r = rows[size_t(i)];
+                const ds4::bridge::SpecTrial t =
+                    ss[size_t(i)]->spec_trial(pending[size_t(i)], temp, 20, 0.95f, 0.f, &srng[size_t(i)], r.max_new, 8);
+                ASSERT_EQ(r.width, t.width) << "row " << i << " step " << step;
+                ASSERT_GE(r.width, 2);
+                EXPECT_EQ(r.accepted, t.accepted);
+                EXPECT_EQ(std::vector<int32_t>(r.tokens, r.tokens + r.width), t.tokens);
+                EXPECT_EQ(std::vector<int32_t>(r.argmax, r.argmax + r.width), t.argmax);
+                EXPECT_EQ(brng[size_t(i)], srng[size_t(i)]) << "the same random draws";
+                widths_seen |= 1 << r.width;
+                bs[size_t(i)]->spec_commit(r.accepted + 1);
+                ss[size_t(i)]->spec_commit(t.accepted + 1);
+                EXPECT_EQ(bs[size_t(i)]->logits(m.vocab_size()), ss[size_t(i)]->logits(solo_m.vocab_size()));
+                pending[size_t(i)] = r.argmax[r.accepted];
+            }
+            EXPECT_EQ(rows[kN].width, 1);
+            EXPECT_EQ(rows[kN].tokens[0], 9);
+            one_ref.eval(9);
+            EXPECT_EQ(one.logits(m.vocab_size()), one_ref.logits(solo_m.vocab_size()));
+        }
+        EXPECT_GT(__builtin_popcount(widths_seen), 1) << "rows of several widths";
+        for (int i = 0; i < kN; ++i) EXPECT_EQ(bs[size_t(i)]->save_payload(), ss[size_t(i)]->save_payload());
+    }
+}
+
+TEST(SpecBridge, BatchedTrialArgumentsAreCheckedBeforeAnythingRuns) {
+    Model m = open(DS4_TEST_MODEL, kModels + "/rand320.gguf", 3);
+    Session a(m, 64), b(m, 64);
+    a.sync(std::vector<int32_t>{1, 2, 3});
+    b.sync(std::vector<int32_t>{1, 2, 3});
+    ds4::bridge::Batch batch(m);
+    int32_t tk[4], am[4];
+    auto row = [&](Session &s) {
+        ds4_bridge_spec_row r{};
+        r.session = s.handle();
+        r.pending = 5;
+        r.max_new = 4;
+        r.tokens = tk;
+        r.argmax = am;
+        r.cap = 4;
+        return r;
+    };
+    auto error = [&](std::vector<ds4_bridge_spec_row> rows) {
+        Err e;
+        if (ds4_bridge_batch_eval_spec(nullptr, nullptr, nullptr, 0, nullptr, rows.data(), int(rows.size()), e.buf,
+                                       sizeof e.buf) == 0)
+            return std::string("accepted");
+        return e.str();
+    };
+    EXPECT_TRUE(has(error({row(a)}), "batch is NULL"));
+    auto err_b = [&](std::vector<ds4_bridge_spec_row> rows) {
+        try {
+            batch.eval_spec({}, {}, {}, rows);
+        } catch (const BridgeError &e) {
+            return std::string(e.what());
+        }
+        return std::string("accepted");
+    };
+    EXPECT_TRUE(has(err_b({row(a), row(a)}), "appears twice"));
+    ds4_bridge_spec_row r = row(a);
+    r.cap = 1;
+    EXPECT_TRUE(has(err_b({r}), "cap"));
+    r = row(a);
+    r.pending = 1 << 30;
+    EXPECT_TRUE(has(err_b({r}), "out of range"));
+    r = row(a);
+    r.temperature = 0.5f;
+    EXPECT_TRUE(has(err_b({r}), "rng"));
+    r = row(a);
+    r.tokens = nullptr;
+    EXPECT_TRUE(has(err_b({r}), "NULL"));
+    EXPECT_TRUE(has(err_b({}), "one of them positive"));
+    EXPECT_EQ(a.pos(), 3);   // nothing ran
+    // A trial pending on b refuses b in a batch until it is committed.
+    const ds4::bridge::SpecTrial t = b.spec_trial(5, 0.f, 0, 1.f, 0.f, nullptr, 4);
+    ASSERT_GE(t.width, 2);
+    EXPECT_TRUE(has(err_b({row(a), row(b)}), "pending"));
+    EXPECT_EQ(a.pos(), 3);
+    b.spec_commit(1);
+    EXPECT_EQ(err_b({row(a), row(b)}), "accepted");
+    EXPECT_GT(a.pos(), 3);
+    a.spec_commit(1);
+    b.spec_commit(1);
+    EXPECT_EQ(a.pos(), 4);
+    EXPECT_EQ(b.pos(), 5);
 }
 
 }  // namespace

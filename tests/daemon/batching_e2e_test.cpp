@@ -2,7 +2,8 @@
 // serves many clients at once, and every greedy stream equals the same prompt run alone
 // in this process through the bridge (sync, then argmax/eval). Then a chaos phase:
 // clients connecting, cancelling and disconnecting at random while steady clients keep
-// checking their streams against the solo output.
+// checking their streams against the solo output. DS4_E2E_DRAFTER=1 runs them all on a ds4d
+// with the trained model's drafter (speculative decoding).
 #include <gtest/gtest.h>
 
 #ifndef DS4_E2E
@@ -48,9 +49,13 @@ protected:
         mo.n_threads = 1;
         model = new ds4::bridge::Model(mo);
         daemon = new Daemon;
-        const std::string err = daemon->start(DS4D_PATH, kModel, dir->path + "/ds4.sock", dir->path + "/ds4d.log",
-                                              {"--max-batch", "16", "--step-tokens", "256", "--prefill-chunk", "64",
-                                               "--ctx", std::to_string(kCtx), "--max-connections", "128"});
+        std::vector<std::string> args = {"--max-batch", "16", "--step-tokens", "256", "--prefill-chunk", "64",
+                                         "--ctx", std::to_string(kCtx), "--max-connections", "128"};
+        // DS4_E2E_DRAFTER=1: the same tests on a ds4d that speculates (every decoding row a trial).
+        if (const char *d = std::getenv("DS4_E2E_DRAFTER"); d && *d == '1')
+            args.insert(args.end(), {"--drafter", std::string(DS4_SOURCE_DIR) + "/models/ds4-pystd-drafter-q8_0.gguf"});
+        const std::string err =
+            daemon->start(DS4D_PATH, kModel, dir->path + "/ds4.sock", dir->path + "/ds4d.log", args);
         ASSERT_EQ(err, "");
     }
     static void TearDownTestSuite() {

@@ -200,10 +200,51 @@ TEST(DaemonOptions, RejectsBadInputWithTheFlagNamed) {
     EXPECT_NE(msg({"--model", "m", "--socket", long_path.c_str()}).find("longer than"), std::string::npos);
 }
 
+TEST(DaemonOptions, DrafterFromFlagOrEnvironment) {
+    const char *old_d = std::getenv("DS4_DRAFTER"), *old_k = std::getenv("DS4_DRAFT_MAX");
+    const std::string saved_d = old_d ? old_d : "", saved_k = old_k ? old_k : "";
+    unsetenv("DS4_DRAFTER");
+    unsetenv("DS4_DRAFT_MAX");
+    DaemonOptions o = parse({"--model", "m"});
+    EXPECT_EQ(o.drafter_path, "");
+    EXPECT_EQ(o.draft_max, 0u);
+    o = parse({"--model", "m", "--drafter", "d.gguf", "--draft-max", "6"});
+    EXPECT_EQ(o.drafter_path, "d.gguf");
+    EXPECT_EQ(o.draft_max, 6u);
+    EXPECT_EQ(parse({"--model", "m", "--mtp", "d2.gguf"}).drafter_path, "d2.gguf");  // the older name
+    setenv("DS4_DRAFTER", "env.gguf", 1);
+    setenv("DS4_DRAFT_MAX", "3", 1);
+    o = parse({"--model", "m"});
+    EXPECT_EQ(o.drafter_path, "env.gguf");
+    EXPECT_EQ(o.draft_max, 3u);
+    o = parse({"--model", "m", "--drafter", ""});   // "" turns the environment's drafter off
+    EXPECT_EQ(o.drafter_path, "");
+    EXPECT_EQ(o.draft_max, 0u);
+    auto msg = [](std::vector<const char *> a) {
+        try {
+            parse(a);
+        } catch (const UsageError &e) {
+            return std::string(e.what());
+        }
+        return std::string("accepted");
+    };
+    EXPECT_NE(msg({"--model", "m", "--drafter", "d", "--draft-max", "2"}).find("accepted"), std::string::npos);
+    setenv("DS4_DRAFT_MAX", "65", 1);
+    EXPECT_NE(msg({"--model", "m"}).find("DS4_DRAFT_MAX"), std::string::npos);
+    unsetenv("DS4_DRAFTER");
+    unsetenv("DS4_DRAFT_MAX");
+    EXPECT_NE(msg({"--model", "m", "--draft-max", "4"}).find("needs a drafter"), std::string::npos);
+    EXPECT_NE(msg({"--model", "m", "--drafter", "d", "--draft-max", "0"}).find("--draft-max"), std::string::npos);
+    EXPECT_NE(msg({"--model", "m", "--drafter", "d", "--draft-max", "65"}).find("--draft-max"), std::string::npos);
+    if (old_d) setenv("DS4_DRAFTER", saved_d.c_str(), 1);
+    if (old_k) setenv("DS4_DRAFT_MAX", saved_k.c_str(), 1);
+}
+
 TEST(DaemonOptions, HelpNamesEveryFlag) {
     const std::string u = daemon_usage();
     for (const char *f : {"--model", "--socket", "--state-dir", "--ctx", "--threads", "--backend", "--max-sessions",
-                          "--prefill-chunk", "--max-frame", "--queue-bytes", "--max-inflight", "--shutdown-grace-ms"})
+                          "--prefill-chunk", "--max-frame", "--queue-bytes", "--max-inflight", "--shutdown-grace-ms",
+                          "--drafter", "--draft-max"})
         EXPECT_NE(u.find(f), std::string::npos) << f;
     EXPECT_TRUE(parse({"--help"}).help);
 }

@@ -118,6 +118,36 @@ TEST(StepPlanner, PrefillsAreOldestFirstWithinTheTokenBudget) {
     EXPECT_EQ(plan[3].rows, 221u);
 }
 
+TEST(StepPlanner, SpeculatingDecodersGetTheirDraftRowsAfterEveryDecoderHasOne) {
+    // Four decoders wanting 1 + 4 rows, one plain, and a waiting prompt, in 12 rows: each
+    // decoder first gets its row (5), one row stays for the prompt, the other 6 go to drafts
+    // in candidate order (4, then 2), the prompt gets what is left (1).
+    std::vector<StepCandidate> c;
+    for (int i = 0; i < 4; ++i) c.push_back({true, 0, 256, uint64_t(i), 5});
+    c.push_back({true, 0, 256, 4, 1});
+    c.push_back({false, 100, 256, 5, 1});
+    const auto plan = plan_step(c, StepLimits{16, 12, 256});
+    ASSERT_EQ(plan.size(), 6u);
+    const uint32_t want[] = {5, 3, 1, 1, 1, 1};
+    uint32_t total = 0;
+    for (size_t i = 0; i < plan.size(); ++i) {
+        EXPECT_EQ(plan[i].candidate, i);
+        EXPECT_EQ(plan[i].rows, want[i]) << "segment " << i;
+        total += plan[i].rows;
+    }
+    EXPECT_EQ(total, 12u);
+    // Room for everyone: every speculating decoder gets all its rows.
+    for (const PlannedSegment &p : plan_step(c, StepLimits{16, 512, 256})) {
+        if (p.candidate < 4) EXPECT_EQ(p.rows, 5u);
+        if (p.candidate == 4) EXPECT_EQ(p.rows, 1u);
+        if (p.candidate == 5) EXPECT_EQ(p.rows, 100u);
+    }
+    // Time slicing: the one request of the step gets its rows too.
+    const auto one = plan_step({{true, 0, 256, 0, 5}}, StepLimits{1, 512, 256});
+    ASSERT_EQ(one.size(), 1u);
+    EXPECT_EQ(one[0].rows, 5u);
+}
+
 TEST(StepPlanner, MaxBatchOneTimeSlicesRoundRobin) {
     std::vector<Req> reqs = {{0, true, 0, 0}, {1, false, 600, 1}, {2, true, 0, 2}};
     const auto ran = simulate(reqs, StepLimits{1, 512, 256}, 9);

@@ -129,6 +129,60 @@ TEST_F(SpecTest, GreedyOutputAndTailEqualPlainDecodingOnFixtures) {
     }
 }
 
+// draft() + trial rows in forward_batch (next to another session's plain rows) + verify()
+// equals trial(): the same drafts, choices, random draws and, after commit, the same state.
+TEST_F(SpecTest, BatchedTrialRowsEqualATrialAlone) {
+    FixtureModels &f = fixtures["mix"];
+    const std::span<const int32_t> prompt = std::span<const int32_t>(f.fx.tokens).first(6);
+    Executor &tx = *f.ex[f.target.get()], &qx = *f.ex[f.q8.get()];
+    for (const float temp : {0.f, 0.8f}) {
+        Session a(*f.target, tx, 64), ad(*f.q8, qx, 64), b(*f.target, tx, 64), bd(*f.q8, qx, 64);
+        Session other(*f.target, tx, 64), other_ref(*f.target, tx, 64);
+        SpecOptions o;
+        o.draft_max = 4;
+        SpeculativeDecoder alone(a, ad, o), batched(b, bd, o);
+        a.sync(prompt);
+        b.sync(prompt);
+        int32_t pa = a.argmax(), pb = b.argmax();
+        uint64_t ra = 5, rb = 5;
+        const SamplingParams p{temp, 0, 1.f, 0.f};
+        for (int step = 0; step < 6; ++step) {
+            const int w = alone.trial(pa, p, &ra, 8);
+            const int wb = batched.draft(pb, p, &rb, 8);
+            ASSERT_EQ(w, wb);
+            ASSERT_GE(w, 2);
+            std::vector<BatchRow> rows = {{&other, int32_t(10 + step), other.pos(), true}};
+            for (int i = 0; i < wb; ++i) rows.push_back({&b, batched.tokens()[size_t(i)], b.pos() + i, true, true});
+            forward_batch(tx, rows, nullptr);
+            other_ref.eval(10 + step);
+            EXPECT_EQ(other.logits(), other_ref.logits());
+            ASSERT_TRUE(b.in_trial());
+            batched.verify(b.trial_logits(), p, &rb);
+            EXPECT_EQ(std::vector<int32_t>(batched.tokens().begin(), batched.tokens().end()),
+                      std::vector<int32_t>(alone.tokens().begin(), alone.tokens().end()));
+            EXPECT_EQ(std::vector<int32_t>(batched.next().begin(), batched.next().end()),
+                      std::vector<int32_t>(alone.next().begin(), alone.next().end()));
+            EXPECT_EQ(batched.accepted(), alone.accepted());
+            EXPECT_EQ(ra, rb);
+            const int keep = alone.accepted() + 1;
+            pa = alone.next()[size_t(keep - 1)];
+            pb = batched.next()[size_t(keep - 1)];
+            alone.commit(keep);
+            batched.commit(keep);
+            EXPECT_EQ(a.tokens(), b.tokens());
+            EXPECT_EQ(a.logits(), b.logits());
+        }
+        EXPECT_EQ(a.save_tail(), b.save_tail());
+        // Trial rows must all want logits and cover the session's whole segment.
+        const int32_t t0 = 3;
+        std::vector<BatchRow> bad = {{&b, t0, b.pos(), false, true}, {&b, t0, b.pos() + 1, true, true}};
+        EXPECT_THROW(forward_batch(tx, bad, nullptr), Error);
+        bad = {{&b, t0, b.pos(), true, true}, {&b, t0, b.pos() + 1, true, false}};
+        EXPECT_THROW(forward_batch(tx, bad, nullptr), Error);
+        EXPECT_FALSE(b.in_trial());
+    }
+}
+
 TEST_F(SpecTest, RejectedPositionsAreRestoredWithoutAnotherForward) {
     FixtureModels &f = fixtures["mix"];
     const std::span<const int32_t> prompt = std::span<const int32_t>(f.fx.tokens).first(6);

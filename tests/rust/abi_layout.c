@@ -82,6 +82,21 @@ int main(void) {
     F(ds4_bridge_expert_stats_t, capacity);
     F(ds4_bridge_expert_stats_t, capacity_bytes);
 
+    S(ds4_bridge_spec_row);
+    F(ds4_bridge_spec_row, session);
+    F(ds4_bridge_spec_row, pending);
+    F(ds4_bridge_spec_row, temperature);
+    F(ds4_bridge_spec_row, top_k);
+    F(ds4_bridge_spec_row, top_p);
+    F(ds4_bridge_spec_row, min_p);
+    F(ds4_bridge_spec_row, rng);
+    F(ds4_bridge_spec_row, max_new);
+    F(ds4_bridge_spec_row, tokens);
+    F(ds4_bridge_spec_row, argmax);
+    F(ds4_bridge_spec_row, cap);
+    F(ds4_bridge_spec_row, width);
+    F(ds4_bridge_spec_row, accepted);
+
     S(ds4_bridge_batch_stats_t);
     F(ds4_bridge_batch_stats_t, steps);
     F(ds4_bridge_batch_stats_t, rows);

@@ -37,6 +37,8 @@ struct Args {
     int tokens = 128, prompt_tokens = 32, threads = 0, ttft_busy = 8, ttft_prompt = 256;
     int max_batch = 16;
     std::string backend = "cpu";
+    std::string drafter;   // also run a ds4d with --drafter, for the comparison
+    int draft_max = 0;
     bool compare_unbatched = false, json = false;
 };
 
@@ -45,11 +47,13 @@ struct Args {
                  "usage: ds4-bench-batch --model M.gguf [--ds4d PATH | --socket PATH] [--clients 1,2,4,8,16]\n"
                  "                       [--tokens N] [--prompt-tokens N] [--threads N] [--backend cpu|cuda|auto]\n"
                  "                       [--max-batch N] [--ttft-busy N] [--ttft-prompt N] [--compare-unbatched]\n"
-                 "                       [--json]\n"
+                 "                       [--drafter D.gguf [--draft-max K]] [--json]\n"
                  "Aggregate decode tok/s and p50/p99 inter-token latency with N concurrent clients\n"
                  "(each streams --tokens greedy tokens), and the time to first token of a request\n"
                  "(--ttft-prompt tokens) arriving while --ttft-busy clients decode. Starts its own ds4d\n"
-                 "(default %s) unless --socket names a running one.\n",
+                 "(default %s) unless --socket names a running one. --drafter: the same again with\n"
+                 "ds4d --drafter D.gguf (speculative decoding), with the drafts' acceptance rate and\n"
+                 "the tokens each trial yielded.\n",
                  DS4D_DEFAULT_PATH);
     std::exit(code);
 }
@@ -99,6 +103,8 @@ Args parse(int argc, char **argv) {
         else if (s == "--ttft-busy") a.ttft_busy = num();
         else if (s == "--ttft-prompt") a.ttft_prompt = num();
         else if (s == "--compare-unbatched") a.compare_unbatched = true;
+        else if (s == "--drafter") a.drafter = val();
+        else if (s == "--draft-max") a.draft_max = num();
         else if (s == "--json") a.json = true;
         else if (s == "-h" || s == "--help") usage(0);
         else {
@@ -127,6 +133,7 @@ struct Round {
     int clients = 0;
     double agg_tok_s = 0, p50_ms = 0, p99_ms = 0, window_s = 0;
     double mean_batch = 0;  // requests per forward step during the round (from Stats)
+    double accept = -1, tokens_per_trial = 0;  // speculative decoding (a drafter), from Stats
 };
 
 // One stream: the arrival time of every token.
@@ -205,6 +212,11 @@ Round run_round(const std::string &sock, int n, const Args &a, int vocab) {
     r.p99_ms = pct(gaps, 0.99);
     const uint64_t steps = s1.steps - s0.steps;
     r.mean_batch = steps ? double(s1.step_requests - s0.step_requests) / double(steps) : 0;
+    if (s1.draft_max) {
+        const uint64_t drafted = s1.spec_drafted - s0.spec_drafted, trials = s1.spec_trials - s0.spec_trials;
+        r.accept = drafted ? double(s1.spec_accepted - s0.spec_accepted) / double(drafted) : 0;
+        r.tokens_per_trial = trials ? double(s1.spec_tokens - s0.spec_tokens) / double(trials) : 0;
+    }
     return r;
 }
 
@@ -274,6 +286,9 @@ Report bench(const std::string &label, const std::string &sock, const Args &a) {
         const Round &r = rep.rounds.back();
         std::fprintf(stderr, "  [%s] %2d clients: %.1f tok/s aggregate, inter-token p50 %.2f ms p99 %.2f ms, %.2f requests/step\n",
                      label.c_str(), n, r.agg_tok_s, r.p50_ms, r.p99_ms, r.mean_batch);
+        if (r.accept >= 0)
+            std::fprintf(stderr, "  [%s] %2d clients: %.1f%% of drafts accepted, %.2f tokens per trial\n", label.c_str(), n,
+                         100 * r.accept, r.tokens_per_trial);
     }
     if (a.ttft_busy > 0) {
         rep.ttft_idle = ttft_ms(sock, a, vocab, 0);
@@ -285,10 +300,15 @@ Report bench(const std::string &label, const std::string &sock, const Args &a) {
 void print(const Report &r, const Args &a) {
     const double one = r.rounds.empty() ? 0 : r.rounds.front().agg_tok_s;
     std::printf("%s\n", r.label.c_str());
-    std::printf("  clients  aggregate tok/s  vs first  p50 ms  p99 ms  requests/step\n");
-    for (const Round &x : r.rounds)
-        std::printf("  %7d  %15.1f  %7.2fx  %6.2f  %6.2f  %13.2f\n", x.clients, x.agg_tok_s, one > 0 ? x.agg_tok_s / one : 0,
+    const bool spec = !r.rounds.empty() && r.rounds.front().accept >= 0;
+    std::printf("  clients  aggregate tok/s  vs first  p50 ms  p99 ms  requests/step%s\n",
+                spec ? "  drafts accepted  tokens/trial" : "");
+    for (const Round &x : r.rounds) {
+        std::printf("  %7d  %15.1f  %7.2fx  %6.2f  %6.2f  %13.2f", x.clients, x.agg_tok_s, one > 0 ? x.agg_tok_s / one : 0,
                     x.p50_ms, x.p99_ms, x.mean_batch);
+        if (spec) std::printf("  %14.1f%%  %12.2f", 100 * x.accept, x.tokens_per_trial);
+        std::printf("\n");
+    }
     if (a.ttft_busy > 0)
         std::printf("  time to first token (%d-token prompt): idle %.1f ms, while %d clients decode %.1f ms\n",
                     a.ttft_prompt, r.ttft_idle, a.ttft_busy, r.ttft_busy);
@@ -303,8 +323,10 @@ void print_json(const std::vector<Report> &reps) {
         for (size_t k = 0; k < r.rounds.size(); ++k) {
             const Round &x = r.rounds[k];
             std::printf("%s{\"clients\": %d, \"aggregate_tok_s\": %.3f, \"p50_ms\": %.3f, \"p99_ms\": %.3f, "
-                        "\"requests_per_step\": %.3f}",
+                        "\"requests_per_step\": %.3f",
                         k ? ", " : "", x.clients, x.agg_tok_s, x.p50_ms, x.p99_ms, x.mean_batch);
+            if (x.accept >= 0) std::printf(", \"drafts_accepted\": %.4f, \"tokens_per_trial\": %.3f", x.accept, x.tokens_per_trial);
+            std::printf("}");
         }
         std::printf("]}");
     }
@@ -322,17 +344,21 @@ int main(int argc, char **argv) {
     const Args a = parse(argc, argv);
     try {
         std::vector<Report> reps;
-        auto own = [&](const std::string &label, int max_batch) {
+        auto own = [&](const std::string &label, int max_batch, bool drafter = false) {
             OwnDaemon d;
             std::vector<std::string> args = {"--model", a.model, "--backend", a.backend, "--threads",
                                              std::to_string(a.threads), "--max-batch", std::to_string(max_batch)};
             if (max_batch > 1) args.insert(args.end(), {"--step-tokens", std::to_string(std::max(512, 2 * max_batch))});
+            if (drafter) args.insert(args.end(), {"--drafter", a.drafter});
+            if (drafter && a.draft_max) args.insert(args.end(), {"--draft-max", std::to_string(a.draft_max)});
             d.start(a.ds4d, args);
             reps.push_back(bench(label, d.socket, a));
         };
         if (!a.socket.empty()) reps.push_back(bench("daemon", a.socket, a));
         else own("batched (--max-batch " + std::to_string(a.max_batch) + ")", a.max_batch);
         if (a.compare_unbatched && a.socket.empty()) own("unbatched (--max-batch 1)", 1);
+        if (!a.drafter.empty() && a.socket.empty())
+            own("batched (--max-batch " + std::to_string(a.max_batch) + ") with --drafter", a.max_batch, true);
         if (a.json) print_json(reps);
         else
             for (const Report &r : reps) print(r, a);

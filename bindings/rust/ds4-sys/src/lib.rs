@@ -138,6 +138,24 @@ pub struct ds4_bridge_batch_stats_t {
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
+pub struct ds4_bridge_spec_row {
+    pub session: *mut ds4_bridge_session,
+    pub pending: i32,
+    pub temperature: f32,
+    pub top_k: i32,
+    pub top_p: f32,
+    pub min_p: f32,
+    pub rng: *mut u64,
+    pub max_new: i32,
+    pub tokens: *mut i32,
+    pub argmax: *mut i32,
+    pub cap: i32,
+    pub width: i32,
+    pub accepted: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
 pub struct ds4_bridge_gguf_info_t {
     pub family: [c_char; 32],
     pub name: [c_char; 64],
@@ -332,6 +350,18 @@ extern "C" {
         errlen: usize,
     ) -> c_int;
     pub fn ds4_bridge_spec_commit(s: *mut ds4_bridge_session, n: c_int, err: *mut c_char, errlen: usize) -> c_int;
+    pub fn ds4_bridge_batch_eval_spec(
+        b: *mut ds4_bridge_batch,
+        sessions: *const *mut ds4_bridge_session,
+        counts: *const i32,
+        n_sessions: c_int,
+        tokens: *const i32,
+        spec: *mut ds4_bridge_spec_row,
+        n_spec: c_int,
+        err: *mut c_char,
+        errlen: usize,
+    ) -> c_int;
+    pub fn ds4_bridge_session_spec_reset(s: *mut ds4_bridge_session, err: *mut c_char, errlen: usize) -> c_int;
     pub fn ds4_bridge_spec_counters(
         m: *mut ds4_bridge_model,
         out: *mut ds4_bridge_spec_counters_t,

@@ -105,6 +105,10 @@ fn rust_layout() -> BTreeMap<String, usize> {
     layout!(m, ds4_bridge_spec_counters_t { trials, drafted, accepted, fallbacks, committed, draft_max, draft_width });
     layout!(
         m,
+        ds4_bridge_spec_row { session, pending, temperature, top_k, top_p, min_p, rng, max_new, tokens, argmax, cap, width, accepted }
+    );
+    layout!(
+        m,
         ds4_bridge_gguf_info_t {
             family,
             name,
