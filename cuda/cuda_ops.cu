@@ -64,40 +64,45 @@ __global__ void rmsnorm_kernel(const float *x, int64_t xs, const int32_t *idx, i
 __global__ void hc_pre_kernel(const float *mix, const float *base, const float *scale, const float *H, int hc, int D,
                               int iters, float eps, float *post, float *comb, float *X) {
     __shared__ float pre[16], cb[256];   // the mixer is built in shared memory, then stored
-    const int t = blockIdx.x, nmix = (2 + hc) * hc;
-    if (threadIdx.x == 0) {
-        const float *m = mix + (int64_t)t * nmix;
-        for (int k = 0; k < hc; ++k) {
-            pre[k] = sigmoidf(m[k] * scale[0] + base[k]) + eps;
-            post[t * hc + k] = 2.f * sigmoidf(m[hc + k] * scale[1] + base[hc + k]);
+    const int t = blockIdx.x, nmix = (2 + hc) * hc, tid = threadIdx.x;
+    const float *m = mix + (int64_t)t * nmix;
+    if (tid < hc) {
+        const int k = tid;
+        pre[k] = sigmoidf(m[k] * scale[0] + base[k]) + eps;
+        post[t * hc + k] = 2.f * sigmoidf(m[hc + k] * scale[1] + base[hc + k]);
+        // row j = tid of the mixer: softmax + eps
+        const int j = tid;
+        float mx = -INFINITY;
+        for (int k2 = 0; k2 < hc; ++k2) {
+            cb[j * hc + k2] = m[2 * hc + j * hc + k2] * scale[2] + base[2 * hc + j * hc + k2];
+            mx = fmaxf(mx, cb[j * hc + k2]);
         }
-        for (int j = 0; j < hc; ++j) {
-            float mx = -INFINITY;
-            for (int k = 0; k < hc; ++k) {
-                cb[j * hc + k] = m[2 * hc + j * hc + k] * scale[2] + base[2 * hc + j * hc + k];
-                mx = fmaxf(mx, cb[j * hc + k]);
-            }
-            double s = 0;
-            for (int k = 0; k < hc; ++k) s += cb[j * hc + k] = expf(cb[j * hc + k] - mx);
-            const float inv = (float)(1.0 / s);
-            for (int k = 0; k < hc; ++k) cb[j * hc + k] = cb[j * hc + k] * inv + eps;
-        }
-        // Sinkhorn: columns, then (rows, columns) for the remaining iterations.
-        for (int it = 0; it < iters; ++it) {
-            if (it > 0)
-                for (int j = 0; j < hc; ++j) {
-                    float s = 0;
-                    for (int k = 0; k < hc; ++k) s += cb[j * hc + k];
-                    for (int k = 0; k < hc; ++k) cb[j * hc + k] /= s + eps;
-                }
-            for (int k = 0; k < hc; ++k) {
-                float s = 0;
-                for (int j = 0; j < hc; ++j) s += cb[j * hc + k];
-                for (int j = 0; j < hc; ++j) cb[j * hc + k] /= s + eps;
-            }
-        }
+        double sd = 0;
+        for (int k2 = 0; k2 < hc; ++k2) sd += cb[j * hc + k2] = expf(cb[j * hc + k2] - mx);
+        const float inv = (float)(1.0 / sd);
+        for (int k2 = 0; k2 < hc; ++k2) cb[j * hc + k2] = cb[j * hc + k2] * inv + eps;
     }
     __syncthreads();
+    // Sinkhorn: columns, then (rows, columns) for the remaining iterations. A thread per
+    // element; each sums its row or column in the serial order, so the result is the same.
+    const bool mine = tid < hc * hc;
+    const int mj = mine ? tid / hc : 0, mk = mine ? tid % hc : 0;
+    for (int it = 0; it < iters; ++it) {
+        if (it > 0) {
+            float s = 0;
+            if (mine)
+                for (int k2 = 0; k2 < hc; ++k2) s += cb[mj * hc + k2];
+            __syncthreads();
+            if (mine) cb[mj * hc + mk] /= s + eps;
+            __syncthreads();
+        }
+        float s = 0;
+        if (mine)
+            for (int j2 = 0; j2 < hc; ++j2) s += cb[j2 * hc + mk];
+        __syncthreads();
+        if (mine) cb[mj * hc + mk] /= s + eps;
+        __syncthreads();
+    }
     for (int i = threadIdx.x; i < hc * hc; i += blockDim.x) comb[(int64_t)t * hc * hc + i] = cb[i];
     const float *h = H + (int64_t)t * hc * D;
     for (int d = threadIdx.x; d < D; d += blockDim.x) {
