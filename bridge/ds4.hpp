@@ -44,6 +44,7 @@ struct ModelOptions {
     uint32_t ssd_streaming_cache_experts = 0;
     uint64_t ssd_streaming_cache_bytes = 0;
     std::string ssd_streaming_store_dir;
+    std::string drafter_import;  // socket of a ds4d sharing its drafter (falls back to drafter_path)
 };
 
 // One speculative trial (ds4_bridge_spec_trial): width 0 = fall back to ordinary decoding.
@@ -70,13 +71,15 @@ public:
         opt.ssd_streaming_cache_experts = o.ssd_streaming_cache_experts;
         opt.ssd_streaming_cache_bytes = o.ssd_streaming_cache_bytes;
         opt.ssd_streaming_store_dir = o.ssd_streaming_store_dir.empty() ? nullptr : o.ssd_streaming_store_dir.c_str();
+        opt.drafter_import = o.drafter_import.empty() ? nullptr : o.drafter_import.c_str();
         detail::Err e;
         if (ds4_bridge_model_open(&m_, &opt, e.buf, sizeof e.buf) != 0) e.raise("open model");
+        note_ = e.buf;  // why a drafter_import fell back (empty otherwise)
     }
     ~Model() { ds4_bridge_model_free(m_); }
     Model(const Model &) = delete;
     Model &operator=(const Model &) = delete;
-    Model(Model &&o) noexcept : m_(std::exchange(o.m_, nullptr)) {}
+    Model(Model &&o) noexcept : m_(std::exchange(o.m_, nullptr)), note_(std::move(o.note_)) {}
 
     ds4_bridge_model *handle() const { return m_; }
     void boot_prewarm() {
@@ -85,6 +88,14 @@ public:
     }
     int vocab_size() const { return ds4_bridge_model_vocab_size(m_); }
     bool drafter_shared() const { return ds4_bridge_drafter_shared(m_) == 1; }
+    // Why drafter_import was not used ("" when it was, or was not asked for).
+    const std::string &drafter_import_note() const { return note_; }
+    ds4_bridge_model_info_t drafter_info() const {
+        ds4_bridge_model_info_t i;
+        detail::Err e;
+        if (ds4_bridge_drafter_info(m_, &i, e.buf, sizeof e.buf) != 0) e.raise("drafter info");
+        return i;
+    }
     ds4_bridge_spec_counters_t spec_counters() const {
         ds4_bridge_spec_counters_t c{};
         detail::Err e;
@@ -164,6 +175,7 @@ public:
 
 private:
     ds4_bridge_model *m_ = nullptr;
+    std::string note_;
 };
 
 // Borrows its model: the Model must outlive the Session.

@@ -19,6 +19,7 @@
 #include <string_view>
 #include <vector>
 
+#include "bridge/drafter_import.h"
 #include "bridge/durable_file.h"
 #include "bridge/payload_header.h"
 #include "engine/common/error.h"
@@ -31,7 +32,8 @@
 
 struct ds4_bridge_model {
     std::unique_ptr<ds4::Model> model;
-    std::unique_ptr<ds4::Model> drafter;   // sibling drafter, loaded privately
+    std::unique_ptr<ds4::Model> drafter;   // sibling drafter: loaded privately, or imported
+    bool drafter_shared = false;           // mapped from another process's export (drafter_import)
     // The pool and scratch that this model's sessions run on; the contract makes sessions of
     // one model thread-affine to one thread at a time, so they can share it. The drafter's
     // sessions run on their own executor (other shapes), on the same thread.
@@ -341,7 +343,8 @@ int ds4_bridge_model_open(ds4_bridge_model **out, const ds4_bridge_model_open_op
     const bool has_drafter = opt->drafter_path && opt->drafter_path[0], has_mtp = opt->mtp_path && opt->mtp_path[0];
     NEED(!(has_drafter && has_mtp), "set drafter_path or mtp_path (an older name for it), not both");
     NEED(opt->draft_max >= 0 && opt->draft_max <= 64, "draft_max must be in 0..64 (0 = 4)");
-    NEED(opt->draft_max == 0 || has_drafter || has_mtp, "draft_max is set but no drafter_path");
+    const bool has_import = opt->drafter_import && opt->drafter_import[0];
+    NEED(opt->draft_max == 0 || has_drafter || has_mtp || has_import, "draft_max is set but no drafter_path or drafter_import");
     return guarded(err, errlen, [&] {
         auto m = std::make_unique<ds4_bridge_model>();
         ds4::ModelOptions mo;
@@ -385,11 +388,29 @@ int ds4_bridge_model_open(ds4_bridge_model **out, const ds4_bridge_model_open_op
         } else {
             m->tok = ds4::tok::Tokenizer::byte_fallback(m->model->config().n_vocab);
         }
-        if (has_drafter || has_mtp) {
-            ds4::ModelOptions dmo = mo;
-            dmo.backend = m->model->backend().name() == "cuda" ? ds4::BackendKind::Cuda : ds4::BackendKind::Cpu;
+        ds4::ModelOptions dmo = mo;
+        dmo.backend = m->model->backend().name() == "cuda" ? ds4::BackendKind::Cuda : ds4::BackendKind::Cpu;
+        if (has_import) {
+            // A refused or failed import is not an error of the open: the reason is logged and
+            // left in err, and the open goes on with a private drafter (or none).
+            std::string why;
+            m->drafter = ds4::bridge_impl::import_drafter(opt->drafter_import, dmo, &why, [&](const ds4::Model &d) {
+                check_drafter_vocab(*m->model, m->tok, d);
+            });
+            if (m->drafter) {
+                m->drafter_shared = true;
+            } else {
+                why = std::string("drafter_import from ") + opt->drafter_import + ": " + why + "; " +
+                      (has_drafter || has_mtp ? "loading the drafter privately" : "no drafter");
+                std::fprintf(stderr, "ds4: %s\n", why.c_str());
+                set_err(err, errlen, why);
+            }
+        }
+        if (!m->drafter && (has_drafter || has_mtp)) {
             m->drafter = ds4::Model::open(has_drafter ? opt->drafter_path : opt->mtp_path, dmo);
             check_drafter_vocab(*m->model, m->tok, *m->drafter);
+        }
+        if (m->drafter) {
             m->drafter_ex = m->drafter->make_executor();
             m->spec.draft_max = opt->draft_max ? opt->draft_max : 4;
         }
@@ -421,35 +442,53 @@ int ds4_bridge_model_boot_prewarm(ds4_bridge_model *m, char *err, size_t errlen)
 
 void ds4_bridge_model_free(ds4_bridge_model *m) { delete m; }
 
-int ds4_bridge_drafter_shared(ds4_bridge_model *m) { return 0; }
+int ds4_bridge_drafter_shared(ds4_bridge_model *m) { return m && m->drafter_shared ? 1 : 0; }
 
 int32_t ds4_bridge_model_vocab_size(ds4_bridge_model *m) { return m ? m->model->config().n_vocab : -1; }
 
 uint64_t ds4_bridge_model_fingerprint(ds4_bridge_model *m) { return m ? m->model->fingerprint() : 0; }
 
+namespace {
+
+void fill_info(const ds4::Model &model, ds4_bridge_model_info_t *out) {
+    const ds4::ModelConfig &c = model.config();
+    std::memset(out, 0, sizeof *out);
+    copy_str(out->family, sizeof out->family, "deepseek4");
+    std::string name = model.reader().get_string("general.name", "");
+    if (name.empty()) {
+        name = model.path();
+        size_t slash = name.rfind('/');
+        if (slash != std::string::npos) name = name.substr(slash + 1);
+    }
+    copy_str(out->name, sizeof out->name, name);
+    out->n_layer = c.n_layer;
+    out->n_embd = c.n_embd;
+    out->n_vocab = c.n_vocab;
+    out->n_head = c.n_head;
+    out->head_dim = c.head_dim;
+    out->n_expert = c.n_expert;
+    out->n_expert_used = c.n_expert_used;
+    out->n_ctx_max = c.n_ctx_train;
+    out->fingerprint = model.fingerprint();
+}
+
+}  // namespace
+
 int ds4_bridge_model_info(ds4_bridge_model *m, ds4_bridge_model_info_t *out, char *err, size_t errlen) {
     NEED(m, "model is NULL");
     NEED(out, "out is NULL");
     return guarded(err, errlen, [&] {
-        const ds4::ModelConfig &c = m->model->config();
-        std::memset(out, 0, sizeof *out);
-        copy_str(out->family, sizeof out->family, "deepseek4");
-        std::string name = m->model->reader().get_string("general.name", "");
-        if (name.empty()) {
-            name = m->model->path();
-            size_t slash = name.rfind('/');
-            if (slash != std::string::npos) name = name.substr(slash + 1);
-        }
-        copy_str(out->name, sizeof out->name, name);
-        out->n_layer = c.n_layer;
-        out->n_embd = c.n_embd;
-        out->n_vocab = c.n_vocab;
-        out->n_head = c.n_head;
-        out->head_dim = c.head_dim;
-        out->n_expert = c.n_expert;
-        out->n_expert_used = c.n_expert_used;
-        out->n_ctx_max = c.n_ctx_train;
-        out->fingerprint = m->model->fingerprint();
+        fill_info(*m->model, out);
+        return 0;
+    });
+}
+
+int ds4_bridge_drafter_info(ds4_bridge_model *m, ds4_bridge_model_info_t *out, char *err, size_t errlen) {
+    NEED(m, "model is NULL");
+    NEED(out, "out is NULL");
+    NEED(m->drafter, "the model has no drafter");
+    return guarded(err, errlen, [&] {
+        fill_info(*m->drafter, out);
         return 0;
     });
 }

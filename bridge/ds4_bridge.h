@@ -67,6 +67,14 @@ typedef struct { /* POD; initialise with ds4_bridge_model_open_options_init */
     /* Directory of the expert store (experts re-laid out for direct reads, checksummed, with
      * use counts for the next start's prewarm); NULL or "" = none, experts read from the GGUF. */
     const char *ssd_streaming_store_dir;
+    /* A drafter shared by another process (appended): the socket of a ds4d running with
+     * --drafter. The open asks it for the drafter, checks the descriptor (fingerprint,
+     * vocabulary, size) against the sealed file it receives and against the model's
+     * tokenizer, and maps it read-only (ds4_bridge_drafter_shared then returns 1). When that
+     * fails (no daemon, a refusal, a mismatch) the open still succeeds: with drafter_path set
+     * it loads that privately, else it has no drafter; the reason goes to stderr and into err.
+     * NULL or "" = no import. */
+    const char *drafter_import;
 } ds4_bridge_model_open_options;
 
 typedef struct {
@@ -116,6 +124,8 @@ DS4_BRIDGE_API int ds4_bridge_model_boot_prewarm(ds4_bridge_model *m, char *err,
 DS4_BRIDGE_API void ds4_bridge_model_free(ds4_bridge_model *m);
 /* 1 when the drafter was imported from another process, 0 when loaded privately or absent. */
 DS4_BRIDGE_API int ds4_bridge_drafter_shared(ds4_bridge_model *m);
+/* The drafter's identity (fingerprint, vocabulary, shape); fails when the model has none. */
+DS4_BRIDGE_API int ds4_bridge_drafter_info(ds4_bridge_model *m, ds4_bridge_model_info_t *out, char *err, size_t errlen);
 DS4_BRIDGE_API int32_t ds4_bridge_model_vocab_size(ds4_bridge_model *m); /* -1 for NULL */
 DS4_BRIDGE_API int ds4_bridge_model_info(ds4_bridge_model *m, ds4_bridge_model_info_t *out, char *err, size_t errlen);
 DS4_BRIDGE_API int ds4_bridge_memory_stats(ds4_bridge_model *m, ds4_bridge_memory_t *out, char *err, size_t errlen);

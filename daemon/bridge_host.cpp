@@ -33,6 +33,12 @@ BridgeModel::BridgeModel(const ModelOpenConfig &cfg) {
     summary_.n_ctx_max = uint32_t(info.n_ctx_max);
     summary_.n_head = uint32_t(info.n_head);
     summary_.n_expert = uint32_t(info.n_expert);
+    if (!cfg.drafter_path.empty()) {
+        const ds4_bridge_model_info_t d = m_->drafter_info();
+        summary_.has_drafter = true;
+        summary_.drafter_fingerprint = d.fingerprint;
+        summary_.drafter_n_vocab = uint32_t(d.n_vocab);
+    }
     vocab_ = m_->vocab_size();
 }
 

@@ -19,6 +19,9 @@ using BridgeFailure = ds4::bridge::BridgeError;
 struct ModelSummary {
     std::string family, name, backend;
     uint32_t n_layer = 0, n_embd = 0, n_vocab = 0, n_ctx_max = 0, n_head = 0, n_expert = 0;
+    bool has_drafter = false;           // the drafter's identity (what a shared export announces)
+    uint64_t drafter_fingerprint = 0;
+    uint32_t drafter_n_vocab = 0;
 };
 
 struct MemorySnapshot {

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <memory>
 
+#include "daemon/drafter_export.h"
 #include "daemon/fd_limit.h"
 #include "daemon/listen_socket.h"
 #include "daemon/log.h"
@@ -96,9 +97,19 @@ int main(int argc, char **argv) {
             log_line("no session store (--no-store): sessions live in memory only");
         }
 
+        // A shared drafter: the bridge opens it from the sealed memfd that importers map.
+        std::unique_ptr<DrafterExport> drafter_export;
+        if (!opt.drafter_path.empty() && opt.share_drafter) {
+            try {
+                drafter_export = DrafterExport::create(opt.drafter_path);
+            } catch (const std::exception &e) {
+                throw StartupError(e.what());
+            }
+        }
+
         WorkerConfig wc;
         wc.model.model_path = opt.model_path;
-        wc.model.drafter_path = opt.drafter_path;
+        wc.model.drafter_path = drafter_export ? drafter_export->open_path() : opt.drafter_path;
         wc.model.draft_max = int32_t(opt.draft_max);
         wc.model.threads = opt.threads;
         wc.model.ssd_streaming = opt.ssd_streaming;
@@ -131,7 +142,16 @@ int main(int argc, char **argv) {
         Worker worker(wc, out);
         log_line("loading %s", opt.model_path.c_str());
         systemd_notify("STATUS=loading and prewarming " + opt.model_path);
-        worker.start();
+        try {
+            worker.start();
+        } catch (const std::exception &e) {
+            if (!drafter_export) throw;
+            // Name the drafter by its file, not by the memfd's /proc link the bridge saw.
+            std::string msg = e.what();
+            const std::string link = drafter_export->open_path();
+            for (size_t at; (at = msg.find(link)) != std::string::npos;) msg.replace(at, link.size(), opt.drafter_path);
+            throw StartupError(msg);
+        }
         const ModelSummary &m = worker.model();
         log_line("model %s (%s) on %s: %u layers, %u wide, vocab %u, context %u (limit %u)", m.name.c_str(),
                  m.family.c_str(), m.backend.c_str(), m.n_layer, m.n_embd, m.n_vocab, worker.default_ctx(),
@@ -145,6 +165,12 @@ int main(int argc, char **argv) {
             activated_fd >= 0 ? std::make_unique<ListenSocket>(ListenSocket::Adopt{}, activated_fd, opt.socket_path)
                               : std::make_unique<ListenSocket>(opt.socket_path, 128);
         Server server(opt, worker, out, *listen);
+        if (drafter_export) {
+            drafter_export->set_identity(m.drafter_fingerprint, m.drafter_n_vocab);
+            server.share_drafter(drafter_export.get());
+            log_line("drafter %s shared read-only with this user's processes (%llu bytes in a sealed memfd)",
+                     opt.drafter_path.c_str(), static_cast<unsigned long long>(drafter_export->bytes()));
+        }
         log_line("listening on %s", opt.socket_path.c_str());
         // The model is loaded and prewarmed: clients queued on the socket are served from here.
         systemd_notify("READY=1\nSTATUS=serving " + m.name + " on " + opt.socket_path);

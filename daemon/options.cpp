@@ -40,6 +40,10 @@ std::string daemon_usage() {
            "                         when its vocabulary differs. --mtp PATH is an older name\n"
            "  --draft-max K          drafts per trial at most, 1..64; the width adapts to the\n"
            "                         recent acceptance rate (default $DS4_DRAFT_MAX, else 4)\n"
+           "  --no-share-drafter     keep the drafter private. By default ds4d holds it in a\n"
+           "                         sealed read-only memfd and hands that to processes of its\n"
+           "                         user that ask (the bridge's drafter_import), so one copy of\n"
+           "                         the drafter's weights serves all of them\n"
            "  --socket PATH          socket to listen on (default $DS4_SOCKET, else\n"
            "                         $XDG_RUNTIME_DIR/ds4.sock, else\n"
            "                         /tmp/ds4-$UID/ds4.sock in a directory ds4d creates with mode\n"
@@ -120,6 +124,8 @@ DaemonOptions parse_daemon_args(int argc, const char *const *argv) {
         } else if (a == "--drafter" || a == "--mtp") {
             o.drafter_path = value(i, a);
             drafter_given = true;
+        } else if (a == "--no-share-drafter") {
+            o.share_drafter = false;
         } else if (a == "--draft-max") {
             o.draft_max = uint32_t(parse_uint(a, value(i, a), 1, 64));
         } else if (a == "--socket") {

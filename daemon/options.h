@@ -15,6 +15,7 @@ struct DaemonOptions {
     std::string model_path;
     std::string drafter_path;         // speculative decoding (--drafter, $DS4_DRAFTER); empty: none
     uint32_t draft_max = 0;           // drafts per trial at most (0: the bridge's default, 4)
+    bool share_drafter = true;        // offer the drafter to other processes (--no-share-drafter)
     std::string socket_path;          // resolved: never empty after parse
     std::string state_dir;            // resolved by resolve_state_dir() unless no_store
     bool no_store = false;            // sessions live in memory only

@@ -188,6 +188,8 @@ ParseResult parse_request(const fb::Envelope *env, const ParseLimits &lim) {
         if (bad_name(p.name, "PinSession", &r)) return r;
         return request(std::move(p));
     }
+    case M::GetDrafter:  // the connection loop answers it (it passes a descriptor)
+        return reject(fb::ErrorCode::Protocol, "GetDrafter is answered by ds4d's connection loop only");
     case M::HelloOk:
     case M::SessionOpened:
     case M::Ok:
@@ -200,6 +202,7 @@ ParseResult parse_request(const fb::Envelope *env, const ParseLimits &lim) {
     case M::Error:
     case M::SessionSaved:
     case M::SessionList:
+    case M::DrafterShare:
         return reject(fb::ErrorCode::Protocol, std::string(fb::EnumNameMessage(type)) + " is a reply, not a request");
     }
     return reject(fb::ErrorCode::Protocol, "unknown message type " + std::to_string(int(type)));

@@ -4,12 +4,14 @@
 #include <unistd.h>
 #include <uv.h>
 
+#include <cerrno>
 #include <csignal>
 #include <cstring>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
+#include "daemon/drafter_export.h"
 #include "daemon/log.h"
 #include "daemon/replies.h"
 #include "daemon/requests.h"
@@ -48,6 +50,7 @@ struct Conn {
     size_t input_counted = 0;       // this connection's share of Impl::input_total
     uv_shutdown_t shutdown_req{};
     size_t pending_writes = 0;
+    int drafter_shares = 0;         // GetDrafter replies sent (each passed a descriptor)
     std::unordered_set<uint64_t> inflight;  // request ids the worker has not finished
     char rbuf[kReadBuf];
 
@@ -85,6 +88,7 @@ struct Server::Impl {
     uint64_t last_overload_log = 0; // uv_now() of the last "closed at once" line (rate limit)
     std::unordered_map<uint64_t, std::unique_ptr<Conn>> conns;
     uid_t uid = ::geteuid();
+    const DrafterExport *drafter_export = nullptr;  // null: no drafter, or --no-share-drafter
 
     Impl(const DaemonOptions &o, Worker &w, OutQueue &q, ListenSocket &l) : opt(o), worker(w), out(q), listen(l) {
         limits.max_frame = opt.max_frame;
@@ -353,6 +357,7 @@ struct Server::Impl {
 
     void handle_frame(Conn *c, const fb::Envelope *env) {
         const uint64_t rid = env->request_id();
+        if (env->body_type() == fb::Message::GetDrafter) return share_drafter(c, rid);
         ParseResult pr = parse_request(env);
         switch (pr.kind) {
         case ParseResult::Kind::Reject: reply(c, error_frame(rid, pr.code, pr.message)); return;
@@ -385,6 +390,40 @@ struct Server::Impl {
         if (auto *st = std::get_if<StatsParams>(&pr.body)) st->connections = uint32_t(conns.size());
         c->inflight.insert(rid);
         worker.submit(Request{c->shared, rid, std::move(pr.body)});
+    }
+
+    // GetDrafter, answered by the loop itself (the export is fixed after start-up): the reply
+    // frame goes out with sendmsg so the memfd rides on its first byte. Only when nothing
+    // else is still queued on the connection, so frames stay in order.
+    void share_drafter(Conn *c, uint64_t rid) {
+        if (!c->hello) return reply(c, error_frame(rid, fb::ErrorCode::Protocol, "send Hello first"));
+        if (rid == 0) return reply(c, error_frame(0, fb::ErrorCode::Protocol, "request id 0 is reserved"));
+        if (shutting_down) return reply(c, error_frame(rid, fb::ErrorCode::ShuttingDown, "ds4d is shutting down"));
+        if (!drafter_export || !drafter_export->ready())
+            return reply(c, error_frame(rid, fb::ErrorCode::NotImplemented,
+                                        opt.drafter_path.empty() ? "ds4d runs without a drafter (--drafter PATH)"
+                                                                 : "ds4d does not share its drafter (--no-share-drafter)"));
+        if (c->drafter_shares >= kDrafterSharesPerConnection)
+            return reply(c, error_frame(rid, fb::ErrorCode::Busy,
+                                        "this connection already received the drafter " +
+                                            std::to_string(kDrafterSharesPerConnection) + " times"));
+        auto *stream = reinterpret_cast<uv_stream_t *>(&c->pipe);
+        if (uv_stream_get_write_queue_size(stream) != 0)
+            return reply(c, error_frame(rid, fb::ErrorCode::Busy,
+                                        "replies are still being written on this connection; ask again"));
+        uv_os_fd_t fd = -1;
+        uv_fileno(reinterpret_cast<uv_handle_t *>(&c->pipe), &fd);
+        Frame f = drafter_export->share_frame(rid);
+        const long n = drafter_export->send_share(fd, f);
+        if (n < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK)
+                return reply(c, error_frame(rid, fb::ErrorCode::Busy, "the connection is not reading; ask again"));
+            return begin_close(c);
+        }
+        if (c->drafter_shares++ == 0)
+            log_line("connection %llu: shared the drafter (%llu bytes, read-only)", static_cast<unsigned long long>(c->id),
+                     static_cast<unsigned long long>(drafter_export->bytes()));
+        if (size_t(n) < f.size()) reply(c, Frame(f.begin() + n, f.end()));
     }
 
     // ---- worker output ----
@@ -500,6 +539,8 @@ Server::Server(const DaemonOptions &opt, Worker &worker, OutQueue &out, ListenSo
     uv_pipe_init(&s.loop, &s.listener, 0);
     s.listener.data = &s;
 }
+
+void Server::share_drafter(const DrafterExport *e) { impl_->drafter_export = e; }
 
 Server::~Server() {
     uv_loop_close(&impl_->loop);

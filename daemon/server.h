@@ -12,6 +12,8 @@
 
 namespace ds4::daemon {
 
+class DrafterExport;
+
 class Server {
 public:
     Server(const DaemonOptions &opt, Worker &worker, OutQueue &out, ListenSocket &listen);
@@ -23,6 +25,10 @@ public:
     // socket file removed, work finished or cancelled, connections flushed and closed.
     // Returns the process exit status.
     int run();
+
+    // Answers GetDrafter with this export (borrowed; outlives the server). Without one,
+    // GetDrafter is refused.
+    void share_drafter(const DrafterExport *e);
 
     struct Impl;
 

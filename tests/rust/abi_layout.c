@@ -26,6 +26,7 @@ int main(void) {
     F(ds4_bridge_model_open_options, drafter_path);
     F(ds4_bridge_model_open_options, draft_max);
     F(ds4_bridge_model_open_options, ssd_streaming_store_dir);
+    F(ds4_bridge_model_open_options, drafter_import);
 
     S(ds4_bridge_model_info_t);
     F(ds4_bridge_model_info_t, family);

@@ -55,6 +55,7 @@ pub struct ds4_bridge_model_open_options {
     pub drafter_path: *const c_char,
     pub draft_max: i32,
     pub ssd_streaming_store_dir: *const c_char,
+    pub drafter_import: *const c_char,
 }
 
 #[repr(C)]
@@ -224,6 +225,12 @@ extern "C" {
     pub fn ds4_bridge_model_boot_prewarm(m: *mut ds4_bridge_model, err: *mut c_char, errlen: usize) -> c_int;
     pub fn ds4_bridge_model_free(m: *mut ds4_bridge_model);
     pub fn ds4_bridge_drafter_shared(m: *mut ds4_bridge_model) -> c_int;
+    pub fn ds4_bridge_drafter_info(
+        m: *mut ds4_bridge_model,
+        out: *mut ds4_bridge_model_info_t,
+        err: *mut c_char,
+        errlen: usize,
+    ) -> c_int;
     pub fn ds4_bridge_model_vocab_size(m: *mut ds4_bridge_model) -> i32;
     pub fn ds4_bridge_model_info(
         m: *mut ds4_bridge_model,

@@ -48,6 +48,7 @@ fn rust_layout() -> BTreeMap<String, usize> {
             drafter_path,
             draft_max,
             ssd_streaming_store_dir,
+            drafter_import,
         }
     );
     layout!(

@@ -1,0 +1,51 @@
+// A drafter shared read-only across processes (ARCHITECTURE.md §5, "Shared drafter"): ds4d
+// copies the drafter's GGUF into a sealed memfd, opens its own drafter from that memfd (so
+// its pages are the ones importers map: one copy in RAM however many processes use it) and
+// hands the descriptor to peers that send GetDrafter. The fd passes in the ancillary data of
+// the reply's first byte (SCM_RIGHTS); ds4d keeps only its one descriptor.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace ds4::daemon {
+
+class DrafterExport {
+public:
+    // Copies PATH into a new memfd and seals it (write, shrink, grow, seal). Throws
+    // std::runtime_error naming the step that failed.
+    static std::unique_ptr<DrafterExport> create(const std::string &path);
+    ~DrafterExport();
+    DrafterExport(const DrafterExport &) = delete;
+    DrafterExport &operator=(const DrafterExport &) = delete;
+
+    // The path the bridge opens the drafter from (/proc/self/fd/N of the memfd).
+    std::string open_path() const;
+    uint64_t bytes() const { return bytes_; }
+
+    // The drafter's identity once the bridge has opened it; nothing is offered before.
+    void set_identity(uint64_t fingerprint, uint32_t n_vocab);
+    bool ready() const { return ready_; }
+
+    // The DrafterShare reply for request `rid` (a complete frame).
+    std::vector<uint8_t> share_frame(uint64_t rid) const;
+    // Writes `frame` to the connected socket `sock` without blocking, the memfd attached to
+    // its first byte. Returns the bytes written (the rest, if any, is the caller's to write
+    // in order) or -1 with errno set (nothing written, no descriptor passed).
+    long send_share(int sock, const std::vector<uint8_t> &frame) const;
+
+private:
+    DrafterExport() = default;
+    int fd_ = -1;
+    uint64_t bytes_ = 0;
+    uint64_t fingerprint_ = 0;
+    uint32_t n_vocab_ = 0;
+    bool ready_ = false;
+};
+
+// Exports a connection may ask for: each one puts a descriptor in the peer's table, so a
+// client asking in a loop is refused past this.
+inline constexpr int kDrafterSharesPerConnection = 4;
+
+}  // namespace ds4::daemon
