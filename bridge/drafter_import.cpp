@@ -178,6 +178,7 @@ void check_share(const Share &s) {
 std::unique_ptr<ds4::Model> import_drafter(const std::string &socket_path, const ds4::ModelOptions &opt,
                                            std::string *why,
                                            const std::function<void(const ds4::Model &)> &check) {
+    std::string link;  // the engine's messages name the file by this path
     try {
         Share s = fetch_share(socket_path);
         check_share(s);
@@ -188,7 +189,8 @@ std::unique_ptr<ds4::Model> import_drafter(const std::string &socket_path, const
         mo.directory = nullptr;
         mo.plan = nullptr;
         mo.streaming = {};
-        std::unique_ptr<ds4::Model> d = ds4::Model::open("/proc/self/fd/" + std::to_string(s.fd.fd), mo);
+        link = "/proc/self/fd/" + std::to_string(s.fd.fd);
+        std::unique_ptr<ds4::Model> d = ds4::Model::open(link, mo);
         if (d->fingerprint() != s.fingerprint)
             throw ds4::Error("the shared file's fingerprint " + std::to_string(d->fingerprint()) +
                              " differs from the descriptor's " + std::to_string(s.fingerprint));
@@ -199,6 +201,8 @@ std::unique_ptr<ds4::Model> import_drafter(const std::string &socket_path, const
         return d;
     } catch (const std::exception &e) {
         *why = e.what();
+        for (size_t at; !link.empty() && (at = why->find(link)) != std::string::npos;)
+            why->replace(at, link.size(), "(shared by ds4d)");
         return nullptr;
     }
 }

@@ -1,0 +1,452 @@
+// A drafter shared read-only across processes (ARCHITECTURE.md §5, "Shared drafter"): a real
+// ds4d with the trained drafter exports it; a bridge opener in this process imports it
+// (drafter_shared = 1), its pages are the daemon's (the same memfd inode in both smaps,
+// shared, no anonymous copy, PSS about half the RSS), and greedy speculative output equals a
+// privately loaded drafter's, also after the daemon is killed. Every way the import can go
+// wrong falls back (private drafter_path, or no drafter) with the reason, never a crash: no
+// daemon, a daemon without a drafter or not sharing it, a drafter of another vocabulary, and a
+// lying exporter (size, fingerprint, unsealed file, no descriptor). A client asking in a loop
+// gets a bounded number of descriptors and ds4d's own descriptor table does not grow.
+#include <gtest/gtest.h>
+
+#ifndef DS4_E2E
+#define DS4_E2E 0
+#endif
+
+#if !DS4_E2E
+TEST(DrafterShareE2E, NeedsBridgeAndDaemon) {
+    GTEST_SKIP() << "the shared-drafter end-to-end tests need the bridge library (ds4lib) and ds4d in this build";
+}
+#else
+
+#include <sys/mman.h>
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <map>
+#include <span>
+
+#include "bridge/ds4.hpp"
+#include "tests/daemon/e2e_support.h"
+
+using namespace e2e;
+
+namespace {
+
+const std::string kModel = std::string(DS4_SOURCE_DIR) + "/models/ds4-pystd-q8_0.gguf";
+const std::string kDrafter = std::string(DS4_SOURCE_DIR) + "/models/ds4-pystd-drafter-q8_0.gguf";
+constexpr int kCtx = 256;
+
+ds4::bridge::Model open_model(const std::string &import_sock, const std::string &drafter_path) {
+    ds4::bridge::ModelOptions mo;
+    mo.model_path = kModel;
+    mo.n_threads = 1;
+    mo.drafter_import = import_sock;
+    mo.drafter_path = drafter_path;
+    return ds4::bridge::Model(mo);
+}
+
+// A greedy turn through spec_trial/commit (as ds4d decodes), n tokens.
+std::vector<int32_t> spec_turn(ds4::bridge::Model &m, const std::string &text, int n) {
+    ds4::bridge::Session s(m, kCtx);
+    const std::vector<int32_t> prompt = m.tokenize(text);
+    s.sync(prompt);
+    std::vector<int32_t> out{s.argmax()};
+    while ((int)out.size() < n) {
+        const ds4::bridge::SpecTrial t = s.spec_trial(out.back(), 0.f, 0, 1.f, 0.f, nullptr, n - (int)out.size());
+        if (t.width == 0) {
+            s.eval(out.back());
+            out.push_back(s.argmax());
+            continue;
+        }
+        int keep = 0;
+        while (keep <= t.accepted && (int)out.size() < n) out.push_back(t.argmax[keep++]);
+        s.spec_commit(keep);
+    }
+    return out;
+}
+
+const char *kPrompts[] = {"def parse_config(path):\n    ", "import os\n\nclass Cache:\n    def __init__(self"};
+
+// The fields of the /proc/PID/smaps entries whose name starts with `prefix`, summed (kB),
+// plus "inode" of the last one.
+std::map<std::string, uint64_t> smaps_of(pid_t pid, const std::string &prefix) {
+    std::ifstream f("/proc/" + std::to_string(pid) + "/smaps");
+    std::map<std::string, uint64_t> r;
+    std::string line;
+    bool in = false;
+    while (std::getline(f, line)) {
+        const size_t colon = line.find(':');
+        const bool header = colon == std::string::npos || line.find(' ') < colon;  // "addr-addr perms off dev inode name"
+        if (header) {
+            std::istringstream ls(line);
+            std::string range, perms, off, dev, name;
+            uint64_t inode = 0;
+            ls >> range >> perms >> off >> dev >> inode;
+            std::getline(ls, name);
+            name.erase(0, name.find_first_not_of(' '));
+            in = name.rfind(prefix, 0) == 0;
+            if (in) {
+                r["inode"] = inode;
+                r["mappings"] += 1;
+                if (perms.find('w') != std::string::npos) r["writable"] += 1;
+                if (perms.size() > 3 && perms[3] == 's') r["shared_mappings"] += 1;
+            }
+            continue;
+        }
+        if (!in) continue;
+        std::istringstream ls(line.substr(colon + 1));
+        uint64_t kb = 0;
+        if (ls >> kb) r[line.substr(0, colon)] += kb;
+    }
+    return r;
+}
+
+size_t count_fds(pid_t pid) {
+    size_t n = 0;
+    for (auto &e : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd")) (void)e, ++n;
+    return n;
+}
+
+// Reads one frame from a raw connection, keeping descriptors passed with it.
+struct FdConn : RawConn {
+    std::vector<int> fds;
+    using RawConn::RawConn;
+    ~FdConn() {
+        for (int f : fds) close(f);
+    }
+    const fb::Envelope *next_with_fds() {
+        for (;;) {
+            auto st = dec.next();
+            if (st == ds4::ipc::FrameDecoder::Status::Frame) return dec.envelope();
+            if (st == ds4::ipc::FrameDecoder::Status::Error) return nullptr;
+            uint8_t buf[4096];
+            alignas(cmsghdr) char ctl[CMSG_SPACE(8 * sizeof(int))];
+            iovec iov{buf, sizeof buf};
+            msghdr msg{};
+            msg.msg_iov = &iov;
+            msg.msg_iovlen = 1;
+            msg.msg_control = ctl;
+            msg.msg_controllen = sizeof ctl;
+            pollfd p{fd, POLLIN, 0};
+            if (poll(&p, 1, 15000) <= 0) return nullptr;
+            const ssize_t n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+            if (n <= 0) return nullptr;
+            for (cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c))
+                for (size_t i = 0; i < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); ++i) {
+                    int f;
+                    std::memcpy(&f, CMSG_DATA(c) + i * sizeof(int), sizeof f);
+                    fds.push_back(f);
+                }
+            dec.feed(buf, size_t(n));
+        }
+    }
+};
+
+std::vector<uint8_t> get_drafter_frame(uint64_t rid) {
+    return frame([&](auto &fbb) { ds4::ipc::finish_frame(fbb, rid, fb::CreateGetDrafter(fbb)); });
+}
+
+class DrafterShareE2E : public ::testing::Test {
+protected:
+    static inline TempDir *dir = nullptr;
+    static inline Daemon *daemon = nullptr;
+    static inline std::vector<int32_t> *private_out = nullptr;
+
+    static void SetUpTestSuite() {
+        dir = new TempDir;
+        daemon = new Daemon;
+        const std::string err = daemon->start(DS4D_PATH, kModel, dir->path + "/ds4.sock", dir->path + "/ds4d.log",
+                                              {"--drafter", kDrafter, "--ctx", std::to_string(kCtx)});
+        ASSERT_EQ(err, "");
+        ds4::bridge::Model priv = open_model("", kDrafter);
+        private_out = new std::vector<int32_t>;
+        for (const char *p : kPrompts) {
+            const auto t = spec_turn(priv, p, 40);
+            private_out->insert(private_out->end(), t.begin(), t.end());
+        }
+    }
+    static void TearDownTestSuite() {
+        if (daemon && daemon->pid > 0) {
+            EXPECT_EQ(daemon->stop(SIGTERM), 0) << read_file(daemon->log);
+        }
+        delete daemon;
+        delete dir;
+        delete private_out;
+        daemon = nullptr;
+        dir = nullptr;
+        private_out = nullptr;
+    }
+    void SetUp() override {
+        if (!daemon || daemon->pid < 0) GTEST_SKIP() << "suite set-up failed";
+    }
+    static std::vector<int32_t> turns(ds4::bridge::Model &m) {
+        std::vector<int32_t> out;
+        for (const char *p : kPrompts) {
+            const auto t = spec_turn(m, p, 40);
+            out.insert(out.end(), t.begin(), t.end());
+        }
+        return out;
+    }
+};
+
+TEST_F(DrafterShareE2E, ImportedDrafterIsTheDaemonsPagesAndDecodesLikeAPrivateOne) {
+    ds4::bridge::Model m = open_model(daemon->socket, "");
+    ASSERT_TRUE(m.drafter_shared()) << m.drafter_import_note();
+    EXPECT_EQ(m.drafter_import_note(), "");
+    EXPECT_EQ(m.spec_counters().draft_max, 4);
+    ds4::bridge::Model priv = open_model("", kDrafter);
+    EXPECT_FALSE(priv.drafter_shared());
+    EXPECT_EQ(m.drafter_info().fingerprint, priv.drafter_info().fingerprint);
+
+    EXPECT_EQ(turns(m), *private_out);
+    EXPECT_GT(m.spec_counters().drafted, 0u);
+    EXPECT_GT(m.spec_counters().accepted, 0u);
+
+    // The importer maps the daemon's memfd (same inode), shared and read-only, with no
+    // anonymous (private copy) pages; both processes have the pages resident, so each is
+    // charged about half of them (PSS).
+    const auto mine = smaps_of(getpid(), "/memfd:ds4-drafter");
+    const auto theirs = smaps_of(daemon->pid, "/memfd:ds4-drafter");
+    ASSERT_GT(mine.count("inode"), 0u) << "no memfd mapping in this process";
+    ASSERT_GT(theirs.count("inode"), 0u) << "no memfd mapping in ds4d";
+    EXPECT_EQ(mine.at("inode"), theirs.at("inode"));
+    const uint64_t file_kb = std::filesystem::file_size(kDrafter) / 1024;
+    EXPECT_GE(mine.at("Size"), file_kb);
+    EXPECT_EQ(mine.count("writable"), 0u);
+    EXPECT_EQ(mine.at("shared_mappings"), mine.at("mappings"));
+    EXPECT_EQ(mine.at("Anonymous"), 0u);
+    EXPECT_GE(mine.at("Rss"), file_kb * 9 / 10) << "prewarm touched the drafter";
+    EXPECT_GE(mine.at("Shared_Clean") + mine.at("Shared_Dirty"), mine.at("Rss") * 9 / 10);
+    EXPECT_LE(mine.at("Pss"), mine.at("Rss") * 6 / 10);
+    EXPECT_LE(theirs.at("Pss"), theirs.at("Rss") * 6 / 10);
+    std::printf("drafter %llu kB: importer Rss %llu kB Pss %llu kB, ds4d Rss %llu kB Pss %llu kB\n",
+                (unsigned long long)file_kb, (unsigned long long)mine.at("Rss"), (unsigned long long)mine.at("Pss"),
+                (unsigned long long)theirs.at("Rss"), (unsigned long long)theirs.at("Pss"));
+}
+
+TEST_F(DrafterShareE2E, WithoutADaemonTheOpenFallsBack) {
+    const std::string nowhere = dir->path + "/nobody.sock";
+    ds4::bridge::Model withp = open_model(nowhere, kDrafter);
+    EXPECT_FALSE(withp.drafter_shared());
+    EXPECT_EQ(withp.spec_counters().draft_max, 4) << "the private drafter is loaded";
+    EXPECT_NE(withp.drafter_import_note().find("cannot connect"), std::string::npos) << withp.drafter_import_note();
+    EXPECT_NE(withp.drafter_import_note().find("loading the drafter privately"), std::string::npos);
+    EXPECT_EQ(turns(withp), *private_out);
+
+    ds4::bridge::Model none = open_model(nowhere, "");
+    EXPECT_FALSE(none.drafter_shared());
+    EXPECT_EQ(none.spec_counters().draft_max, 0);
+    EXPECT_NE(none.drafter_import_note().find("no drafter"), std::string::npos) << none.drafter_import_note();
+}
+
+TEST_F(DrafterShareE2E, DaemonsWithoutASharedDrafterRefuse) {
+    TempDir d;
+    const std::string tiny = d.path + "/tiny.gguf";
+    ASSERT_EQ(run_cmd({DS4_MAKE_MODEL_PATH, "--preset", "tiny", tiny}, d.path).rc, 0);
+    Daemon plain;
+    ASSERT_EQ(plain.start(DS4D_PATH, tiny, d.path + "/plain.sock", d.path + "/plain.log"), "");
+    ds4::bridge::Model a = open_model(plain.socket, kDrafter);
+    EXPECT_FALSE(a.drafter_shared());
+    EXPECT_EQ(a.spec_counters().draft_max, 4);
+    EXPECT_NE(a.drafter_import_note().find("without a drafter"), std::string::npos) << a.drafter_import_note();
+
+    Daemon priv;
+    ASSERT_EQ(priv.start(DS4D_PATH, kModel, d.path + "/priv.sock", d.path + "/priv.log",
+                         {"--drafter", kDrafter, "--no-share-drafter"}),
+              "");
+    ds4::bridge::Model b = open_model(priv.socket, "");
+    EXPECT_FALSE(b.drafter_shared());
+    EXPECT_EQ(b.spec_counters().draft_max, 0);
+    EXPECT_NE(b.drafter_import_note().find("--no-share-drafter"), std::string::npos) << b.drafter_import_note();
+    EXPECT_EQ(smaps_of(priv.pid, "/memfd:ds4-drafter").count("inode"), 0u) << "--no-share-drafter makes no memfd";
+}
+
+TEST_F(DrafterShareE2E, ADrafterOfAnotherVocabularyIsRefused) {
+    TempDir d;
+    const std::string tiny = d.path + "/tiny.gguf";
+    ASSERT_EQ(run_cmd({DS4_MAKE_MODEL_PATH, "--preset", "tiny", tiny}, d.path).rc, 0);
+    Daemon other;
+    ASSERT_EQ(other.start(DS4D_PATH, tiny, d.path + "/o.sock", d.path + "/o.log", {"--drafter", tiny}), "");
+    ds4::bridge::Model m = open_model(other.socket, kDrafter);
+    EXPECT_FALSE(m.drafter_shared());
+    EXPECT_NE(m.drafter_import_note().find("does not fit the model"), std::string::npos) << m.drafter_import_note();
+    EXPECT_EQ(turns(m), *private_out) << "the private drafter is used";
+}
+
+// An exporter that lies: answers Hello, then GetDrafter with the given descriptor and fd.
+struct FakeExporter {
+    std::string path;
+    int lfd = -1;
+    std::thread th;
+    FakeExporter(const std::string &p, uint64_t fingerprint, uint32_t n_vocab, uint64_t bytes, int pass_fd) : path(p) {
+        lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        sockaddr_un a{};
+        a.sun_family = AF_UNIX;
+        std::strncpy(a.sun_path, p.c_str(), sizeof a.sun_path - 1);
+        EXPECT_EQ(bind(lfd, reinterpret_cast<sockaddr *>(&a), sizeof a), 0);
+        EXPECT_EQ(listen(lfd, 4), 0);
+        th = std::thread([=, this] {
+            const int c = accept(lfd, nullptr, nullptr);
+            if (c < 0) return;
+            ds4::ipc::FrameDecoder dec;
+            auto next = [&]() -> const fb::Envelope * {
+                for (;;) {
+                    if (dec.next() == ds4::ipc::FrameDecoder::Status::Frame) return dec.envelope();
+                    uint8_t b[4096];
+                    const ssize_t n = recv(c, b, sizeof b, 0);
+                    if (n <= 0) return nullptr;
+                    dec.feed(b, size_t(n));
+                }
+            };
+            if (next()) {
+                const auto ok = frame([&](auto &fbb) {
+                    ds4::ipc::finish_frame(fbb, 1, fb::CreateHelloOkDirect(fbb, ds4::ipc::kProtocolVersion, "fake"));
+                });
+                (void)::send(c, ok.data(), ok.size(), MSG_NOSIGNAL);
+            }
+            if (const fb::Envelope *e = next()) {
+                const auto share = frame([&](auto &fbb) {
+                    ds4::ipc::finish_frame(fbb, e->request_id(), fb::CreateDrafterShare(fbb, 1, fingerprint, n_vocab, bytes));
+                });
+                iovec iov{const_cast<uint8_t *>(share.data()), share.size()};
+                alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(int))] = {};
+                msghdr msg{};
+                msg.msg_iov = &iov;
+                msg.msg_iovlen = 1;
+                if (pass_fd >= 0) {
+                    msg.msg_control = ctl;
+                    msg.msg_controllen = sizeof ctl;
+                    cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+                    cm->cmsg_level = SOL_SOCKET;
+                    cm->cmsg_type = SCM_RIGHTS;
+                    cm->cmsg_len = CMSG_LEN(sizeof(int));
+                    std::memcpy(CMSG_DATA(cm), &pass_fd, sizeof(int));
+                }
+                (void)sendmsg(c, &msg, MSG_NOSIGNAL);
+                char b[64];
+                while (recv(c, b, sizeof b, 0) > 0) {
+                }
+            }
+            close(c);
+        });
+    }
+    ~FakeExporter() {
+        th.join();
+        close(lfd);
+        unlink(path.c_str());
+    }
+};
+
+// A memfd holding the drafter's bytes; sealed or not.
+int drafter_memfd(bool seal) {
+    const int fd = memfd_create("fake-drafter", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    std::ifstream in(kDrafter, std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(write(fd, bytes.data(), bytes.size()), ssize_t(bytes.size()));
+    if (seal) {
+        EXPECT_EQ(fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL), 0);
+    }
+    return fd;
+}
+
+TEST_F(DrafterShareE2E, LyingDescriptorsAreRefused) {
+    ds4::bridge::Model priv = open_model("", kDrafter);
+    const ds4_bridge_model_info_t info = priv.drafter_info();
+    const uint64_t size = std::filesystem::file_size(kDrafter);
+    const int sealed = drafter_memfd(true), unsealed = drafter_memfd(false);
+    const int plain_file = open(kDrafter.c_str(), O_RDONLY | O_CLOEXEC);
+    struct Case {
+        const char *what;
+        uint64_t fingerprint;
+        uint32_t n_vocab;
+        uint64_t bytes;
+        int fd;
+        const char *expect;
+    } cases[] = {
+        {"size", info.fingerprint, uint32_t(info.n_vocab), size + 4096, sealed, "the descriptor says"},
+        {"short size", info.fingerprint, uint32_t(info.n_vocab), size / 2, sealed, "the descriptor says"},
+        {"fingerprint", info.fingerprint ^ 1, uint32_t(info.n_vocab), size, sealed, "fingerprint"},
+        {"vocabulary", info.fingerprint, uint32_t(info.n_vocab) + 1, size, sealed, "vocabulary"},
+        {"unsealed", info.fingerprint, uint32_t(info.n_vocab), size, unsealed, "not sealed"},
+        {"plain file", info.fingerprint, uint32_t(info.n_vocab), size, plain_file, "not sealed"},
+        {"no descriptor", info.fingerprint, uint32_t(info.n_vocab), size, -1, "descriptors, not one"},
+    };
+    int n = 0;
+    for (const Case &c : cases) {
+        SCOPED_TRACE(c.what);
+        const std::string sock = dir->path + "/fake" + std::to_string(n++) + ".sock";
+        FakeExporter fake(sock, c.fingerprint, c.n_vocab, c.bytes, c.fd);
+        ds4::bridge::Model m = open_model(sock, "");
+        EXPECT_FALSE(m.drafter_shared());
+        EXPECT_EQ(m.spec_counters().draft_max, 0);
+        EXPECT_NE(m.drafter_import_note().find(c.expect), std::string::npos) << m.drafter_import_note();
+    }
+    // The honest version of the same exporter is accepted (the checks above are what failed).
+    {
+        FakeExporter fake(dir->path + "/honest.sock", info.fingerprint, uint32_t(info.n_vocab), size, sealed);
+        ds4::bridge::Model m = open_model(dir->path + "/honest.sock", "");
+        EXPECT_TRUE(m.drafter_shared()) << m.drafter_import_note();
+    }
+    close(sealed);
+    close(unsealed);
+    close(plain_file);
+}
+
+TEST_F(DrafterShareE2E, AClientAskingInALoopGetsBoundedDescriptors) {
+    const size_t before = count_fds(daemon->pid);
+    {
+        FdConn c(daemon->socket);
+        ASSERT_TRUE(c.ok());
+        ASSERT_TRUE(c.send(hello_frame()));
+        const fb::Envelope *e = c.next_with_fds();
+        ASSERT_TRUE(e && e->body_type() == fb::Message::HelloOk);
+        int shared = 0, busy = 0;
+        for (uint64_t rid = 2; rid < 22; ++rid) {
+            ASSERT_TRUE(c.send(get_drafter_frame(rid)));
+            e = c.next_with_fds();
+            ASSERT_NE(e, nullptr);
+            EXPECT_EQ(e->request_id(), rid);
+            if (e->body_type() == fb::Message::DrafterShare) ++shared;
+            else if (e->body_as_Error() && e->body_as_Error()->code() == fb::ErrorCode::Busy) ++busy;
+        }
+        EXPECT_EQ(shared, 4);
+        EXPECT_EQ(busy, 16);
+        EXPECT_EQ(c.fds.size(), 4u) << "one descriptor per DrafterShare, none with a refusal";
+        // Before Hello, GetDrafter is refused and passes nothing.
+        FdConn early(daemon->socket);
+        ASSERT_TRUE(early.send(get_drafter_frame(7)));
+        e = early.next_with_fds();
+        ASSERT_TRUE(e && e->body_as_Error());
+        EXPECT_EQ(e->body_as_Error()->code(), fb::ErrorCode::Protocol);
+        EXPECT_TRUE(early.fds.empty());
+    }
+    for (int i = 0; i < 30; ++i) {
+        FdConn c(daemon->socket);
+        ASSERT_TRUE(c.send(hello_frame()) && c.next_with_fds());
+        ASSERT_TRUE(c.send(get_drafter_frame(2)));
+        const fb::Envelope *e = c.next_with_fds();
+        ASSERT_TRUE(e && e->body_type() == fb::Message::DrafterShare);
+        EXPECT_EQ(c.fds.size(), 1u);
+    }
+    // ds4d closes the connections as it sees them go; its table returns to where it was.
+    size_t after = 0;
+    for (int i = 0; i < 200 && (after = count_fds(daemon->pid)) != before; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    EXPECT_EQ(after, before);
+}
+
+TEST_F(DrafterShareE2E, TheImporterOutlivesTheDaemon) {
+    TempDir d;
+    Daemon victim;
+    ASSERT_EQ(victim.start(DS4D_PATH, kModel, d.path + "/v.sock", d.path + "/v.log", {"--drafter", kDrafter}), "");
+    ds4::bridge::Model m = open_model(victim.socket, "");
+    ASSERT_TRUE(m.drafter_shared()) << m.drafter_import_note();
+    victim.stop(SIGKILL);
+    EXPECT_EQ(turns(m), *private_out);
+    EXPECT_GT(m.spec_counters().accepted, 0u);
+}
+
+}  // namespace
+
+#endif
