@@ -212,6 +212,8 @@ TEST(DaemonOptions, DrafterFromFlagOrEnvironment) {
     EXPECT_EQ(o.drafter_path, "d.gguf");
     EXPECT_EQ(o.draft_max, 6u);
     EXPECT_EQ(parse({"--model", "m", "--mtp", "d2.gguf"}).drafter_path, "d2.gguf");  // the older name
+    EXPECT_TRUE(o.share_drafter);  // shared by default (drafter_import), --no-share-drafter keeps it private
+    EXPECT_FALSE(parse({"--model", "m", "--drafter", "d.gguf", "--no-share-drafter"}).share_drafter);
     setenv("DS4_DRAFTER", "env.gguf", 1);
     setenv("DS4_DRAFT_MAX", "3", 1);
     o = parse({"--model", "m"});
