@@ -5,8 +5,9 @@
 // privately loaded drafter's, also after the daemon is killed. Every way the import can go
 // wrong falls back (private drafter_path, or no drafter) with the reason, never a crash: no
 // daemon, a daemon without a drafter or not sharing it, a drafter of another vocabulary, and a
-// lying exporter (size, fingerprint, unsealed file, no descriptor). A client asking in a loop
-// gets a bounded number of descriptors and ds4d's own descriptor table does not grow.
+// lying exporter (size, fingerprint, unsealed file, no descriptor), another user (refused by
+// both sides). A client asking in a loop gets a bounded number of descriptors and ds4d's own
+// descriptor table does not grow.
 #include <gtest/gtest.h>
 
 #ifndef DS4_E2E
@@ -28,6 +29,7 @@ TEST(DrafterShareE2E, NeedsBridgeAndDaemon) {
 
 #include "bridge/ds4.hpp"
 #include "tests/daemon/e2e_support.h"
+#include "tests/daemon/other_user.h"
 
 using namespace e2e;
 
@@ -434,6 +436,47 @@ TEST_F(DrafterShareE2E, AClientAskingInALoopGetsBoundedDescriptors) {
     for (int i = 0; i < 200 && (after = count_fds(daemon->pid)) != before; ++i)
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
     EXPECT_EQ(after, before);
+}
+
+// Another user is refused by ds4d itself (SO_PEERCRED), even where the file modes would let
+// it reach the socket; it falls back like any refused import.
+TEST_F(DrafterShareE2E, AnotherUserIsRefused) {
+    if (!othuser::can_switch_user()) GTEST_SKIP() << "needs root to run a second user";
+    TempDir d;
+    Daemon dd;
+    ASSERT_EQ(dd.start(DS4D_PATH, kModel, d.path + "/u.sock", d.path + "/u.log", {"--drafter", kDrafter}), "");
+    ASSERT_EQ(chmod(d.path.c_str(), 0755), 0);
+    ASSERT_EQ(chmod(dd.socket.c_str(), 0666), 0);
+    const std::string sock = dd.socket;
+    othuser::Child child([&](int ready, int report) {
+        (void)!write(ready, "r", 1);
+        std::string note;
+        try {
+            ds4::bridge::Model m = open_model(sock, "");
+            note = std::string(m.drafter_shared() ? "SHARED " : "private ") + m.drafter_import_note();
+        } catch (const std::exception &e) {
+            note = std::string("open failed: ") + e.what();
+        }
+        // The daemon's side, asked directly: refused at the connection, no descriptor.
+        FdConn c(sock);
+        if (c.ok() && c.send(hello_frame()) && c.send(get_drafter_frame(2))) {
+            const fb::Envelope *e = c.next_with_fds();
+            note += "\n";
+            note += e && e->body_as_Error() && e->body_as_Error()->message() ? e->body_as_Error()->message()->str()
+                                                                             : "no error frame";
+            note += " fds=" + std::to_string(c.fds.size());
+        }
+        (void)!write(report, note.data(), note.size());
+        return 0;
+    });
+    ASSERT_TRUE(child.wait_ready());
+    const std::string note = child.read_report();
+    EXPECT_EQ(child.wait(), 0);
+    // The importer refuses a server of another user before asking; ds4d refuses the peer.
+    EXPECT_EQ(note.rfind("private ", 0), 0u) << note;
+    EXPECT_NE(note.find("not ours"), std::string::npos) << note;
+    EXPECT_NE(note.find("serves only its own user"), std::string::npos) << note;
+    EXPECT_NE(note.find("fds=0"), std::string::npos) << note;
 }
 
 TEST_F(DrafterShareE2E, TheImporterOutlivesTheDaemon) {
