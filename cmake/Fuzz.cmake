@@ -4,15 +4,17 @@ find_program(DS4_CLANGXX NAMES clang++-14 clang++)
 set(DS4_FUZZ_SECONDS 30 CACHE STRING "Seconds each fuzzer runs under ctest")
 
 # ds4_add_fuzzer(NAME SOURCES a.cpp b.cpp [INCLUDES dirs...] [LIBS -lfoo ...] [CORPUS dir]
-#                [DEFINES X=1 ...] [DEPENDS targets/files...] [RUNS n])
+#                [DEFINES X=1 ...] [DEPENDS targets/files...] [RUNS n] [REGRESSIONS dir])
 # RUNS: under ctest, run exactly n inputs from a fixed seed (SEED s, default 1) instead of DS4_FUZZ_SECONDS of
 # random ones, so CI is reproducible for a target whose input space still hides deep finds
 # (run it by hand without -runs to explore).
+# REGRESSIONS: a folder of fixed finds (crash-*): a second test, NAME_regressions, runs each
+# once, so a fix that regresses fails CI whatever the random runs reach.
 # LIBS may name archives built by the main build ($<TARGET_FILE:lib>; list the target in
 # DEPENDS too): that code is then linked in but not instrumented, so list in SOURCES the
 # sources whose coverage and bounds the fuzzer is about.
 function(ds4_add_fuzzer name)
-  cmake_parse_arguments(F "" "CORPUS;RUNS;SEED" "SOURCES;INCLUDES;LIBS;DEFINES;DEPENDS" ${ARGN})
+  cmake_parse_arguments(F "" "CORPUS;RUNS;SEED;REGRESSIONS" "SOURCES;INCLUDES;LIBS;DEFINES;DEPENDS" ${ARGN})
   if(NOT DS4_CLANGXX)
     message(STATUS "ds4: clang++ not found, fuzzer ${name} not built")
     return()
@@ -55,4 +57,10 @@ function(ds4_add_fuzzer name)
   add_test(NAME ${name}
            COMMAND ${CMAKE_COMMAND} -E env ASAN_OPTIONS=detect_leaks=1
                    sh -c "mkdir -p ${corpus_dir} && exec ${out} ${budget} -rss_limit_mb=2048 -timeout=10 ${corpus_dir} ${seed}")
+  if(F_REGRESSIONS)
+    get_filename_component(reg ${F_REGRESSIONS} ABSOLUTE)
+    add_test(NAME ${name}_regressions
+             COMMAND ${CMAKE_COMMAND} -E env ASAN_OPTIONS=detect_leaks=1
+                     sh -c "exec ${out} -rss_limit_mb=2048 -timeout=10 ${reg}/crash-*")
+  endif()
 endfunction()

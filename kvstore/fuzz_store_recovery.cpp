@@ -136,6 +136,8 @@ void apply(const std::string &dir, Reader &in) {
     struct stat st;
     fstat(fd, &st);
     const uint64_t size = uint64_t(st.st_size);
+    static const bool verbose = getenv("DS4_FUZZ_VERBOSE") != nullptr;   // which damage, for triage
+    if (verbose) std::fprintf(stderr, "mutation %u on %s (%llu bytes)\n", op & 7, g_files[which].c_str(), (unsigned long long)size);
     switch (op & 7) {
         case 0: case 1: case 2: {
             uint64_t off = in.u(3);

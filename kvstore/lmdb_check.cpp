@@ -42,7 +42,7 @@ struct Meta {
 };
 
 // Parses the meta page at `page` (kPageHeader + kMetaBytes bytes); empty string or why not.
-std::string parse_meta(const uint8_t *page, Meta *m) {
+std::string parse_meta(const uint8_t *page, int index, Meta *m) {
     if (!(le(page + 10, 2) & kPageMeta)) return "is not flagged as a meta page";
     const uint8_t *p = page + kPageHeader;
     if (le(p, 4) != kMagic) return "has no LMDB magic";
@@ -57,6 +57,13 @@ std::string parse_meta(const uint8_t *page, Meta *m) {
     if (m->page_size < 512 || m->page_size > 65536 || (m->page_size & (m->page_size - 1)))
         return "names an impossible page size " + std::to_string(m->page_size);
     if (m->last_page < 1) return "names an impossible last page " + std::to_string(m->last_page);
+    // LMDB writes transaction t's meta into page t % 2 (both hold 0 in a new file) and
+    // takes the page with the larger id as the newest; the next write runs as id + 1. An id
+    // on the wrong page, or one so large that the next ones wrap, is damage that LMDB
+    // follows into its free list (a page handed out twice: an assertion, abort).
+    if (m->txnid != 0 && m->txnid % 2 != uint64_t(index))
+        return "holds transaction id " + std::to_string(m->txnid) + ", which LMDB never writes to this page";
+    if (m->txnid > (uint64_t(1) << 62)) return "holds an impossible transaction id " + std::to_string(m->txnid);
     // Duplicate-key flags (DUPSORT, DUPFIXED, INTEGERDUP, REVERSEDUP) on the free list or
     // the main table make LMDB expect sub-cursors it never set up (an assertion, abort).
     for (int i = 0; i < 2; ++i)
@@ -286,7 +293,7 @@ Status check_lmdb_data_file(const std::string &path, LmdbMetaInfo *info) {
             return {Code::kIoError, "reading " + path + ": " + strerror(e)};
         }
         why[i] = size_t(got) < sizeof page ? "is cut off (the file is " + std::to_string(size) + " bytes)"
-                                           : parse_meta(page, &metas[i]);
+                                           : parse_meta(page, i, &metas[i]);
         if (i == 0 && !why[0].empty()) break;  // no page size: page 1 cannot be found
     }
     // LMDB refuses the file (or worse) unless both meta pages are sane.

@@ -524,6 +524,35 @@ TEST_F(DamagedIndexTest, FreeListNamesAPageInUse) {
     }, true, "is both free and in use");
 }
 
+TEST_F(DamagedIndexTest, OlderMetaWithAWrappingTransactionId) {
+    // Found by fuzz_store_recovery seed 1 (kvstore/fuzz_store_recovery_crashes): the older
+    // meta page's txnid set to all ones made it the newest, its (older, sound) tree passed
+    // the walk, and the next write ran as txnid 0: LMDB handed a page out twice and aborted
+    // ("Assertion 'rc == 0' failed in mdb_page_dirty") when recovery quarantined a payload.
+    damage_and_reopen([](const std::string &f) {
+        const auto bytes = testing::read_file(f);
+        uint64_t txn[2];
+        for (int i = 0; i < 2; ++i) memcpy(&txn[i], bytes.data() + i * 4096 + 16 + 128, 8);
+        ASSERT_NE(txn[0], txn[1]);
+        const size_t older = txn[0] < txn[1] ? 0 : 4096;
+        overwrite(f, older + 16 + 128, std::vector<uint8_t>(8, 0xff));
+    }, true, "transaction id");
+}
+
+TEST_F(DamagedIndexTest, MetaWithATransactionIdOnTheWrongPage) {
+    // An id of the right size on the wrong page: LMDB writes transaction t into page t % 2.
+    damage_and_reopen([](const std::string &f) {
+        const auto bytes = testing::read_file(f);
+        uint64_t txn[2];
+        for (int i = 0; i < 2; ++i) memcpy(&txn[i], bytes.data() + i * 4096 + 16 + 128, 8);
+        const size_t older = txn[0] < txn[1] ? 0 : 4096;
+        const uint64_t bumped = std::max(txn[0], txn[1]) + 2;   // newest now, parity of the other page
+        std::vector<uint8_t> v(8);
+        memcpy(v.data(), &bumped, 8);
+        overwrite(f, older + 16 + 128, v);
+    }, true, "which LMDB never writes to this page");
+}
+
 TEST_F(DamagedIndexTest, EveryPageButTheMetasAndMainRootZeroed) {
     // The tables open (their records sit in the main root) but reading any of them
     // fails: LMDB reports it on the first read, and that is handled the same way.
