@@ -548,6 +548,24 @@ int ds4_bridge_session_create(ds4_bridge_session **out, ds4_bridge_model *m, int
     });
 }
 
+int ds4_bridge_session_cache_bytes(ds4_bridge_session *s, uint64_t *bytes_out, char *err, size_t errlen) {
+    NEED(s, "session is NULL");
+    NEED(bytes_out, "bytes_out is NULL");
+    *bytes_out = s->s->memory_bytes() + (s->draft ? s->draft->memory_bytes() : 0);
+    return 0;
+}
+
+int ds4_bridge_cache_bytes_for(ds4_bridge_model *m, int ctx_size, int n_tokens, uint64_t *bytes_out, char *err,
+                               size_t errlen) {
+    NEED(m, "model is NULL");
+    NEED(bytes_out, "bytes_out is NULL");
+    NEED(ctx_size > 0, "ctx_size must be positive");
+    return guarded(err, errlen, [&] {
+        *bytes_out = ds4::Session::cache_bytes_for(*m->model, ctx_size, n_tokens);
+        return 0;
+    });
+}
+
 void ds4_bridge_session_free(ds4_bridge_session *s) {
     if (!s) return;
     {

@@ -385,6 +385,17 @@ DS4_BRIDGE_API int ds4_bridge_bind_plan_match(const ds4_bridge_tensor_directory 
                                               size_t errlen);
 /* === end of host-owned tables ========================================================== */
 
+/* --- cache memory (for a host's memory budget) --------------------------------------- */
+/* A session's caches grow with the tokens it has held (entry arrays in steps), not with its
+ * context: *bytes_out gets what session s occupies now (its drafter session included). */
+DS4_BRIDGE_API int ds4_bridge_session_cache_bytes(ds4_bridge_session *s, uint64_t *bytes_out, char *err,
+                                                  size_t errlen);
+/* What a session of ctx_size created on m occupies once it has held n_tokens tokens (clamped
+ * to 0..ctx_size), without a drafter session: exactly ds4_bridge_session_cache_bytes of such
+ * a session, so a host can reserve it before the tokens arrive. */
+DS4_BRIDGE_API int ds4_bridge_cache_bytes_for(ds4_bridge_model *m, int ctx_size, int n_tokens, uint64_t *bytes_out,
+                                              char *err, size_t errlen);
+
 #ifdef __cplusplus
 }
 #endif

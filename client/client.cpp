@@ -506,6 +506,11 @@ Stats Client::stats() {
     s.spec_solo_seconds = r->spec_solo_seconds();
     s.solo_steps = r->solo_steps();
     s.solo_seconds = r->solo_seconds();
+    s.kv_budget = r->kv_budget();
+    s.kv_in_use = r->kv_in_use();
+    s.kv_waiting = r->kv_waiting();
+    s.slot_waiting = r->slot_waiting();
+    s.kv_refused = r->kv_refused();
     if (r->streams())
         for (const fb::StreamStats *x : *r->streams()) {
             if (!x) continue;

@@ -476,6 +476,9 @@ int cmd_stats(Client &client) {
                     bytes(s.memory.device_weights_bytes).c_str(), bytes(s.memory.device_free).c_str(),
                     bytes(s.memory.device_total).c_str());
     std::printf("\n");
+    std::printf("kv budget    %s of %s in use, %u requests waiting for memory, %u for a session slot, %llu refused\n",
+                bytes(s.kv_in_use).c_str(), bytes(s.kv_budget).c_str(), s.kv_waiting, s.slot_waiting,
+                static_cast<unsigned long long>(s.kv_refused));
     std::printf("store        %llu failed session saves\n", static_cast<unsigned long long>(s.saves_failed));
     if (s.steps) {
         const double rows = double(s.step_rows) / double(s.steps), reqs = double(s.step_requests) / double(s.steps);

@@ -128,6 +128,10 @@ struct Stats {
     uint64_t steps = 0, step_rows = 0, step_requests = 0;
     double step_seconds = 0;
     uint32_t max_batch = 0, step_tokens = 0;
+    // Session-cache budget (--kv-budget): bytes held now (reservations included), requests
+    // waiting for that memory or for a session slot, requests refused for either.
+    uint64_t kv_budget = 0, kv_in_use = 0, kv_refused = 0;
+    uint32_t kv_waiting = 0, slot_waiting = 0;
     struct Stream {
         uint64_t request_id = 0;
         std::string session;

@@ -175,6 +175,7 @@ public:
                             g.cap);
             const int first = ss.n_entries(layer, which), last = (int)((sg.n0 + sg.n) / g.ratio);
             if (last > g.max_entries) failf("internal: compressed entries exceed capacity (%d > %d)", last, g.max_entries);
+            ss.need_entries(cs, last, s_);
             comp_emit(s_, cs.kv.get(), cs.gate.get(), g.cap, wd, g.dim, g.ratio, g.overlap, first, last, cs.entries.get(),
                       dw_.device(cw.norm.data()), c_.rms_eps, dw_.device(rope.inv_freq.data()), rope.n_pairs);
             ss.set_n_entries(layer, which, last);

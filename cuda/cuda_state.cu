@@ -14,9 +14,15 @@ CudaSessionState::CudaSessionState(const CacheGeometry &g) : SessionState(g) {
             if (!cg->present()) continue;
             c->kv.zeros((size_t)cg->cap * cg->width);
             c->gate.zeros((size_t)cg->cap * cg->width);
-            c->entries.zeros((size_t)cg->max_entries * cg->dim);
         }
     }
+}
+
+void CudaSessionState::need_entries(DevComp &c, int n, cudaStream_t stream) {
+    if ((size_t)n * c.g.dim <= c.entries.size()) return;
+    if (n > c.g.max_entries) failf("internal: compressed entries exceed capacity (%d > %d)", n, c.g.max_entries);
+    DS4_CUDA_CHECK(cudaStreamSynchronize(stream));
+    c.entries.need((size_t)entry_capacity(n, c.g.max_entries) * c.g.dim, true);
 }
 
 uint64_t CudaSessionState::memory_bytes() const {
@@ -49,7 +55,10 @@ Span locate(const DevLayer &L, const CacheGeometry &g, int layer, Cache which) {
     case Cache::IcompEntries: base = L.icomp.entries.get(); break;
     }
     const CacheShape sh = cache_shape(g, layer, which);
-    return {base, sh.cap, sh.width, sh.limit};
+    int limit = sh.limit;
+    if (sh.cap == 0 && sh.width)   // entry arrays: only the rows grown so far exist
+        limit = (int)((which == Cache::CompEntries ? L.comp : L.icomp).entries.size() / (size_t)sh.width);
+    return {base, sh.cap, sh.width, limit};
 }
 
 // Visits the contiguous pieces of rows [first, first+n) of a ring (or entry array).
@@ -57,7 +66,7 @@ template <class F>
 void pieces(const Span &s, int64_t first, int64_t n, F &&f) {
     if (s.cap == 0) {
         if (first < 0 || first + n > s.limit) failf("internal: entries [%lld, +%lld) out of range", (long long)first, (long long)n);
-        f(s.base + first * s.width, (int64_t)0, n);
+        if (n) f(s.base + first * s.width, (int64_t)0, n);
         return;
     }
     if (n > s.cap) failf("internal: %lld ring rows, the ring holds %d", (long long)n, s.cap);
@@ -73,15 +82,19 @@ void pieces(const Span &s, int64_t first, int64_t n, F &&f) {
 
 void CudaSessionState::read(int layer, Cache which, int64_t first, int64_t n, float *dst) const {
     const Span s = locate(layers.at(layer), geometry(), layer, which);
-    if (!s.base || s.width == 0) failf("internal: layer %d has no such cache", layer);
+    if (s.width == 0) failf("internal: layer %d has no such cache", layer);
     pieces(s, first, n, [&](float *dev, int64_t off, int64_t rows) {
         DS4_CUDA_CHECK(cudaMemcpy(dst + off * s.width, dev, sizeof(float) * rows * s.width, cudaMemcpyDeviceToHost));
     });
 }
 
 void CudaSessionState::write(int layer, Cache which, int64_t first, int64_t n, const float *src) {
+    if (which == Cache::CompEntries || which == Cache::IcompEntries) {
+        DevComp &c = which == Cache::CompEntries ? layers.at(layer).comp : layers.at(layer).icomp;
+        if (c.g.present() && first >= 0 && n >= 0 && first + n <= c.g.max_entries) need_entries(c, (int)(first + n), 0);
+    }
     const Span s = locate(layers.at(layer), geometry(), layer, which);
-    if (!s.base || s.width == 0) failf("internal: layer %d has no such cache", layer);
+    if (s.width == 0) failf("internal: layer %d has no such cache", layer);
     pieces(s, first, n, [&](float *dev, int64_t off, int64_t rows) {
         DS4_CUDA_CHECK(cudaMemcpy(dev, src + off * s.width, sizeof(float) * rows * s.width, cudaMemcpyHostToDevice));
     });

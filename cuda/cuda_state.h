@@ -10,7 +10,7 @@ namespace ds4::cuda {
 
 struct DevComp {
     CompGeometry g;
-    DeviceBuffer<float> kv, gate, entries;
+    DeviceBuffer<float> kv, gate, entries;   // entries: grown by need_entries (session_state.h)
 };
 
 struct DevLayer {
@@ -27,6 +27,10 @@ public:
     // Called before a step overwrites ring rows [n0, n0 + n) of (ring, cap, width): with the
     // journal on, the rows' old contents are copied aside on `stream` first.
     void will_write(float *ring, int cap, int width, int64_t n0, int n, cudaStream_t stream);
+
+    // Room for entries [0, n) of c, contents kept. Waits for `stream` first when it grows:
+    // kernels queued there may still use the old array.
+    void need_entries(DevComp &c, int n, cudaStream_t stream);
 
     uint64_t memory_bytes() const override;
     void read(int layer, Cache which, int64_t first, int64_t n, float *dst) const override;

@@ -75,6 +75,20 @@ MemorySnapshot BridgeModel::memory() {
     return out;
 }
 
+uint64_t BridgeModel::cache_bytes_for(uint32_t ctx, uint64_t n) {
+    char err[256] = {0};
+    uint64_t b = 0;
+    if (ds4_bridge_cache_bytes_for(m_->handle(), int(ctx), int(std::min<uint64_t>(n, ctx)), &b, err, sizeof err) != 0)
+        throw BridgeFailure(std::string("cache size: ") + err);
+    return b;
+}
+
+uint64_t BridgeSession::cache_bytes() const {
+    uint64_t b = 0;
+    char err[64];
+    return ds4_bridge_session_cache_bytes(s_.handle(), &b, err, sizeof err) == 0 ? b : 0;
+}
+
 BridgeSession::BridgeSession(BridgeModel &model, int ctx) : s_(model.model(), ctx), ctx_(ctx) {}
 
 void BridgeSession::sync(std::span<const int32_t> tokens) { s_.sync(tokens); }

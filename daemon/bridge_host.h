@@ -58,6 +58,8 @@ public:
     std::string detokenize(std::span<const int32_t> tokens);
     bool is_stop(int32_t token);
     MemorySnapshot memory();
+    // Cache bytes of a session of ctx once it has held n tokens (caches grow with use).
+    uint64_t cache_bytes_for(uint32_t ctx, uint64_t n);
 
     ds4::bridge::Model &model() { return *m_; }
     uint64_t fingerprint() const { return m_->fingerprint(); }
@@ -93,6 +95,7 @@ public:
     // Bumped when the engine had to rebuild the state (its prefix could not be kept).
     uint64_t generation() const { return s_.generation(); }
     int ctx() const { return ctx_; }
+    uint64_t cache_bytes() const;   // what its caches occupy now
 
 private:
     ds4::bridge::Session s_;

@@ -166,14 +166,14 @@ bool Worker::Impl::take_token(Job &j) {
 // One forward step over every ready request (daemon/scheduler.h says who gets rows), then
 // per-row sampling. False when nothing could run.
 bool Worker::Impl::run_step() {
-    bool progressed = false;
+    bool progressed = admit_jobs();   // --kv-budget: waiting jobs start in order when they fit
     std::vector<Job *> ready;
     for (auto it = jobs.begin(); it != jobs.end();) {
         Job &j = **it++;
         if (j.conn->closed.load(std::memory_order_acquire)) {
             end_job(j);  // output would go nowhere
             progressed = true;
-        } else if (runnable(j)) {
+        } else if (j.admitted && runnable(j)) {
             ready.push_back(&j);
         }
     }

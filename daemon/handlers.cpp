@@ -34,9 +34,11 @@ std::string Worker::Impl::save_error_of(const std::string &name) const {
 // Any failure inside a handler (std::bad_alloc included) fails only its own request;
 // the worker, and every other request, goes on.
 void Worker::Impl::handle(Request &r) {
+    defer_why.clear();
     try {
         std::visit([&](auto &p) { on(r, p); }, r.body);
     } catch (const std::exception &e) {
+        defer_why.clear();
         const bool oom = dynamic_cast<const std::bad_alloc *>(&e) != nullptr;
         log_line("request %llu failed: %s", static_cast<unsigned long long>(r.id), oom ? "out of memory" : e.what());
         try {
@@ -45,6 +47,17 @@ void Worker::Impl::handle(Request &r) {
             log_line("request %llu: the error reply could not be sent either", static_cast<unsigned long long>(r.id));
         }
     }
+    // It must wait for a session slot or cache memory: kept and retried in order
+    // (retry_deferred), or refused now when --kv-wait is 0.
+    if (defer_why.empty() || retrying) return;
+    if (cfg.kv_wait.count() == 0) {
+        const std::string why = defer_why;
+        defer_why.clear();
+        ++kv_refused;
+        return reply_error(r, fb::ErrorCode::SessionLimit, why);
+    }
+    deferred.push_back(Deferred{std::move(r), Clock::now(), defer_why});
+    defer_why.clear();
 }
 
 void Worker::Impl::on(Request &r, OpenSessionParams &p) {
@@ -326,6 +339,11 @@ void Worker::Impl::on(Request &r, StatsParams &p) {
     s.spec_solo_seconds = double(spec_solo_ns) * 1e-9;
     s.solo_steps = solo_steps;
     s.solo_seconds = double(solo_ns) * 1e-9;
+    s.kv_budget = cfg.kv_budget;
+    s.kv_in_use = kv_in_use();
+    for (auto &j : jobs) s.kv_waiting += j->admitted ? 0 : 1;
+    s.slot_waiting = uint32_t(deferred.size());
+    s.kv_refused = kv_refused;
     const auto now = Clock::now();
     for (auto &j : jobs) {
         StatsFields::Stream x;
@@ -404,6 +422,19 @@ void Worker::Impl::on(Request &r, GenerateParams &p) {
                            "history " + std::to_string(s->history.size()) + " + prompt " +
                                std::to_string(prompt.size()) + " tokens do not fit the session's context of " +
                                std::to_string(s->ctx));
+    {
+        const uint64_t most = std::min<uint64_t>(s->ctx, uint64_t(full.size()) + p.max_tokens);
+        const uint64_t need = model->cache_bytes_for(s->ctx, most);
+        if (need > cfg.kv_budget) {
+            ++kv_refused;
+            return reply_error(r, fb::ErrorCode::SessionLimit,
+                               "this request's session cache needs " + std::to_string(need >> 20) + " MiB (context " +
+                                   std::to_string(s->ctx) + ", up to " + std::to_string(most) +
+                                   " tokens), more than the whole session-cache budget of " +
+                                   std::to_string(cfg.kv_budget >> 20) +
+                                   " MiB (--kv-budget); ask for fewer tokens or a smaller context");
+        }
+    }
     job->conn = r.conn;
     job->arrival = next_arrival++;
     job->rid = r.id;

@@ -128,6 +128,8 @@ int main(int argc, char **argv) {
         wc.backend_auto = opt.backend == DaemonOptions::Backend::Auto;
         wc.ctx = opt.ctx;
         wc.max_sessions = opt.max_sessions;
+        wc.kv_budget = opt.kv_budget ? opt.kv_budget : default_kv_budget();
+        wc.kv_wait = std::chrono::seconds(opt.kv_wait_s);
         wc.prefill_chunk = opt.prefill_chunk;
         wc.max_batch = opt.max_batch;
         wc.step_tokens = opt.step_tokens;
@@ -153,6 +155,8 @@ int main(int argc, char **argv) {
             throw StartupError(msg);
         }
         const ModelSummary &m = worker.model();
+        log_line("session caches: budget %.1f MiB (--kv-budget), requests wait up to %u s for room (--kv-wait)",
+                 double(wc.kv_budget) / 1048576.0, opt.kv_wait_s);
         log_line("model %s (%s) on %s: %u layers, %u wide, vocab %u, context %u (limit %u)", m.name.c_str(),
                  m.family.c_str(), m.backend.c_str(), m.n_layer, m.n_embd, m.n_vocab, worker.default_ctx(),
                  m.n_ctx_max);

@@ -1,6 +1,10 @@
 #include "daemon/options.h"
 
+#include <unistd.h>
+
+#include <cctype>
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 
 #include "ipc/protocol.h"
@@ -21,6 +25,37 @@ uint64_t parse_uint(const std::string &opt, const char *s, uint64_t lo, uint64_t
 }
 
 }  // namespace
+
+uint64_t parse_size(const std::string &opt, const std::string &s) {
+    const auto bad = [&] {
+        return UsageError(opt + " needs a size such as 8589934592, 512MiB or 8GiB, got \"" + s + "\"");
+    };
+    size_t i = 0;
+    while (i < s.size() && (std::isdigit((unsigned char)s[i]) || s[i] == '.')) ++i;
+    if (i == 0) throw bad();
+    const std::string num = s.substr(0, i), unit = s.substr(i);
+    char *end = nullptr;
+    errno = 0;
+    const double v = std::strtod(num.c_str(), &end);
+    if (errno || *end || !(v >= 0)) throw bad();
+    struct U { const char *name; double mul; };
+    static const U units[] = {{"", 1}, {"B", 1}, {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0},
+                              {"TiB", 1099511627776.0}, {"kB", 1e3}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}};
+    for (const U &u : units)
+        if (unit == u.name) {
+            if (u.mul == 1 && num.find('.') != std::string::npos) throw bad();
+            const double b = std::floor(v * u.mul);
+            if (b >= 18446744073709551615.0) throw bad();
+            return uint64_t(b);
+        }
+    throw bad();
+}
+
+uint64_t default_kv_budget() {
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages <= 0 || page <= 0) return 4ull << 30;
+    return uint64_t(pages) * uint64_t(page) / 2;
+}
 
 std::string daemon_usage() {
     return "usage: ds4d --model PATH [--socket PATH] [--state-dir DIR] [--ctx N] [--threads N]\n"
@@ -76,7 +111,17 @@ std::string daemon_usage() {
            "  --cold                 start with an empty expert cache (no prewarm)\n"
            "  --max-sessions N       sessions live in memory at once (default 64); beyond that the\n"
            "                         least recently used idle named session whose turns are all\n"
-           "                         stored is released and reloads from the store on its next use\n"
+           "                         stored is released and reloads from the store on its next use;\n"
+           "                         an open beyond it with nothing to release waits (--kv-wait)\n"
+           "  --kv-budget SIZE       memory for session caches (KV and compressed caches, which\n"
+           "                         grow with the tokens a session holds), e.g. 8GiB or 512MiB\n"
+           "                         (default: half of physical memory). A request reserves what its\n"
+           "                         session will hold (history + prompt + max_tokens, within its\n"
+           "                         context); beyond the budget idle one-shot contexts and the least\n"
+           "                         recently used idle stored sessions are released, then it waits\n"
+           "                         in order; one that can never fit is refused\n"
+           "  --kv-wait S            longest a request waits for cache memory or a session slot\n"
+           "                         before it is refused (default 120)\n"
            "  --max-batch N          requests that share one forward step: every generating\n"
            "                         request decodes a token per step, waiting prompts get a\n"
            "                         prefill chunk in it (default 16; 1: one request per step)\n"
@@ -162,6 +207,11 @@ DaemonOptions parse_daemon_args(int argc, const char *const *argv) {
             o.expert_cache_experts = uint32_t(parse_uint(a, value(i, a), 1, 1u << 30));
         } else if (a == "--max-sessions") {
             o.max_sessions = uint32_t(parse_uint(a, value(i, a), 1, 100000));
+        } else if (a == "--kv-budget") {
+            o.kv_budget = parse_size(a, value(i, a));
+            if (o.kv_budget == 0) throw UsageError("--kv-budget must be positive");
+        } else if (a == "--kv-wait") {
+            o.kv_wait_s = uint32_t(parse_uint(a, value(i, a), 0, 86400));
         } else if (a == "--max-batch") {
             o.max_batch = uint32_t(parse_uint(a, value(i, a), 1, 1024));
         } else if (a == "--step-tokens") {

@@ -31,6 +31,8 @@ struct DaemonOptions {
     uint32_t expert_cache_experts = 0;
     uint64_t expert_cache_bytes = 0;  // both 0: the bridge's default (4 GiB)
     uint32_t max_sessions = 64;
+    uint64_t kv_budget = 0;           // bytes of session caches; 0: half of physical memory
+    uint32_t kv_wait_s = 120;         // a request waits this long for memory or a session slot
     uint32_t prefill_chunk = 256;     // prefill tokens of one request per step
     uint32_t max_batch = 16;          // requests sharing one forward step
     uint32_t step_tokens = 512;       // tokens per forward step
@@ -51,6 +53,12 @@ struct DaemonOptions {
 DaemonOptions parse_daemon_args(int argc, const char *const *argv);
 
 std::string daemon_usage();
+
+// "123", "512MiB", "8GiB", "1.5GiB" (also KiB/TiB, and kB/MB/GB/TB as powers of 1000) in bytes.
+// Throws UsageError naming opt.
+uint64_t parse_size(const std::string &opt, const std::string &s);
+// Half of physical memory (the --kv-budget default); 4 GiB when it cannot be read.
+uint64_t default_kv_budget();
 
 // --state-dir, else $XDG_STATE_HOME/ds4, else $HOME/.local/state/ds4. Empty when none resolves.
 std::string resolve_state_dir(const std::string &given);

@@ -59,6 +59,16 @@ Worker::Impl::Loaded Worker::Impl::load_stored(const std::string &name, uint32_t
         *msg = "stored session '" + name + "': " + err;
         return Loaded::Failed;
     }
+    // Its caches count against --kv-budget: make room for them, or wait.
+    const uint64_t need = model->cache_bytes_for(ctx, h.n_tokens);
+    if (need > cfg.kv_budget || !release_for(need, &s)) {
+        *code = fb::ErrorCode::SessionLimit;
+        *msg = "stored session '" + name + "' needs " + std::to_string(need >> 20) + " MiB of session cache; " +
+               (need > cfg.kv_budget ? "more than the whole budget (--kv-budget " + std::to_string(cfg.kv_budget >> 20) + " MiB)"
+                                     : "the budget (--kv-budget) is held by running requests and sessions that cannot be released");
+        if (need <= cfg.kv_budget) defer(*msg);
+        return Loaded::Failed;
+    }
     try {
         auto b = std::make_unique<BridgeSession>(*model, int(ctx));
         b->load_payload(std::span<const uint8_t>(loadbuf.bytes.data(), loadbuf.bytes.size()));

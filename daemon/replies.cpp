@@ -101,7 +101,8 @@ Frame stats_result_frame(uint64_t rid, const ModelSummary &m, const StatsFields 
                                         s.step_rows, s.step_requests, s.step_seconds, s.max_batch, s.step_tokens,
                                         streams, s.draft_max, s.spec_trials, s.spec_drafted, s.spec_accepted,
                                         s.spec_fallbacks, s.spec_tokens, s.spec_solo_tokens, s.spec_solo_seconds, s.solo_steps,
-                                        s.solo_seconds));
+                                        s.solo_seconds, s.kv_budget, s.kv_in_use, s.kv_waiting, s.slot_waiting,
+                                        s.kv_refused));
 }
 
 Frame session_list_frame(uint64_t rid, const std::vector<SessionListEntry> &entries,

@@ -30,6 +30,8 @@ struct StatsFields {
     uint64_t steps = 0, step_rows = 0, step_requests = 0;
     double step_seconds = 0;
     uint32_t max_batch = 0, step_tokens = 0;
+    uint64_t kv_budget = 0, kv_in_use = 0, kv_refused = 0;
+    uint32_t kv_waiting = 0, slot_waiting = 0;
     struct Stream {
         uint64_t request_id = 0;
         std::string session;

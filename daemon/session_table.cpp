@@ -30,29 +30,39 @@ LiveSession *Worker::Impl::lookup(const std::shared_ptr<ConnShared> &conn, uint6
     return s;
 }
 
-bool Worker::Impl::make_room(std::string *why) {
-    if (sessions.size() < cfg.max_sessions) return true;
+LiveSession *Worker::Impl::release_candidate(const LiveSession *keep, bool with_cache) {
     LiveSession *victim = nullptr;
     for (auto &[id, sp] : sessions) {
         LiveSession *s = sp.get();
         // Only what the store holds whole may leave memory: named, idle, saved, no failed save.
-        if (s->name.empty() || s->busy || !saver || s->saved_len != s->history.size() ||
-            !saver->last_error(s->name).empty())
+        if (s == keep || s->name.empty() || s->busy || !saver || s->saved_len != s->history.size() ||
+            !saver->last_error(s->name).empty() || (with_cache && !s->bridge))
             continue;
         if (!victim || s->touched < victim->touched) victim = s;
     }
-    if (!victim) {
-        *why = std::to_string(sessions.size()) + " sessions are live (--max-sessions " + std::to_string(cfg.max_sessions) +
-               ") and none can be released to the store (" +
-               (cfg.store ? "they are anonymous, generating or not saved yet" : "ds4d runs without a store") + ")";
-        return false;
-    }
-    log_line("session '%s' (%zu tokens) released from memory to make room; it reloads from the store on use",
-             victim->name.c_str(), victim->history.size());
+    return victim;
+}
+
+void Worker::Impl::release(LiveSession *victim, const char *why) {
+    log_line("session '%s' (%zu tokens) released from memory %s; it reloads from the store on use",
+             victim->name.c_str(), victim->history.size(), why);
     parked[victim->id] = Parked{victim->name, victim->ctx};
     parked_names[victim->name] = victim->id;
     ++sessions_released;
     erase_session(victim);
+}
+
+bool Worker::Impl::make_room(std::string *why) {
+    if (sessions.size() < cfg.max_sessions) return true;
+    LiveSession *victim = others_waiting() ? nullptr : release_candidate(nullptr, false);   // in order
+    if (!victim) {
+        *why = std::to_string(sessions.size()) + " sessions are live (--max-sessions " + std::to_string(cfg.max_sessions) +
+               ") and none can be released to the store (" +
+               (cfg.store ? "they are anonymous, generating or not saved yet" : "ds4d runs without a store") + ")";
+        defer("a session slot: " + *why);   // the request waits for one (kv_budget.cpp)
+        return false;
+    }
+    release(victim, "to make room for another session");
     return true;
 }
 

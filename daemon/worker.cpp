@@ -25,6 +25,7 @@ void Worker::Impl::emit(const std::shared_ptr<ConnShared> &conn, uint64_t rid, F
 }
 
 void Worker::Impl::reply_error(const Request &r, fb::ErrorCode code, const std::string &msg) {
+    if (!defer_why.empty()) return;   // the request waits (kv_budget.cpp) and is answered later
     emit(r.conn, r.id, error_frame(r.id, code, msg), true);
 }
 
@@ -82,6 +83,13 @@ void Worker::Impl::open_model() {
 }
 
 void Worker::Impl::on_cancel(const std::shared_ptr<ConnShared> &conn, uint64_t target) {
+    for (auto it = deferred.begin(); it != deferred.end(); ++it)
+        if (it->request.conn->id == conn->id && it->request.id == target) {
+            emit(conn, target, error_frame(target, fb::ErrorCode::SessionLimit, "cancelled while waiting: " + it->why),
+                 true);
+            deferred.erase(it);
+            return;
+        }
     for (auto &j : jobs)
         if (j->conn->id == conn->id && j->rid == target) {
             finish_job(*j, fb::FinishReason::Cancelled);
@@ -90,6 +98,7 @@ void Worker::Impl::on_cancel(const std::shared_ptr<ConnShared> &conn, uint64_t t
 }
 
 void Worker::Impl::on_disconnect(const std::shared_ptr<ConnShared> &conn) {
+    deferred.remove_if([&](const Deferred &d) { return d.request.conn->id == conn->id; });
     for (auto it = jobs.begin(); it != jobs.end();) {
         Job &j = **it++;
         if (j.conn->id == conn->id) end_job(j);
@@ -132,6 +141,7 @@ void Worker::Impl::loop() {
             woken = false;
         }
         process(cmds);
+        retry_deferred();
         if (stopping && !jobs.empty() && Clock::now() >= deadline) cancel_all();
         if (stopping && jobs.empty()) return;
         if (run_step()) continue;
@@ -139,6 +149,8 @@ void Worker::Impl::loop() {
         auto ready = [&] { return !commands.empty() || woken; };
         if (stopping)
             cv.wait_until(lk, deadline, ready);
+        else if (const Clock::time_point t = next_wait_deadline(); t != Clock::time_point::max())
+            cv.wait_until(lk, t, ready);   // a waiting request times out then
         else
             cv.wait(lk, ready);
     }
@@ -146,6 +158,7 @@ void Worker::Impl::loop() {
 
 void Worker::Impl::teardown() {
     saver.reset();  // every queued save becomes durable (or is logged as failed) first
+    deferred.clear();
     jobs.clear();
     sessions.clear();
     names.clear();

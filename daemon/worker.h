@@ -28,6 +28,8 @@ struct WorkerConfig {
     bool backend_auto = false;   // try CUDA, fall back to CPU
     uint32_t ctx = 0;            // default session context; 0: min(4096, model limit)
     uint32_t max_sessions = 64;
+    uint64_t kv_budget = ~0ull;     // bytes of session caches (reserved growth included)
+    std::chrono::milliseconds kv_wait{120000};   // longest wait for memory or a session slot
     uint32_t prefill_chunk = 256;  // prefill tokens of one request per step
     uint32_t max_batch = 16;       // requests sharing one forward step (1: time slicing)
     uint32_t step_tokens = 512;    // rows per step: decode tokens + prefill chunks

@@ -98,6 +98,17 @@ struct Job {
     uint64_t drafted = 0, accepted = 0;  // speculative decoding (speculation.cpp)
     uint32_t spec_steps = 0;             // steps where it could speculate
     bool spec_started = false;
+    // KV budget (kv_budget.cpp): a job runs once admitted; until then it waits in arrival order.
+    bool admitted = false;
+    uint64_t reserved = 0;       // cache bytes its session may reach (history + prompt + max_tokens)
+    Clock::time_point queued_at = Clock::now();
+};
+
+// A request that waits for a session slot or cache memory (kv_budget.cpp), retried in order.
+struct Deferred {
+    Request request;
+    Clock::time_point since;
+    std::string why;             // what it waits for, for the error if it times out
 };
 
 // The speculative rows of one step and the arrays the bridge fills for them.
@@ -145,6 +156,10 @@ struct Worker::Impl {
     std::unordered_map<uint64_t, Parked> parked;            // by session id
     std::unordered_map<std::string, uint64_t> parked_names; // name -> id
     uint64_t sessions_released = 0, sessions_reloaded = 0;
+    std::list<Deferred> deferred;       // requests waiting for a slot or memory, oldest first
+    bool retrying = false;              // handle() is re-running deferred.front()
+    std::string defer_why;              // set by a handler that must wait: handle() defers it
+    uint64_t kv_refused = 0;            // requests refused for memory or slots (never fit / timed out)
     std::list<std::unique_ptr<Job>> jobs;  // round-robin order: those that ran go to the back
     std::vector<Pooled> pool;
     bool stopping = false;
@@ -198,6 +213,27 @@ struct Worker::Impl {
     // At a prefill chunk frontier: the session holds exactly full[0, target).
     void maybe_checkpoint(Job &j, size_t target);
 
+    // ---- KV memory budget and waiting (kv_budget.cpp) ----
+
+    // Cache bytes held now: live sessions, running jobs (their reservations), the pool.
+    uint64_t kv_in_use() const;
+    // What a job's session may hold at most, in cache bytes.
+    uint64_t job_need(const Job &j);
+    // Frees cache memory until `need` more bytes fit the budget: idle pooled contexts first,
+    // then the least recently used idle stored sessions (not `keep`). False when it cannot.
+    bool release_for(uint64_t need, const LiveSession *keep);
+    // Admits waiting jobs in arrival order while they fit; refuses those that never can or
+    // waited past --kv-wait. True when a job was admitted or refused.
+    bool admit_jobs();
+    // Marks the request being handled as waiting (handle() keeps it and retries it later).
+    void defer(const std::string &why) { defer_why = why; }
+    // Whether a new request that needs a slot or memory must queue behind waiting ones.
+    bool others_waiting() const { return !retrying && !deferred.empty(); }
+    // Re-runs waiting requests in order until one must still wait; times out the old ones.
+    void retry_deferred();
+    // When the loop must look again even without commands (the next --kv-wait expiry).
+    Clock::time_point next_wait_deadline() const;
+
     // ---- sessions (session_table.cpp) ----
 
     // Null when absent, or when a released session cannot be reloaded: then *code/*msg say
@@ -210,6 +246,11 @@ struct Worker::Impl {
     // recently used idle named session whose whole history is saved. False (why in *why)
     // when none can go.
     bool make_room(std::string *why);
+    // The least recently used idle named session whose whole history is stored, other than
+    // `keep` (and holding cache memory when `with_cache`), or null.
+    LiveSession *release_candidate(const LiveSession *keep, bool with_cache);
+    // Releases it from memory to the store (it reloads under its id on use).
+    void release(LiveSession *s, const char *why);
     // Loads a released session back under its id. Null when it cannot (code/msg say why).
     LiveSession *unpark(uint64_t id, fb::ErrorCode *code, std::string *msg);
     void touch(LiveSession *s) { s->touched = ++use_clock; }

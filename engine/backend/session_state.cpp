@@ -42,6 +42,26 @@ CacheShape cache_shape(const CacheGeometry &g, int layer, Cache which) {
     return {};
 }
 
+int entry_capacity(int needed, int max_entries) {
+    if (needed <= 0) return 0;
+    int64_t top = 1;
+    while (top * 2 <= needed) top *= 2;
+    const int64_t step = std::max<int64_t>(64, top / 8);
+    return (int)std::min<int64_t>(max_entries, (needed + step - 1) / step * step);
+}
+
+uint64_t CacheGeometry::bytes_holding(int64_t n) const {
+    n = std::clamp<int64_t>(n, 0, ctx);
+    uint64_t b = 0;
+    for (const LayerGeometry &L : layers) {
+        b += (uint64_t)L.cap_kv * head_dim;
+        for (const CompGeometry *cg : {&L.comp, &L.icomp})
+            if (cg->present())
+                b += 2ull * cg->cap * cg->width + (uint64_t)entry_capacity((int)(n / cg->ratio), cg->max_entries) * cg->dim;
+    }
+    return b * sizeof(float);
+}
+
 uint64_t CacheGeometry::bytes() const {
     uint64_t b = 0;
     for (const LayerGeometry &L : layers) {

@@ -8,6 +8,10 @@
 //
 // Rings are indexed by absolute position: position p of a ring with `cap` rows lives in
 // row p % cap. Compressed entries are a plain array: entry w covers tokens [w*r, (w+1)*r).
+// The rings are sized once (they do not depend on how many tokens are held); the entry
+// arrays grow as entries close (entry_capacity), so a session's memory follows the tokens
+// it has held, not its context: bytes_holding(n) is what a session that has held n tokens
+// occupies, whatever the backend.
 //
 // Journal (speculative trial/commit): between journal_begin() and journal_end(), every
 // ring row a step overwrites is recorded with its old contents first, so
@@ -48,8 +52,15 @@ struct CacheGeometry {
     // chunk_cap: most rows of this session in one step; slack: extra ring rows kept so
     // short rewinds stay in place.
     static CacheGeometry make(const ModelConfig &c, int ctx, int chunk_cap, int slack);
-    uint64_t bytes() const;   // f32 bytes of every ring and entry array
+    uint64_t bytes() const;   // f32 bytes of every ring and entry array at full context
+    // f32 bytes once the session has held n tokens (rings + entry arrays grown for them).
+    uint64_t bytes_holding(int64_t n) const;
 };
+
+// Rows an entry array holds once `needed` entries exist: steps of 1/8 of the largest power
+// of two <= needed (at least 64 rows), capped at max_entries. Memory follows use within an
+// eighth, and growing copies each entry a bounded number of times on average.
+int entry_capacity(int needed, int max_entries);
 
 // Which of a layer's caches a read/write addresses.
 enum class Cache : uint8_t { Kv, CompKv, CompGate, CompEntries, IcompKv, IcompGate, IcompEntries };
@@ -81,7 +92,7 @@ public:
         }
     }
 
-    virtual uint64_t memory_bytes() const = 0;
+    virtual uint64_t memory_bytes() const = 0;   // what the caches occupy now
     // Rows [first, first+n) of a cache (absolute positions for rings, entry indices for
     // entries) to or from host floats. Ring reads must name positions the ring still holds.
     virtual void read(int layer, Cache which, int64_t first, int64_t n, float *dst) const = 0;

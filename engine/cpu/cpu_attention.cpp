@@ -66,6 +66,7 @@ void CpuExecutor::compress(int layer, int which, const CompressorWeights &cw, co
         }
         const int first = st.n_entries(layer, which), last = (int)((sg.n0 + sg.n) / r);   // entries closing now
         if (last > cs.g.max_entries) failf("internal: compressed entries exceed capacity (%d > %d)", last, cs.g.max_entries);
+        st.need_entries(cs, last);   // before the tasks take entry pointers
         pool_.parallel_for(last - first, cpu_grain((int64_t)dim * r * 4), [&](int64_t b, int64_t e, int th) {
             TaskScratch &ts = tasks_[th];
             grow(ts.f, 2 * r);

@@ -17,9 +17,16 @@ CpuSessionState::CpuSessionState(const CacheGeometry &g) : SessionState(g) {
             if (!cg->present()) continue;
             c->kv.assign((size_t)cg->cap * cg->width, 0.f);
             c->gate.assign((size_t)cg->cap * cg->width, 0.f);
-            c->entries.assign((size_t)cg->max_entries * cg->dim, 0.f);
         }
     }
+}
+
+void CpuSessionState::need_entries(CpuComp &c, int n) {
+    if ((size_t)n * c.g.dim <= c.entries.size()) return;
+    if (n > c.g.max_entries) failf("internal: compressed entries exceed capacity (%d > %d)", n, c.g.max_entries);
+    const size_t rows = (size_t)entry_capacity(n, c.g.max_entries) * c.g.dim;
+    c.entries.reserve(rows);   // exactly: resize alone would double the capacity
+    c.entries.resize(rows, 0.f);
 }
 
 uint64_t CpuSessionState::memory_bytes() const {
@@ -49,7 +56,13 @@ Span locate(CpuLayer &L, const CacheGeometry &g, int layer, Cache which) {
     case Cache::IcompGate: base = L.icomp.gate.data(); break;
     case Cache::IcompEntries: base = L.icomp.entries.data(); break;
     }
-    return {base, cache_shape(g, layer, which)};
+    CacheShape sh = cache_shape(g, layer, which);
+    // Entry arrays: only the rows grown so far exist.
+    if (sh.cap == 0 && sh.width) {
+        const CpuComp &c = (which == Cache::CompEntries) ? L.comp : L.icomp;
+        sh.limit = (int)(c.entries.size() / (size_t)sh.width);
+    }
+    return {base, sh};
 }
 
 }  // namespace
@@ -57,10 +70,10 @@ Span locate(CpuLayer &L, const CacheGeometry &g, int layer, Cache which) {
 void CpuSessionState::read(int layer, Cache which, int64_t first, int64_t n, float *dst) const {
     const Span s = locate(const_cast<CpuLayer &>(layers.at(layer)), geometry(), layer, which);
     const int cap = s.shape.cap, w = s.shape.width;
-    if (!s.base || w == 0) failf("internal: layer %d has no such cache", layer);
+    if (w == 0) failf("internal: layer %d has no such cache", layer);
     if (cap == 0) {
         if (first < 0 || first + n > s.shape.limit) failf("internal: entries [%lld, +%lld) out of range", (long long)first, (long long)n);
-        std::memcpy(dst, s.base + first * w, sizeof(float) * n * w);
+        if (n) std::memcpy(dst, s.base + first * w, sizeof(float) * n * w);
         return;
     }
     if (n > cap) failf("internal: %lld ring rows requested, the ring holds %d", (long long)n, cap);
@@ -68,12 +81,16 @@ void CpuSessionState::read(int layer, Cache which, int64_t first, int64_t n, flo
 }
 
 void CpuSessionState::write(int layer, Cache which, int64_t first, int64_t n, const float *src) {
+    if (which == Cache::CompEntries || which == Cache::IcompEntries) {
+        CpuComp &c = which == Cache::CompEntries ? layers.at(layer).comp : layers.at(layer).icomp;
+        if (c.g.present() && first >= 0 && n >= 0 && first + n <= c.g.max_entries) need_entries(c, (int)(first + n));
+    }
     const Span s = locate(layers.at(layer), geometry(), layer, which);
     const int cap = s.shape.cap, w = s.shape.width;
-    if (!s.base || w == 0) failf("internal: layer %d has no such cache", layer);
+    if (w == 0) failf("internal: layer %d has no such cache", layer);
     if (cap == 0) {
         if (first < 0 || first + n > s.shape.limit) failf("internal: entries [%lld, +%lld) out of range", (long long)first, (long long)n);
-        std::memcpy(s.base + first * w, src, sizeof(float) * n * w);
+        if (n) std::memcpy(s.base + first * w, src, sizeof(float) * n * w);
         return;
     }
     if (n > cap) failf("internal: %lld ring rows written, the ring holds %d", (long long)n, cap);

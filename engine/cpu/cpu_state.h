@@ -11,7 +11,7 @@ namespace ds4 {
 struct CpuComp {
     CompGeometry g;
     std::vector<float> kv, gate;   // [cap][width]
-    std::vector<float> entries;    // [max_entries][dim]
+    std::vector<float> entries;    // [entry_capacity(closed entries)][dim], grown by need_entries
     const float *kv_row(int64_t pos) const { return kv.data() + (pos % g.cap) * g.width; }
     const float *gate_row(int64_t pos) const { return gate.data() + (pos % g.cap) * g.width; }
     float *entry(int w) { return entries.data() + (size_t)w * g.dim; }
@@ -34,6 +34,10 @@ public:
     float *kv_row_w(int l, int64_t pos) { return ring_w(layers[l].kv, layers[l].cap_kv, layers[l].hd, pos); }
     float *comp_kv_w(CpuComp &c, int64_t pos) { return ring_w(c.kv, c.g.cap, c.g.width, pos); }
     float *comp_gate_w(CpuComp &c, int64_t pos) { return ring_w(c.gate, c.g.cap, c.g.width, pos); }
+
+    // Room for entries [0, n) of c (grows the array by session_state.h's policy; the
+    // contents so far are kept). Called before a step writes entries, never inside one.
+    void need_entries(CpuComp &c, int n);
 
     uint64_t memory_bytes() const override;
     void read(int layer, Cache which, int64_t first, int64_t n, float *dst) const override;

@@ -29,9 +29,10 @@ class Session {
 public:
     // prefill_cap: tokens per forward chunk (0 = default). rewind_slack: extra positions the
     // rings keep beyond what the math needs.
-    Session(const Model &m, int ctx, int prefill_cap = 0, int rewind_slack = 64);
+    static constexpr int kDefaultPrefillCap = 256, kDefaultRewindSlack = 64;
+    Session(const Model &m, int ctx, int prefill_cap = 0, int rewind_slack = kDefaultRewindSlack);
     // Runs on `ex`, which the caller keeps alive and uses from one thread at a time.
-    Session(const Model &m, Executor &ex, int ctx, int prefill_cap = 0, int rewind_slack = 64);
+    Session(const Model &m, Executor &ex, int ctx, int prefill_cap = 0, int rewind_slack = kDefaultRewindSlack);
     ~Session();
     Session(const Session &) = delete;
     Session &operator=(const Session &) = delete;
@@ -42,6 +43,9 @@ public:
     int prefill_cap() const { return prefill_cap_; }
     uint64_t generation() const { return generation_; }
     uint64_t memory_bytes() const;    // caches
+    // memory_bytes() of a session Session(m, ctx) once it has held n tokens (defaults for
+    // prefill_cap and rewind_slack).
+    static uint64_t cache_bytes_for(const Model &m, int ctx, int64_t n);
     uint64_t scratch_bytes() const;   // the private executor's buffers (0 with a shared one)
     Executor &executor() const { return *ex_; }
     SessionState &state() const { return *state_; }

@@ -46,8 +46,9 @@ TEST(DecodeAllocations, AWarmDecodeStepAllocatesNothing) {
     for (int i = 0; i < kSteps; ++i) s.eval(s.argmax());
     g_counting = false;
     // Only amortised growth (the token history doubling, an expert list meeting a new
-    // maximum) may allocate: a handful, where one allocation per step would give kSteps.
-    EXPECT_LE(g_news.load(), 8) << "allocations in " << kSteps << " decode steps";
+    // maximum, a compressed-entry array taking its next step: session_state.h) may
+    // allocate: a handful, where one allocation per step would give kSteps.
+    EXPECT_LE(g_news.load(), 16) << "allocations in " << kSteps << " decode steps";
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 
 #include <cstring>
 
+#include "engine/backend/session_state.h"
 #include "engine/common/error.h"
 #include "engine/model/model.h"
 #include "engine/model/session.h"
@@ -149,6 +150,56 @@ TEST_F(SessionTest, CorruptTailIsRejectedWithoutStateChange) {
     EXPECT_EQ(b.generation(), gen);
     EXPECT_EQ(b.logits(), before);
     EXPECT_EQ(b.pos(), 10);
+}
+
+TEST_F(SessionTest, CachesGrowWithTheTokensHeldNotTheContext) {
+    // A 1M-token context costs what its tokens need: the entry arrays grow as entries close
+    // (several growth steps here), and the result is the same however the tokens arrive.
+    const int big = 1 << 20;
+    std::vector<int32_t> t;
+    while (t.size() < 700) t.insert(t.end(), fx->tokens.begin(), fx->tokens.end());
+    t.resize(700);
+    const uint64_t empty = Session::cache_bytes_for(*model, big, 0);
+    Session a(*model, big), b(*model, big);
+    EXPECT_EQ(a.memory_bytes(), empty) << "nothing is allocated for tokens not yet held";
+    const uint64_t full = CacheGeometry::make(model->config(), big, Session::kDefaultPrefillCap,
+                                              Session::kDefaultRewindSlack).bytes();
+    a.sync(t);                              // one prefill
+    for (int32_t x : t) b.eval(x);          // one token at a time: the arrays grow mid-step
+    EXPECT_EQ(a.logits(), b.logits());
+    EXPECT_EQ(a.memory_bytes(), Session::cache_bytes_for(*model, big, 700));
+    EXPECT_EQ(b.memory_bytes(), a.memory_bytes());
+    EXPECT_GT(a.memory_bytes(), empty);
+    EXPECT_LT(a.memory_bytes() - empty, (full - empty) / 100) << "700 of 1M tokens";
+    // A context of exactly the tokens: same logits as the big one.
+    Session c(*model, 701);
+    c.sync(t);
+    EXPECT_EQ(c.logits(), a.logits());
+    // The tail carries the entries into a fresh session, which grows to hold them.
+    std::vector<uint8_t> tail = a.save_tail();
+    Session d(*model, big);
+    d.load_tail(tail.data(), tail.size(), t);
+    EXPECT_EQ(d.memory_bytes(), a.memory_bytes());
+    a.eval(5), d.eval(5);
+    EXPECT_EQ(a.logits(), d.logits());
+}
+
+TEST(EntryCapacity, FollowsUseWithinAnEighth) {
+    EXPECT_EQ(entry_capacity(0, 1000), 0);
+    EXPECT_EQ(entry_capacity(1, 1000), 64);
+    EXPECT_EQ(entry_capacity(64, 1000), 64);
+    EXPECT_EQ(entry_capacity(65, 1000), 128);
+    EXPECT_EQ(entry_capacity(999, 1000), 1000);   // capped
+    int prev = 0, steps = 0;
+    for (int n = 1; n <= 1 << 18; ++n) {
+        const int c = entry_capacity(n, 1 << 20);
+        ASSERT_GE(c, n);
+        ASSERT_LE(c, std::max(n + 63, n + n / 8));   // a step is 64 rows or an eighth
+        ASSERT_GE(c, prev);
+        steps += c != prev;
+        prev = c;
+    }
+    EXPECT_LT(steps, 8 * 18 + 8) << "growth steps per doubling are bounded";
 }
 
 }  // namespace

@@ -527,4 +527,20 @@ extern "C" {
         err: *mut c_char,
         errlen: usize,
     ) -> c_int;
+
+    // --- cache memory ---
+    pub fn ds4_bridge_session_cache_bytes(
+        s: *mut ds4_bridge_session,
+        bytes_out: *mut u64,
+        err: *mut c_char,
+        errlen: usize,
+    ) -> c_int;
+    pub fn ds4_bridge_cache_bytes_for(
+        m: *mut ds4_bridge_model,
+        ctx_size: c_int,
+        n_tokens: c_int,
+        bytes_out: *mut u64,
+        err: *mut c_char,
+        errlen: usize,
+    ) -> c_int;
 }
