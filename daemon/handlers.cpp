@@ -56,6 +56,7 @@ void Worker::Impl::handle(Request &r) {
         ++kv_refused;
         return reply_error(r, fb::ErrorCode::SessionLimit, why);
     }
+    if (deferred.empty()) retry_state = room_state();
     deferred.push_back(Deferred{std::move(r), Clock::now(), defer_why});
     defer_why.clear();
 }

@@ -99,7 +99,19 @@ bool Worker::Impl::admit_jobs() {
     return changed;
 }
 
+uint64_t Worker::Impl::room_state() const {
+    uint64_t h = splitmix64(sessions.size());
+    h = splitmix64(h ^ jobs.size());
+    h = splitmix64(h ^ pool.size());
+    h = splitmix64(h ^ parked.size());
+    for (const auto &[id, s] : sessions) h = splitmix64(h ^ (s->busy ? 1 : 0) ^ (uint64_t(s->saved_len) << 1));
+    return splitmix64(h ^ kv_in_use());
+}
+
 void Worker::Impl::retry_deferred() {
+    // Re-handling costs a lookup or two: only when room may have changed since the front last
+    // had to wait, or when the front changed.
+    bool changed = deferred.empty() || room_state() != retry_state;
     while (!deferred.empty()) {
         Deferred &d = deferred.front();
         if (stopping) {
@@ -110,6 +122,7 @@ void Worker::Impl::retry_deferred() {
         }
         if (d.request.conn->closed.load(std::memory_order_acquire)) {
             deferred.pop_front();
+            changed = true;
             continue;
         }
         if (Clock::now() - d.since >= cfg.kv_wait) {
@@ -118,14 +131,17 @@ void Worker::Impl::retry_deferred() {
             log_line("request %llu refused: %s", static_cast<unsigned long long>(d.request.id), msg.c_str());
             emit(d.request.conn, d.request.id, error_frame(d.request.id, fb::ErrorCode::SessionLimit, msg), true);
             deferred.pop_front();
+            changed = true;
             continue;
         }
+        if (!changed) return;
         retrying = true;
         handle(d.request);
         retrying = false;
         if (!defer_why.empty()) {   // still waiting: so do the ones behind it
             d.why = defer_why;
             defer_why.clear();
+            retry_state = room_state();
             return;
         }
         deferred.pop_front();

@@ -88,6 +88,7 @@ void Worker::Impl::on_cancel(const std::shared_ptr<ConnShared> &conn, uint64_t t
             emit(conn, target, error_frame(target, fb::ErrorCode::SessionLimit, "cancelled while waiting: " + it->why),
                  true);
             deferred.erase(it);
+            retry_state = 0;   // the next one is tried afresh
             return;
         }
     for (auto &j : jobs)
@@ -99,6 +100,7 @@ void Worker::Impl::on_cancel(const std::shared_ptr<ConnShared> &conn, uint64_t t
 
 void Worker::Impl::on_disconnect(const std::shared_ptr<ConnShared> &conn) {
     deferred.remove_if([&](const Deferred &d) { return d.request.conn->id == conn->id; });
+    retry_state = 0;
     for (auto it = jobs.begin(); it != jobs.end();) {
         Job &j = **it++;
         if (j.conn->id == conn->id) end_job(j);

@@ -158,6 +158,7 @@ struct Worker::Impl {
     uint64_t sessions_released = 0, sessions_reloaded = 0;
     std::list<Deferred> deferred;       // requests waiting for a slot or memory, oldest first
     bool retrying = false;              // handle() is re-running deferred.front()
+    uint64_t retry_state = 0;           // what room looked like when the front last had to wait
     std::string defer_why;              // set by a handler that must wait: handle() defers it
     uint64_t kv_refused = 0;            // requests refused for memory or slots (never fit / timed out)
     std::list<std::unique_ptr<Job>> jobs;  // round-robin order: those that ran go to the back
@@ -229,8 +230,10 @@ struct Worker::Impl {
     void defer(const std::string &why) { defer_why = why; }
     // Whether a new request that needs a slot or memory must queue behind waiting ones.
     bool others_waiting() const { return !retrying && !deferred.empty(); }
-    // Re-runs waiting requests in order until one must still wait; times out the old ones.
+    // Re-runs waiting requests in order until one must still wait (only once room may have
+    // changed since it last had to); times out the old ones.
     void retry_deferred();
+    uint64_t room_state() const;   // changes when sessions, jobs, the pool or memory held change
     // When the loop must look again even without commands (the next --kv-wait expiry).
     Clock::time_point next_wait_deadline() const;
 

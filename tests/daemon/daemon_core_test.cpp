@@ -242,11 +242,30 @@ TEST(DaemonOptions, DrafterFromFlagOrEnvironment) {
     if (old_k) setenv("DS4_DRAFT_MAX", saved_k.c_str(), 1);
 }
 
+TEST(DaemonOptions, KvBudgetTakesSizesWithUnits) {
+    EXPECT_EQ(parse({"--model", "m", "--kv-budget", "512MiB"}).kv_budget, 512ull << 20);
+    EXPECT_EQ(parse({"--model", "m", "--kv-budget", "8GiB"}).kv_budget, 8ull << 30);
+    EXPECT_EQ(parse({"--model", "m", "--kv-budget", "1.5GiB"}).kv_budget, 3ull << 29);
+    EXPECT_EQ(parse({"--model", "m", "--kv-budget", "1000000"}).kv_budget, 1000000u);
+    EXPECT_EQ(parse({"--model", "m", "--kv-budget", "2GB"}).kv_budget, 2000000000u);
+    EXPECT_EQ(parse({"--model", "m", "--kv-wait", "0"}).kv_wait_s, 0u);
+    EXPECT_EQ(parse({"--model", "m"}).kv_budget, 0u) << "0: the default, half of physical memory";
+    EXPECT_GT(default_kv_budget(), 0u);
+    for (const char *bad : {"", "MiB", "12XB", "-1GiB", "1.5", "0", "99999999999TiB"}) {
+        try {
+            parse({"--model", "m", "--kv-budget", bad});
+            ADD_FAILURE() << "accepted --kv-budget \"" << bad << "\"";
+        } catch (const UsageError &e) {
+            EXPECT_NE(std::string(e.what()).find("--kv-budget"), std::string::npos) << e.what();
+        }
+    }
+}
+
 TEST(DaemonOptions, HelpNamesEveryFlag) {
     const std::string u = daemon_usage();
     for (const char *f : {"--model", "--socket", "--state-dir", "--ctx", "--threads", "--backend", "--max-sessions",
                           "--prefill-chunk", "--max-frame", "--queue-bytes", "--max-inflight", "--shutdown-grace-ms",
-                          "--drafter", "--draft-max"})
+                          "--drafter", "--draft-max", "--kv-budget", "--kv-wait"})
         EXPECT_NE(u.find(f), std::string::npos) << f;
     EXPECT_TRUE(parse({"--help"}).help);
 }
