@@ -12,6 +12,8 @@
 // exactly one final reply and nothing after it; every reply frame verifies; the worker
 // still answers a Stats request at the end. Harness bounds (not the daemon's): max_tokens
 // is capped at 32 and session contexts at 4096 so one input stays fast.
+// Requests also wait for session slots and cache memory (--kv-wait 20 ms, a budget of four
+// full default sessions) and time out, so those paths run too.
 #include <uv.h>
 
 #include <chrono>
@@ -83,6 +85,19 @@ void setup() {
     wc.checkpoint_every = 64;   // long prompts leave checkpoints and prefix lookups run
     wc.prefix_min = 32;
     wc.max_reply = 1u << 20;
+    // Waiting for a slot or memory runs (and times out) within an input; a budget of a few
+    // default sessions makes requests wait for and release memory too.
+    wc.kv_wait = std::chrono::milliseconds(20);
+    {
+        ds4::bridge::ModelOptions mo;
+        mo.model_path = model;
+        mo.n_threads = 1;
+        ds4::bridge::Model m(mo);
+        uint64_t one = 0;
+        char err[256];
+        if (ds4_bridge_cache_bytes_for(m.handle(), 512, 512, &one, err, sizeof err) != 0) die(err);
+        wc.kv_budget = 4 * one;
+    }
     g->worker = std::make_unique<Worker>(wc, g->out);
     g->worker->start();
     std::atexit([] {
