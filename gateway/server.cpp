@@ -378,6 +378,12 @@ struct Server::Impl {
                 line("ds4d_spec_drafted_total", "counter", "Draft tokens proposed.", std::to_string(s.spec_drafted));
                 line("ds4d_spec_accepted_total", "counter", "Draft tokens the model accepted.", std::to_string(s.spec_accepted));
             }
+            line("ds4d_kv_budget_bytes", "gauge", "Session-cache budget (--kv-budget).", std::to_string(s.kv_budget));
+            line("ds4d_kv_in_use_bytes", "gauge", "Session-cache bytes held or reserved.", std::to_string(s.kv_in_use));
+            line("ds4d_kv_waiting_requests", "gauge", "Requests waiting for session-cache memory or a session slot.",
+                 std::to_string(s.kv_waiting + s.slot_waiting));
+            line("ds4d_kv_refused_total", "counter", "Requests refused for session-cache memory or slots.",
+                 std::to_string(s.kv_refused));
             try {
                 std::vector<cl::EvictedSession> ev;
                 auto stored = c->list_sessions(&ev);
