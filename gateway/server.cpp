@@ -346,8 +346,11 @@ struct Server::Impl {
             // DeepSeek's encoding is applied to the whole rendered text, special tokens
             // included (as the reference tokenizer does).
             g.kind = cl::GenerateRequest::Prompt::Tokens;
-            std::string text = render_prompt(req.messages, req.prompt_options);
-            // A session's later turn continues its conversation: no second BOS.
+            // A session's later turn continues its conversation: no second BOS, and the tool
+            // schemas are in its first turn's system prompt already.
+            PromptOptions po = req.prompt_options;
+            if (history > 0) po.tools = Json::array();
+            std::string text = render_prompt(req.messages, po);
             if (history > 0 && text.rfind(kBos, 0) == 0) text.erase(0, std::strlen(kBos));
             if (req.force_tool) {
                 if (req.prompt_options.thinking) prefill += kEndThink;
