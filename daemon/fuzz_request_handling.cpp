@@ -295,7 +295,7 @@ std::vector<uint8_t> op_frame(Bytes &b, uint64_t rid, Tracker &t, bool *opens) {
             auto sampling = fb::CreateSampling(fbb, temp, int32_t(top_k_etc[0]), top_k_etc[1], top_k_etc[2], seed, rp,
                                                last_n, fp, pp, bias);
             return fb::CreateGenerate(fbb, s, text, toks, msgs, (form & 16) == 0, (form & 32) != 0, sampling, max_tokens,
-                                      stops, stop_toks, (flags & 2) != 0, (flags & 4) != 0, logprobs, top);
+                                      stops, stop_toks, (flags & 2) != 0, (flags & 4) != 0, (flags & 32) == 0, logprobs, top);
         });
     }
     case 2: {

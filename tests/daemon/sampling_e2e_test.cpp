@@ -1,7 +1,8 @@
 // Sampling controls end to end (a real ds4d on the tiny model): logit bias, repetition
 // penalties and log-probabilities against an independent computation here — the bridge's
 // logits of the same prefix in-process, the formulas written out below — plus the neutral
-// settings being exactly the plain path, and the refusals of bad values (daemon and CLI).
+// settings being exactly the plain path, and the refusals of bad values (daemon and CLI). The
+// daemon speculates (the model is its own drafter), which requests with controls must bypass.
 #include <gtest/gtest.h>
 
 #ifndef DS4_E2E
@@ -69,7 +70,11 @@ protected:
         mo.n_threads = 1;
         model = new ds4::bridge::Model(mo);
         daemon = new Daemon;
-        ASSERT_EQ(daemon->start(DS4D_PATH, path, dir->path + "/ds4.sock", dir->path + "/ds4d.log"), "");
+        // The model is its own drafter: plain requests speculate, and requests with sampling
+        // controls must not (the drafts are checked against the unadjusted distribution).
+        ASSERT_EQ(daemon->start(DS4D_PATH, path, dir->path + "/ds4.sock", dir->path + "/ds4d.log",
+                                {"--drafter", path, "--draft-max", "3"}),
+                  "");
     }
     static void TearDownTestSuite() {
         if (daemon) EXPECT_EQ(daemon->stop(SIGTERM), 0) << read_file(daemon->log);
@@ -246,7 +251,9 @@ TEST_F(SamplingE2E, NeutralControlsAndLogprobsLeaveTheOutputAsIs) {
     for (const Step &s : run(with)) b.push_back(s.token);
     EXPECT_EQ(a, b);
     EXPECT_EQ(a.size(), 24u);
-    // Seeded sampling: the same draws through either path.
+    // Seeded sampling: the same draws through either path (the plain one without speculation,
+    // whose draws are distributed alike but not the same).
+    plain.speculate = false;
     plain.temperature = with.temperature = 1.1f;
     plain.seed = with.seed = 4242;
     plain.top_k = with.top_k = 30;
