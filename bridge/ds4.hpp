@@ -217,6 +217,12 @@ public:
         if (ds4_bridge_session_logits(s_, out.data(), vocab, e.buf, sizeof e.buf) != 0) e.raise("logits");
         return out;
     }
+    // Into a caller's buffer (resized to vocab), so a loop can reuse it.
+    void logits_into(std::vector<float> &out, int vocab) const {
+        out.resize(size_t(vocab));
+        detail::Err e;
+        if (ds4_bridge_session_logits(s_, out.data(), vocab, e.buf, sizeof e.buf) != 0) e.raise("logits");
+    }
     int pos() const { return ds4_bridge_session_pos(s_); }
     int ctx() const { return ds4_bridge_session_ctx(s_); }
     void rewind(int p) {
@@ -332,5 +338,16 @@ public:
 private:
     ds4_bridge_batch *b_ = nullptr;
 };
+
+// The session sampler over a caller's row (ds4_bridge_sample_logits).
+inline int32_t sample_logits(std::span<const float> row, float temperature, int top_k, float top_p, float min_p,
+                             uint64_t *rng) {
+    int32_t t = -1;
+    detail::Err e;
+    if (ds4_bridge_sample_logits(row.data(), int(row.size()), temperature, top_k, top_p, min_p, rng, &t, e.buf,
+                                 sizeof e.buf) != 0)
+        e.raise("sample_logits");
+    return t;
+}
 
 }  // namespace ds4::bridge

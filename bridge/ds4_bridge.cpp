@@ -629,6 +629,18 @@ int ds4_bridge_session_sample(ds4_bridge_session *s, float temperature, int top_
     });
 }
 
+int ds4_bridge_sample_logits(const float *logits, int n, float temperature, int top_k, float top_p, float min_p,
+                             uint64_t *rng, int32_t *token_out, char *err, size_t errlen) {
+    NEED(logits, "logits is NULL");
+    NEED(n > 0, "n must be > 0");
+    NEED(token_out, "token_out is NULL");
+    return guarded(err, errlen, [&] {
+        const std::vector<float> row(logits, logits + n);
+        *token_out = ds4::sample(row, {temperature, top_k, top_p, min_p}, rng);
+        return 0;
+    });
+}
+
 int ds4_bridge_session_logits(ds4_bridge_session *s, float *out, int cap, char *err, size_t errlen) {
     NEED(s, "session is NULL");
     NEED(s->s->has_logits(), "no logits: evaluate a token first");

@@ -162,6 +162,11 @@ DS4_BRIDGE_API int ds4_bridge_session_argmax(ds4_bridge_session *s, int32_t *tok
 DS4_BRIDGE_API int ds4_bridge_session_sample(ds4_bridge_session *s, float temperature, int top_k, float top_p,
                                              float min_p, uint64_t *rng, int32_t *token_out, char *err,
                                              size_t errlen);
+/* The sampler of ds4_bridge_session_sample applied to a caller's row of n logits (e.g. a
+ * session's logits after the host's penalties and biases): same transform, same rng use,
+ * so an unchanged row gives the same token. Greedy (lowest id on ties) when temperature <= 0. */
+DS4_BRIDGE_API int ds4_bridge_sample_logits(const float *logits, int n, float temperature, int top_k, float top_p,
+                                            float min_p, uint64_t *rng, int32_t *token_out, char *err, size_t errlen);
 /* Copies the last position's logits (cap >= vocab size). */
 DS4_BRIDGE_API int ds4_bridge_session_logits(ds4_bridge_session *s, float *out, int cap, char *err, size_t errlen);
 DS4_BRIDGE_API int ds4_bridge_session_pos(ds4_bridge_session *s); /* -1 for NULL */

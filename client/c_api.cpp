@@ -1,6 +1,7 @@
 // C ABI over ds4::client::Client: exceptions become DS4C_ERR_* codes plus a message.
 #include "client/ds4client.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -165,8 +166,61 @@ void ds4c_generate_options_init(ds4c_generate_options *opt) {
     opt->max_tokens = 256;
 }
 
+void ds4c_sampling_controls_init(ds4c_sampling_controls *x, size_t size) {
+    if (!x || size < sizeof(size_t)) return;
+    ds4c_sampling_controls d;
+    std::memset(&d, 0, sizeof d);
+    d.size = std::min(size, sizeof d);
+    d.repeat_penalty = 1.0f;
+    d.repeat_last_n = 64;
+    std::memcpy(x, &d, d.size);
+}
+
+namespace {
+
+// The controls a caller of any struct size gave: fields past its size keep their defaults.
+bool read_controls(const ds4c_sampling_controls *in, GenerateRequest &req, char *err, size_t errlen) {
+    if (!in) return true;
+    if (in->size < sizeof(size_t) || in->size > 4096) {
+        set_err(err, errlen, "ds4c_generate_ex: controls->size is not set (use ds4c_sampling_controls_init)");
+        return false;
+    }
+    ds4c_sampling_controls x;
+    ds4c_sampling_controls_init(&x, sizeof x);
+    std::memcpy(&x, in, std::min(in->size, sizeof x));
+    if (x.n_logit_bias && (!x.logit_bias_tokens || !x.logit_bias_values)) {
+        set_err(err, errlen, "ds4c_generate_ex: n_logit_bias is set but its arrays are NULL");
+        return false;
+    }
+    req.repeat_penalty = x.repeat_penalty;
+    req.repeat_last_n = x.repeat_last_n;
+    req.frequency_penalty = x.frequency_penalty;
+    req.presence_penalty = x.presence_penalty;
+    for (size_t i = 0; i < x.n_logit_bias; ++i) req.logit_bias.emplace_back(x.logit_bias_tokens[i], x.logit_bias_values[i]);
+    req.logprobs = x.logprobs != 0;
+    req.top_logprobs = x.top_logprobs;
+    return true;
+}
+
+}  // namespace
+
 int ds4c_generate(ds4c_client *c, const ds4c_generate_options *opt, ds4c_chunk_fn on_chunk, void *ud,
                   ds4c_done *done_out, char *err, size_t errlen) {
+    struct Plain {
+        ds4c_chunk_fn fn;
+        void *ud;
+    } plain{on_chunk, ud};
+    ds4c_chunk_ex_fn ex = nullptr;
+    if (on_chunk)
+        ex = [](void *p, const int32_t *t, size_t n, const char *text, size_t len, const ds4c_token_logprob *) {
+            const Plain *pl = static_cast<const Plain *>(p);
+            return pl->fn(pl->ud, t, n, text, len);
+        };
+    return ds4c_generate_ex(c, opt, nullptr, ex, &plain, done_out, err, errlen);
+}
+
+int ds4c_generate_ex(ds4c_client *c, const ds4c_generate_options *opt, const ds4c_sampling_controls *controls,
+                     ds4c_chunk_ex_fn on_chunk, void *ud, ds4c_done *done_out, char *err, size_t errlen) {
     if (!check_client(c, err, errlen)) return DS4C_ERR_ARG;
     if (!opt) {
         set_err(err, errlen, "ds4c_generate: options are NULL");
@@ -193,8 +247,9 @@ int ds4c_generate(ds4c_client *c, const ds4c_generate_options *opt, ds4c_chunk_f
             set_err(err, errlen, "ds4c_generate: NULL stop string");
             return DS4C_ERR_ARG;
         }
+    GenerateRequest req;
+    if (!read_controls(controls, req, err, errlen)) return DS4C_ERR_ARG;
     return guarded(c, err, errlen, [&] {
-        GenerateRequest req;
         req.session = opt->session;
         if (opt->text) {
             req.kind = GenerateRequest::Prompt::Text;
@@ -222,9 +277,26 @@ int ds4c_generate(ds4c_client *c, const ds4c_generate_options *opt, ds4c_chunk_f
         GenerateCallbacks cb;
         if (opt->request_id_out)
             cb.on_start = [&](uint64_t id) { __atomic_store_n(opt->request_id_out, id, __ATOMIC_RELEASE); };
+        std::vector<ds4c_token_logprob> lps;
+        std::vector<int32_t> top_ids;
+        std::vector<float> top_lps;
         if (on_chunk)
             cb.on_chunk = [&](const Chunk &ch) {
-                return on_chunk(ud, ch.tokens.data(), ch.tokens.size(), ch.text.data(), ch.text.size()) == 0;
+                const ds4c_token_logprob *lp = nullptr;
+                if (!ch.logprobs.empty()) {
+                    lps.clear();
+                    top_ids.clear();
+                    top_lps.clear();
+                    for (const TokenLogprob &l : ch.logprobs)
+                        for (const auto &[t, v] : l.top) top_ids.push_back(t), top_lps.push_back(v);
+                    size_t at = 0;
+                    for (const TokenLogprob &l : ch.logprobs) {
+                        lps.push_back({l.logprob, top_ids.data() + at, top_lps.data() + at, l.top.size()});
+                        at += l.top.size();
+                    }
+                    lp = lps.data();
+                }
+                return on_chunk(ud, ch.tokens.data(), ch.tokens.size(), ch.text.data(), ch.text.size(), lp) == 0;
             };
         DoneInfo d = c->client->generate(req, cb);
         if (done_out) {

@@ -3,7 +3,9 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <string_view>
 
 #include "ipc/socket_path.h"
@@ -36,10 +38,29 @@ float parse_float(const std::string &opt, const char *s, float lo, float hi) {
     return v;
 }
 
+int32_t parse_i32(const std::string &opt, const char *s, int32_t lo, int32_t hi) {
+    errno = 0;
+    char *end = nullptr;
+    const long long v = std::strtoll(s, &end, 10);
+    if (!*s || errno || *end || v < lo || v > hi)
+        throw UsageError(opt + " needs an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got \"" +
+                         s + "\"");
+    return int32_t(v);
+}
+
+// ID=BIAS: a token id and a bias in [-100, 100].
+std::pair<int32_t, float> parse_bias(const std::string &opt, const char *s) {
+    const char *eq = std::strchr(s, '=');
+    if (!eq) throw UsageError(opt + " needs TOKEN_ID=BIAS, got \"" + std::string(s) + "\"");
+    const std::string id(s, eq);
+    return {parse_i32(opt + " token id", id.c_str(), 0, INT32_MAX), parse_float(opt + " bias", eq + 1, -100.0f, 100.0f)};
+}
+
 }  // namespace
 
 bool is_sampling_option(const std::string &opt) {
-    for (const char *o : {"--max-tokens", "--temperature", "--top-k", "--top-p", "--min-p", "--seed"})
+    for (const char *o : {"--max-tokens", "--temperature", "--top-k", "--top-p", "--min-p", "--seed", "--repeat-penalty",
+                          "--repeat-last-n", "--frequency-penalty", "--presence-penalty", "--logit-bias"})
         if (opt == o) return true;
     return false;
 }
@@ -61,8 +82,25 @@ void set_sampling_option(CliArgs &a, std::string key, const char *v) {
     } else if (key == "seed") {
         a.seed = parse_u64(opt, v, UINT64_MAX);
         a.seed_set = true;
+    } else if (key == "repeat-penalty") {
+        a.repeat_penalty = parse_float(opt, v, 0.0f, 10.0f);
+        if (a.repeat_penalty <= 0.0f) throw UsageError(opt + " must be above 0 (1 is off), got \"" + std::string(v) + "\"");
+    } else if (key == "repeat-last-n") {
+        a.repeat_last_n = parse_i32(opt, v, -1, INT32_MAX);
+    } else if (key == "frequency-penalty") {
+        a.frequency_penalty = parse_float(opt, v, -2.0f, 2.0f);
+    } else if (key == "presence-penalty") {
+        a.presence_penalty = parse_float(opt, v, -2.0f, 2.0f);
+    } else if (key == "logit-bias") {
+        const auto b = parse_bias(opt, v);
+        for (const auto &x : a.logit_bias)
+            if (x.first == b.first) throw UsageError(opt + " names token " + std::to_string(b.first) + " twice");
+        if (a.logit_bias.size() >= 300) throw UsageError(opt + ": at most 300 entries");
+        a.logit_bias.push_back(b);
     } else {
-        throw UsageError("unknown setting \"" + key + "\" (max_tokens, temperature, top_k, top_p, min_p, seed)");
+        throw UsageError("unknown setting \"" + key +
+                         "\" (max_tokens, temperature, top_k, top_p, min_p, seed, repeat_penalty, repeat_last_n, "
+                         "frequency_penalty, presence_penalty, logit_bias)");
     }
 }
 
@@ -102,6 +140,12 @@ std::string usage_text() {
            "  --temperature T        sampling temperature; 0 (default) is greedy\n"
            "  --top-k K, --top-p P, --min-p P   sampling filters (default off)\n"
            "  --seed S               sampling seed, for repeatable sampling (default: a random seed)\n"
+           "  --repeat-penalty P     divide (multiply, when negative) the logit of every token among the\n"
+           "                         last --repeat-last-n of the context by P, in (0, 10] (default 1: off)\n"
+           "  --repeat-last-n N      the window of --repeat-penalty (default 64; 0 off, -1 the whole context)\n"
+           "  --frequency-penalty F  subtract F x (times a token was generated) from its logit, in [-2, 2]\n"
+           "  --presence-penalty F   subtract F from the logit of every token generated so far, in [-2, 2]\n"
+           "  --logit-bias ID=BIAS   add BIAS in [-100, 100] to token ID's logit (repeatable)\n"
            "  --stop STRING          stop when STRING appears in the output (repeatable)\n"
            "  --ignore-eos           keep generating past end-of-sequence tokens (until --max-tokens\n"
            "                         or the context is full)\n"

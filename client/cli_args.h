@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ds4::client {
@@ -24,6 +25,11 @@ struct CliArgs {
     float min_p = 0.0f;
     uint64_t seed = 0;
     bool seed_set = false;          // --seed given; otherwise the command picks a random seed
+    float repeat_penalty = 1.0f;    // 1: off
+    int32_t repeat_last_n = 64;     // 0: off, -1: the whole context
+    float frequency_penalty = 0.0f;
+    float presence_penalty = 0.0f;
+    std::vector<std::pair<int32_t, float>> logit_bias;  // --logit-bias ID=BIAS (repeatable)
     bool ids = false;
     bool ignore_eos = false;        // keep generating past end-of-sequence tokens
     bool no_speculate = false;      // decode without ds4d's drafter
@@ -44,7 +50,8 @@ CliArgs parse_cli(int argc, const char *const *argv);
 std::string usage_text();
 
 // The sampling options shared by the command line and chat's /set: KEY is max_tokens (or
-// max-tokens), temperature, top_k, top_p, min_p or seed. Throws UsageError for a bad value.
+// max-tokens), temperature, top_k, top_p, min_p, seed, repeat_penalty, repeat_last_n,
+// frequency_penalty, presence_penalty or logit_bias (ID=BIAS, added to the list). Throws UsageError for a bad value.
 bool is_sampling_option(const std::string &opt);  // "--max-tokens", ...
 void set_sampling_option(CliArgs &a, std::string key, const char *value);
 

@@ -366,10 +366,18 @@ DoneInfo Client::generate(const GenerateRequest &req, const GenerateCallbacks &c
     for (const auto &s : req.stop_strings) stops.push_back(fbb.CreateString(s));
     auto stop_strings = stops.empty() ? 0 : fbb.CreateVector(stops);
     auto stop_tokens = req.stop_tokens.empty() ? 0 : fbb.CreateVector(req.stop_tokens);
-    auto sampling = fb::CreateSampling(fbb, req.temperature, req.top_k, req.top_p, req.min_p, req.seed);
+    flatbuffers::Offset<flatbuffers::Vector<const fb::LogitBias *>> bias = 0;
+    if (!req.logit_bias.empty()) {
+        std::vector<fb::LogitBias> b;
+        for (const auto &[t, v] : req.logit_bias) b.emplace_back(t, v);
+        bias = fbb.CreateVectorOfStructs(b);
+    }
+    if (req.top_logprobs > 255) throw std::invalid_argument("generate: top_logprobs must be in [0, 20]");
+    auto sampling = fb::CreateSampling(fbb, req.temperature, req.top_k, req.top_p, req.min_p, req.seed, req.repeat_penalty,
+                                       req.repeat_last_n, req.frequency_penalty, req.presence_penalty, bias);
     auto body = fb::CreateGenerate(fbb, req.session, text, tokens, messages, req.add_generation_prompt, req.thinking,
                                    sampling, req.max_tokens, stop_strings, stop_tokens, req.ignore_eos, req.progress,
-                                   req.speculate);
+                                   req.speculate, req.logprobs, uint8_t(req.top_logprobs));
     const uint64_t id = impl_->rid();
     ipc::finish_frame(fbb, id, body);
     impl_->send(fbb);
@@ -396,6 +404,17 @@ DoneInfo Client::generate(const GenerateRequest &req, const GenerateCallbacks &c
             Chunk chunk;
             if (c->tokens()) chunk.tokens = std::span<const int32_t>(c->tokens()->data(), c->tokens()->size());
             if (c->text()) chunk.text = std::string_view(c->text()->data(), c->text()->size());
+            std::vector<TokenLogprob> lps;
+            if (c->logprobs()) {
+                for (const fb::Logprob *l : *c->logprobs()) {
+                    TokenLogprob x;
+                    x.logprob = l->logprob();
+                    if (l->top())
+                        for (const fb::TopLogprob *t : *l->top()) x.top.emplace_back(t->token(), t->logprob());
+                    lps.push_back(std::move(x));
+                }
+                chunk.logprobs = lps;
+            }
             try {
                 if (!cb.on_chunk(chunk)) cancel_once();
             } catch (...) {

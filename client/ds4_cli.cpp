@@ -117,6 +117,11 @@ GenerateRequest base_request(const CliArgs &a) {
     req.top_p = a.top_p;
     req.min_p = a.min_p;
     req.seed = a.seed_set ? a.seed : random_seed();
+    req.repeat_penalty = a.repeat_penalty;
+    req.repeat_last_n = a.repeat_last_n;
+    req.frequency_penalty = a.frequency_penalty;
+    req.presence_penalty = a.presence_penalty;
+    req.logit_bias = a.logit_bias;
     req.stop_strings = a.stops;
     req.thinking = a.think;
     req.ignore_eos = a.ignore_eos;
@@ -339,7 +344,8 @@ const char *kChatHelp =
     "/reset             start a new, empty conversation (a named session stays stored)\n"
     "/save NAME         store the conversation as the named session NAME\n"
     "/load NAME         continue the stored session NAME\n"
-    "/set KEY VALUE     change a setting: temperature, top_k, top_p, min_p, seed, max_tokens\n"
+    "/set KEY VALUE     change a setting: temperature, top_k, top_p, min_p, seed, max_tokens,\n"
+    "                   repeat_penalty, repeat_last_n, frequency_penalty, presence_penalty, logit_bias ID=BIAS\n"
     "/set               show the settings\n"
     "/exit, /quit       leave (so does end of input, Ctrl-D)\n"
     "A line ending in \\ continues on the next. Ctrl-C stops the answer being generated.\n";
@@ -377,9 +383,11 @@ bool chat_command(Client &client, CliArgs &a, SessionInfo &s, const std::string 
             set_sampling_option(a, w[1], w[2].c_str());
             std::printf("[%s = %s]\n", w[1].c_str(), w[2].c_str());
         } else if (cmd == "/set" && w.size() == 1) {
-            std::printf("temperature %g, top_k %d, top_p %g, min_p %g, max_tokens %u, seed %s\n", double(a.temperature),
-                        a.top_k, double(a.top_p), double(a.min_p), a.max_tokens,
-                        a.seed_set ? std::to_string(a.seed).c_str() : "random");
+            std::printf("temperature %g, top_k %d, top_p %g, min_p %g, max_tokens %u, seed %s, repeat_penalty %g, "
+                        "repeat_last_n %d, frequency_penalty %g, presence_penalty %g, logit_bias %zu entries\n",
+                        double(a.temperature), a.top_k, double(a.top_p), double(a.min_p), a.max_tokens,
+                        a.seed_set ? std::to_string(a.seed).c_str() : "random", double(a.repeat_penalty),
+                        a.repeat_last_n, double(a.frequency_penalty), double(a.presence_penalty), a.logit_bias.size());
         } else {
             std::printf("[unknown or incomplete command %s; /help lists them]\n", line.c_str());
         }

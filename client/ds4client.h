@@ -131,6 +131,41 @@ int ds4c_generate(ds4c_client *c, const ds4c_generate_options *opt, ds4c_chunk_f
                   ds4c_done *done_out, char *err, size_t errlen);
 int ds4c_cancel(ds4c_client *c, uint64_t request_id, char *err, size_t errlen);
 
+/* Sampling controls and log-probabilities (ds4.fbs Sampling/Generate say the formulas).
+ * Versioned by size: ds4c_sampling_controls_init(x, sizeof *x) sets the defaults for the
+ * caller's size and records it, so a caller built against a shorter, older struct keeps
+ * working and the fields it lacks keep their defaults. */
+typedef struct {
+    size_t size;                   /* set by ds4c_sampling_controls_init */
+    float repeat_penalty;          /* 1: off; llama.cpp semantics over the last repeat_last_n */
+    int32_t repeat_last_n;         /* 64; 0: off; -1: the whole context */
+    float frequency_penalty;       /* 0: off; OpenAI semantics over the generated tokens */
+    float presence_penalty;        /* 0: off */
+    const int32_t *logit_bias_tokens; /* n_logit_bias distinct ids, biases in [-100, 100] */
+    const float *logit_bias_values;
+    size_t n_logit_bias;
+    int32_t logprobs;              /* nonzero: each token's log-probability */
+    uint32_t top_logprobs;         /* 0..20 alternatives with each */
+} ds4c_sampling_controls;
+
+/* One generated token's log-probability and its top alternatives (most likely first):
+ * log-softmax of the logits after bias and penalties, over the temperature when above 0. */
+typedef struct {
+    float logprob;
+    const int32_t *top_tokens;
+    const float *top_logprobs;
+    size_t n_top;
+} ds4c_token_logprob;
+
+/* As ds4c_chunk_fn, plus logprobs: n_tokens entries when asked for, else NULL. */
+typedef int (*ds4c_chunk_ex_fn)(void *ud, const int32_t *tokens, size_t n_tokens, const char *text, size_t text_len,
+                                const ds4c_token_logprob *logprobs);
+
+void ds4c_sampling_controls_init(ds4c_sampling_controls *x, size_t size);
+/* ds4c_generate with controls (NULL: none); controls->size must come from the init. */
+int ds4c_generate_ex(ds4c_client *c, const ds4c_generate_options *opt, const ds4c_sampling_controls *controls,
+                     ds4c_chunk_ex_fn on_chunk, void *ud, ds4c_done *done_out, char *err, size_t errlen);
+
 /* text: text_len bytes, may contain NUL (NULL only when text_len is 0). *n_out gets the
  * token count even when cap is too small (then DS4C_ERR_ARG). */
 int ds4c_tokenize(ds4c_client *c, const char *text, size_t text_len, int32_t *out, size_t cap, size_t *n_out,

@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace ds4::client {
@@ -84,14 +85,32 @@ struct GenerateRequest {
     bool ignore_eos = false;
     bool progress = false;      // ask for prefill progress reports
     bool speculate = true;      // decode with ds4d's drafter when it has one
+    // Repetition controls (ds4.fbs Sampling says the order and formulas): repeat_penalty over
+    // the last repeat_last_n context tokens (1: off; 0: off, -1: whole context), frequency
+    // and presence penalties over the generated tokens (0: off).
+    float repeat_penalty = 1.0f;
+    int32_t repeat_last_n = 64;
+    float frequency_penalty = 0.0f;
+    float presence_penalty = 0.0f;
+    std::vector<std::pair<int32_t, float>> logit_bias;  // token id -> bias in [-100, 100]
+    bool logprobs = false;      // each chunk's token's log-probability (Chunk::logprobs)
+    uint32_t top_logprobs = 0;  // 0..20 alternatives with each (needs logprobs)
 };
 
 enum class FinishReason { Stop = 0, StopString, Length, Context, Cancelled };
 const char *finish_reason_name(FinishReason r);
 
+// log-softmax of the logits after bias and penalties, divided by the temperature when it
+// is above 0 (before top-k/top-p/min-p truncation).
+struct TokenLogprob {
+    float logprob = 0;
+    std::vector<std::pair<int32_t, float>> top;  // most likely first
+};
+
 struct Chunk {
     std::span<const int32_t> tokens;
     std::string_view text;
+    std::span<const TokenLogprob> logprobs;  // one per token when GenerateRequest::logprobs
 };
 
 struct DoneInfo {

@@ -6,6 +6,7 @@
 #   lib/cmake/ds4/            find_package(ds4): ds4::ds4, ds4::ds4_static, ds4::client
 #   share/ds4/ds4.fbs         the wire protocol's schema
 #   lib/systemd/user/         ds4d.service + ds4d.socket (socket activation)
+#   share/man/man1/           a man page per program (help2man over --help, cmake/ManPages.cmake)
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
@@ -16,6 +17,8 @@ foreach(_p ${_ds4_programs})
     install(TARGETS ${_p} RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
   endif()
 endforeach()
+
+include(${PROJECT_SOURCE_DIR}/cmake/ManPages.cmake)  # share/man/man1: one page per program above
 
 # Programs linked to libds4 find it beside them (PREFIX/lib), wherever the prefix is. (The
 # others link everything statically and have no RPATH to rewrite.)

@@ -80,6 +80,7 @@ public:
     void sync(std::span<const int32_t> tokens);
     void eval(int32_t token);
     int32_t argmax();
+    void logits_into(std::vector<float> &row, int vocab) const { s_.logits_into(row, vocab); }
     int32_t sample(float temperature, int top_k, float top_p, float min_p, uint64_t *rng);
     int pos();
     void rewind(int pos) { s_.rewind(pos); }

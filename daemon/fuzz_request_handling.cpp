@@ -288,10 +288,29 @@ std::vector<uint8_t> op_frame(Bytes &b, uint64_t rid, Tracker &t, bool *opens) {
                 stops = fbb.CreateVector(v);
             }
             if (form & 8) stop_toks = fbb.CreateVector(pick_tokens(b, 4));
-            auto sampling = fb::CreateSampling(fbb, temp, int32_t(b.u8() % 50), float(b.u8()) / 255.0f,
-                                               float(b.u8() % 16) / 255.0f, b.u64());
+            const float top_k_etc[3] = {float(b.u8() % 50), float(b.u8()) / 255.0f, float(b.u8() % 16) / 255.0f};
+            const uint64_t seed = b.u64();
+            // flags & 8: the sampling controls (daemon/sampling.h), out-of-range values included.
+            float rp = 1, fp = 0, pp = 0;
+            int32_t last_n = 64;
+            flatbuffers::Offset<flatbuffers::Vector<const fb::LogitBias *>> bias;
+            bool logprobs = false;
+            uint8_t top = 0;
+            if (flags & 8) {
+                rp = float(b.u8()) / 64.0f;
+                last_n = int32_t(int8_t(b.u8()));
+                fp = float(int(b.u8()) - 128) / 50.0f;
+                pp = float(int(b.u8()) - 128) / 50.0f;
+                std::vector<fb::LogitBias> lb;
+                for (int32_t t : pick_tokens(b, 6)) lb.emplace_back(t, float(int(b.u8()) - 128));
+                bias = fbb.CreateVectorOfStructs(lb);
+                logprobs = (flags & 16) != 0;
+                top = b.u8() % 24;
+            }
+            auto sampling = fb::CreateSampling(fbb, temp, int32_t(top_k_etc[0]), top_k_etc[1], top_k_etc[2], seed, rp,
+                                               last_n, fp, pp, bias);
             return fb::CreateGenerate(fbb, s, text, toks, msgs, (form & 16) == 0, (form & 32) != 0, sampling, max_tokens,
-                                      stops, stop_toks, (flags & 2) != 0, (flags & 4) != 0);
+                                      stops, stop_toks, (flags & 2) != 0, (flags & 4) != 0, (flags & 32) == 0, logprobs, top);
         });
     }
     case 2: {

@@ -111,7 +111,8 @@ bool Worker::Impl::out_of_room(const Job &j, fb::FinishReason *why) const {
     return false;
 }
 
-bool Worker::Impl::deliver(Job &j, int32_t t, Clock::time_point t0, fb::FinishReason *why, int32_t *stop_token) {
+bool Worker::Impl::deliver(Job &j, int32_t t, Clock::time_point t0, fb::FinishReason *why, int32_t *stop_token,
+                           const TokenLogprob *lp) {
     LiveSession *s = j.session;
     s->history.push_back(t);
     if ((!j.p.ignore_eos && model->is_stop(t)) || in_stop_tokens(j, t)) {
@@ -123,9 +124,10 @@ bool Worker::Impl::deliver(Job &j, int32_t t, Clock::time_point t0, fb::FinishRe
     if (j.generated == 0) j.first_token_at = Clock::now();
     ++j.generated;
     ++tokens_out;
+    if (j.p.controls.frequency_penalty != 0.0f || j.p.controls.presence_penalty != 0.0f) ++j.generated_counts[t];
     const std::string delta = j.text.push(model->token_text(t));
     j.decode_ns += ns_since(t0);
-    emit(j.conn, j.rid, token_chunk_frame(j.rid, std::span<const int32_t>(&t, 1), delta), false);
+    emit(j.conn, j.rid, token_chunk_frame(j.rid, std::span<const int32_t>(&t, 1), delta, lp), false);
     if (j.text.stopped()) {
         *why = fb::FinishReason::StopString;
         return false;
@@ -146,11 +148,24 @@ bool Worker::Impl::take_token(Job &j) {
             return false;
         }
         const auto t0 = Clock::now();
-        const int32_t t = j.p.temperature == 0.0f
-                              ? s->bridge->argmax()
-                              : s->bridge->sample(j.p.temperature, j.p.top_k, j.p.top_p, j.p.min_p, &j.rng);
+        const SamplingControls &c = j.p.controls;
+        int32_t t;
+        TokenLogprob lp;
+        if (!c.active()) {
+            t = j.p.temperature == 0.0f ? s->bridge->argmax()
+                                        : s->bridge->sample(j.p.temperature, j.p.top_k, j.p.top_p, j.p.min_p, &j.rng);
+        } else {
+            // A copy of the row with the request's bias and penalties, sampled by the engine's
+            // sampler (the same rng use), so only the changed logits change the outcome.
+            s->bridge->logits_into(row_scratch, model->vocab());
+            if (c.changes_logits()) apply_controls(row_scratch, c, s->history, j.generated_counts);
+            t = j.p.temperature == 0.0f
+                    ? row_argmax(row_scratch)
+                    : ds4::bridge::sample_logits(row_scratch, j.p.temperature, j.p.top_k, j.p.top_p, j.p.min_p, &j.rng);
+            if (c.logprobs) lp = logprob_of(row_scratch, j.p.temperature, t, c.top_logprobs);
+        }
         int32_t stop = -1;
-        if (!deliver(j, t, t0, &why, &stop)) {
+        if (!deliver(j, t, t0, &why, &stop, c.logprobs ? &lp : nullptr)) {
             finish_job(j, why, stop);
             return false;
         }

@@ -385,6 +385,11 @@ void Worker::Impl::on(Request &r, GenerateParams &p) {
                                "session " + std::to_string(p.session) + " is already generating");
     }
     LiveSession *s = job->session;
+    for (const auto &[t, b] : p.controls.logit_bias)
+        if (t >= model->vocab())
+            return reply_error(r, fb::ErrorCode::BadRequest,
+                               "logit_bias token " + std::to_string(t) + " is outside the vocabulary of " +
+                                   std::to_string(model->vocab()));
     std::vector<int32_t> prompt;
     try {
         switch (p.kind) {

@@ -59,11 +59,19 @@ Frame progress_frame(uint64_t rid, uint32_t current, uint32_t total) {
     return finish(fbb, rid, fb::CreateProgress(fbb, current, total));
 }
 
-Frame token_chunk_frame(uint64_t rid, std::span<const int32_t> tokens, std::string_view text) {
-    flatbuffers::FlatBufferBuilder fbb(96 + tokens.size() * 4 + text.size());
+Frame token_chunk_frame(uint64_t rid, std::span<const int32_t> tokens, std::string_view text, const TokenLogprob *lp) {
+    flatbuffers::FlatBufferBuilder fbb(96 + tokens.size() * 4 + text.size() + (lp ? 32 + lp->top.size() * 8 : 0));
     auto tv = fbb.CreateVector(tokens.data(), tokens.size());
     auto tx = sv(fbb, text);
-    return finish(fbb, rid, fb::CreateTokenChunk(fbb, tv, tx));
+    flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<fb::Logprob>>> lv = 0;
+    if (lp) {
+        std::vector<fb::TopLogprob> top;
+        top.reserve(lp->top.size());
+        for (const auto &[t, v] : lp->top) top.emplace_back(t, v);
+        auto l = fb::CreateLogprob(fbb, lp->logprob, fbb.CreateVectorOfStructs(top));
+        lv = fbb.CreateVector(&l, 1);
+    }
+    return finish(fbb, rid, fb::CreateTokenChunk(fbb, tv, tx, lv));
 }
 
 Frame done_frame(uint64_t rid, const DoneFields &d) {

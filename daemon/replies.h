@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "daemon/bridge_host.h"
+#include "daemon/sampling.h"
 #include "ipc/protocol.h"
 
 namespace ds4::daemon {
@@ -72,7 +73,9 @@ Frame session_opened_frame(uint64_t rid, uint64_t session, std::string_view name
                            bool created, std::string_view save_error = {}, std::string_view evicted = {});
 Frame ok_frame(uint64_t rid);
 Frame progress_frame(uint64_t rid, uint32_t current, uint32_t total);
-Frame token_chunk_frame(uint64_t rid, std::span<const int32_t> tokens, std::string_view text);
+// lp: the log-probabilities of the chunk's one token (Generate.logprobs), or null.
+Frame token_chunk_frame(uint64_t rid, std::span<const int32_t> tokens, std::string_view text,
+                        const TokenLogprob *lp = nullptr);
 Frame done_frame(uint64_t rid, const DoneFields &d);
 Frame tokenize_result_frame(uint64_t rid, std::span<const int32_t> tokens);
 Frame detokenize_result_frame(uint64_t rid, std::string_view text);

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
@@ -75,7 +76,42 @@ ParseResult parse_generate(const fb::Generate *g, const ParseLimits &lim) {
         p.top_p = s->top_p();
         p.min_p = s->min_p();
         p.seed = s->seed();
+        SamplingControls &c = p.controls;
+        c.repeat_penalty = s->repeat_penalty();
+        c.repeat_last_n = s->repeat_last_n();
+        c.frequency_penalty = s->frequency_penalty();
+        c.presence_penalty = s->presence_penalty();
+        if (!std::isfinite(c.repeat_penalty) || c.repeat_penalty <= 0 || c.repeat_penalty > 10)
+            return bad("Generate: repeat_penalty must be in (0, 10], got " + std::to_string(c.repeat_penalty));
+        if (c.repeat_last_n < -1)
+            return bad("Generate: repeat_last_n must be >= -1 (-1: the whole context), got " + std::to_string(c.repeat_last_n));
+        if (!std::isfinite(c.frequency_penalty) || c.frequency_penalty < -2 || c.frequency_penalty > 2)
+            return bad("Generate: frequency_penalty must be in [-2, 2], got " + std::to_string(c.frequency_penalty));
+        if (!std::isfinite(c.presence_penalty) || c.presence_penalty < -2 || c.presence_penalty > 2)
+            return bad("Generate: presence_penalty must be in [-2, 2], got " + std::to_string(c.presence_penalty));
+        if (const auto *lb = s->logit_bias()) {
+            if (lb->size() > lim.max_logit_bias)
+                return bad("Generate: logit_bias has " + std::to_string(lb->size()) + " entries, at most " +
+                           std::to_string(lim.max_logit_bias));
+            for (const fb::LogitBias *e : *lb) {
+                if (e->token() < 0) return bad("Generate: logit_bias token " + std::to_string(e->token()) + " is negative");
+                if (!std::isfinite(e->bias()) || e->bias() < -100 || e->bias() > 100)
+                    return bad("Generate: logit_bias of token " + std::to_string(e->token()) + " must be in [-100, 100], got " +
+                               std::to_string(e->bias()));
+                c.logit_bias.emplace_back(e->token(), e->bias());
+            }
+            std::sort(c.logit_bias.begin(), c.logit_bias.end());
+            for (size_t i = 1; i < c.logit_bias.size(); ++i)
+                if (c.logit_bias[i].first == c.logit_bias[i - 1].first)
+                    return bad("Generate: logit_bias names token " + std::to_string(c.logit_bias[i].first) + " twice");
+        }
     }
+    p.controls.logprobs = g->logprobs();
+    p.controls.top_logprobs = g->top_logprobs();
+    if (p.controls.top_logprobs > 20)
+        return bad("Generate: top_logprobs must be in [0, 20], got " + std::to_string(p.controls.top_logprobs));
+    if (p.controls.top_logprobs > 0 && !p.controls.logprobs)
+        return bad("Generate: top_logprobs needs logprobs");
     if (!std::isfinite(p.temperature) || p.temperature < 0 || p.temperature > 100)
         return bad("Generate: temperature must be in [0, 100], got " + std::to_string(p.temperature));
     if (p.top_k < 0) return bad("Generate: top_k must be >= 0, got " + std::to_string(p.top_k));
@@ -100,6 +136,9 @@ ParseResult parse_generate(const fb::Generate *g, const ParseLimits &lim) {
     p.ignore_eos = g->ignore_eos();
     p.progress = g->progress();
     p.speculate = g->speculate();
+    // The drafter's proposals are verified against the engine's unadjusted distribution, so a
+    // request with sampling controls decodes one plain step at a time.
+    if (p.controls.active()) p.speculate = false;
     return request(std::move(p));
 }
 

@@ -10,6 +10,7 @@
 #include <variant>
 #include <vector>
 
+#include "daemon/sampling.h"
 #include "ipc/protocol.h"
 
 namespace ds4::daemon {
@@ -47,6 +48,7 @@ struct GenerateParams {
     bool ignore_eos = false;
     bool progress = false;
     bool speculate = true;   // use ds4d's drafter when it has one
+    SamplingControls controls;  // bias, penalties, logprobs (daemon/sampling.h)
 };
 
 struct OpenSessionParams {
@@ -112,6 +114,7 @@ struct ParseLimits {
     size_t max_stop_strings = 16;
     size_t max_stop_string_bytes = 256;
     uint32_t max_tokens = 1u << 24;
+    size_t max_logit_bias = 300;   // entries (OpenAI's bound); ids are checked against the vocabulary later
 };
 
 ParseResult parse_request(const ipc::fb::Envelope *env, const ParseLimits &limits = {});

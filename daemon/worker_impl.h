@@ -90,6 +90,7 @@ struct Job {
     int32_t pending = -1;        // sampled, streamed, not yet evaluated
     uint32_t generated = 0;
     uint64_t rng = 0;
+    TokenCounts generated_counts;  // for frequency/presence penalties (daemon/sampling.h)
     TextStream text;
     uint64_t prefill_ns = 0, decode_ns = 0;
     Clock::time_point first_token_at{};
@@ -148,6 +149,7 @@ struct Worker::Impl {
     ModelSummary model_summary;
     uint32_t default_ctx = 0;
     std::vector<int32_t> template_prefix;
+    std::vector<float> row_scratch;  // a logits row for requests with sampling controls
     std::unordered_map<uint64_t, std::unique_ptr<LiveSession>> sessions;
     std::unordered_map<std::string, uint64_t> names;
     uint64_t next_session = 1;
@@ -326,7 +328,9 @@ struct Worker::Impl {
     // t is j's next token (sampled after its session's history, from time t0): history,
     // streaming, stop rules. False when a rule ends j (*why, *stop_token); the caller then
     // finishes it. True: t is j's pending token.
-    bool deliver(Job &j, int32_t t, Clock::time_point t0, fb::FinishReason *why, int32_t *stop_token);
+    // lp: t's log-probabilities, sent with it (Generate.logprobs), or null.
+    bool deliver(Job &j, int32_t t, Clock::time_point t0, fb::FinishReason *why, int32_t *stop_token,
+                 const TokenLogprob *lp = nullptr);
     bool run_step();
 
     // ---- speculative decoding (speculation.cpp) ----

@@ -45,6 +45,53 @@ Reply::Reply(const Request &req, std::string model, uint32_t prompt_tokens)
     }
 }
 
+void Reply::set_choice(int index, std::string id, bool last) {
+    choice_ = index;
+    id_ = std::move(id);
+    last_ = last;
+}
+
+namespace {
+
+Json bytes_of(const std::string &s) {
+    Json b = Json::array();
+    for (unsigned char c : s) b.push_back(int(c));
+    return b;
+}
+
+}  // namespace
+
+Json Reply::take_logprobs(bool everything) {
+    if (!req_.logprobs) return nullptr;
+    lp_all_.insert(lp_all_.end(), lp_pending_.begin(), lp_pending_.end());
+    const std::vector<TokenLogprobs> &src = everything ? lp_all_ : lp_pending_;
+    Json out;
+    if (req_.api == Api::Completions) {
+        out = {{"tokens", Json::array()}, {"token_logprobs", Json::array()}, {"top_logprobs", Json::array()},
+               {"text_offset", Json::array()}};
+        size_t off = everything ? 0 : lp_offset_;
+        for (const TokenLogprobs &t : src) {
+            out["tokens"].push_back(t.token);
+            out["token_logprobs"].push_back(t.logprob);
+            Json top = Json::object();
+            for (const auto &[tok, v] : t.top) top[tok] = v;
+            out["top_logprobs"].push_back(top);
+            out["text_offset"].push_back(off);
+            off += t.token.size();
+        }
+        if (!everything) lp_offset_ = off;
+    } else {
+        out = Json::array();
+        for (const TokenLogprobs &t : src) {
+            Json top = Json::array();
+            for (const auto &[tok, v] : t.top) top.push_back({{"token", tok}, {"logprob", v}, {"bytes", bytes_of(tok)}});
+            out.push_back({{"token", t.token}, {"logprob", t.logprob}, {"bytes", bytes_of(t.token)}, {"top_logprobs", top}});
+        }
+    }
+    lp_pending_.clear();
+    return out;
+}
+
 std::string Reply::sse(const Json &data, const char *event) {
     std::string s;
     if (event) {
@@ -60,7 +107,11 @@ std::string Reply::sse(const Json &data, const char *event) {
 
 std::string Reply::chat_chunk(const Json &delta, const Json &finish_reason) {
     Json c = {{"id", id_}, {"object", "chat.completion.chunk"}, {"created", created_}, {"model", model_}};
-    c["choices"] = Json::array({Json{{"index", 0}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", finish_reason}}});
+    // Log-probabilities travel with the text they produced (and the rest with the last chunk).
+    Json lp = nullptr;
+    if (req_.logprobs && (delta.contains("content") || !finish_reason.is_null()) && !lp_pending_.empty())
+        lp = {{"content", take_logprobs()}, {"refusal", nullptr}};
+    c["choices"] = Json::array({Json{{"index", choice_}, {"delta", delta}, {"logprobs", lp}, {"finish_reason", finish_reason}}});
     if (req_.include_usage) c["usage"] = nullptr;
     return sse(c);
 }
@@ -107,10 +158,15 @@ Json Reply::responses_object(const char *status, const Finish *f) const {
               {"top_p", req_.top_p}, {"max_output_tokens", req_.max_tokens ? Json(req_.max_tokens) : Json(nullptr)},
               {"text", {{"format", {{"type", "text"}}}}}, {"usage", nullptr}};
     if (!f) return r;
+    bool first_text = true;
     for (const Item &it : items_) {
         if (it.kind == Block::Text) {
+            Json part = {{"type", "output_text"}, {"text", it.text}, {"annotations", Json::array()}};
+            // Every generated token's log-probabilities, with the first text part.
+            if (req_.logprobs) part["logprobs"] = first_text ? responses_lp_ : Json::array();
+            first_text = false;
             r["output"].push_back({{"type", "message"}, {"id", it.id}, {"status", "completed"}, {"role", "assistant"},
-                                   {"content", Json::array({Json{{"type", "output_text"}, {"text", it.text}, {"annotations", Json::array()}}})}});
+                                   {"content", Json::array({part})}});
         } else if (it.kind == Block::Reasoning) {
             r["output"].push_back({{"type", "reasoning"}, {"id", it.id}, {"summary", Json::array()},
                                    {"content", Json::array({Json{{"type", "reasoning_text"}, {"text", it.text}}})}});
@@ -240,7 +296,7 @@ std::string Reply::event(const DsmlEvent &ev) {
         case Api::Chat: s += chat_chunk({{b == Block::Text ? "content" : "reasoning_content", ev.text}}); break;
         case Api::Completions: {
             Json c = {{"id", id_}, {"object", "text_completion"}, {"created", created_}, {"model", model_},
-                      {"choices", Json::array({Json{{"text", ev.text}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", nullptr}}})}};
+                      {"choices", Json::array({Json{{"text", ev.text}, {"index", choice_}, {"logprobs", take_logprobs()}, {"finish_reason", nullptr}}})}};
             s += sse(c);
             break;
         }
@@ -251,8 +307,12 @@ std::string Reply::event(const DsmlEvent &ev) {
             break;
         case Api::Responses:
             if (b == Block::Text)
-                s += sse({{"type", "response.output_text.delta"}, {"sequence_number", seq_++}, {"item_id", items_.back().id},
-                          {"output_index", idx}, {"content_index", 0}, {"delta", ev.text}}, "response.output_text.delta");
+            {
+                Json d = {{"type", "response.output_text.delta"}, {"sequence_number", seq_++}, {"item_id", items_.back().id},
+                          {"output_index", idx}, {"content_index", 0}, {"delta", ev.text}};
+                if (req_.logprobs) d["logprobs"] = take_logprobs();
+                s += sse(d, "response.output_text.delta");
+            }
             else
                 s += sse({{"type", "response.reasoning_text.delta"}, {"sequence_number", seq_++}, {"item_id", items_.back().id},
                           {"output_index", idx}, {"content_index", 0}, {"delta", ev.text}}, "response.reasoning_text.delta");
@@ -292,6 +352,7 @@ std::string Reply::finish(const Finish &f) {
         switch (req_.api) {
         case Api::Chat:
             s += chat_chunk(Json::object(), fr);
+            if (!last_) break;
             if (req_.include_usage) {
                 Json c = {{"id", id_}, {"object", "chat.completion.chunk"}, {"created", created_}, {"model", model_},
                           {"choices", Json::array()}, {"usage", usage_json(f)}};
@@ -301,8 +362,9 @@ std::string Reply::finish(const Finish &f) {
             break;
         case Api::Completions: {
             Json c = {{"id", id_}, {"object", "text_completion"}, {"created", created_}, {"model", model_},
-                      {"choices", Json::array({Json{{"text", ""}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", fr}}})}};
+                      {"choices", Json::array({Json{{"text", ""}, {"index", choice_}, {"logprobs", take_logprobs()}, {"finish_reason", fr}}})}};
             s += sse(c);
+            if (!last_) break;
             if (req_.include_usage) {
                 Json u = {{"id", id_}, {"object", "text_completion"}, {"created", created_}, {"model", model_},
                           {"choices", Json::array()}, {"usage", usage_json(f)}};
@@ -317,6 +379,7 @@ std::string Reply::finish(const Finish &f) {
             s += sse({{"type", "message_stop"}}, "message_stop");
             break;
         case Api::Responses: {
+            responses_lp_ = take_logprobs(true);
             Json r = responses_object("completed", &f);
             const std::string type = r["status"] == "completed" ? "response.completed" : "response.incomplete";
             s += sse({{"type", type}, {"sequence_number", seq_++}, {"response", r}}, type.c_str());
@@ -336,13 +399,15 @@ std::string Reply::finish(const Finish &f) {
                 msg["tool_calls"].push_back({{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
         }
         j = {{"id", id_}, {"object", "chat.completion"}, {"created", created_}, {"model", model_},
-             {"choices", Json::array({Json{{"index", 0}, {"message", msg}, {"logprobs", nullptr}, {"finish_reason", fr}}})},
+             {"choices", Json::array({Json{{"index", choice_}, {"message", msg},
+                                           {"logprobs", req_.logprobs ? Json{{"content", take_logprobs(true)}, {"refusal", nullptr}} : Json(nullptr)},
+                                           {"finish_reason", fr}}})},
              {"usage", usage_json(f)}};
         break;
     }
     case Api::Completions:
         j = {{"id", id_}, {"object", "text_completion"}, {"created", created_}, {"model", model_},
-             {"choices", Json::array({Json{{"text", text_}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", fr}}})},
+             {"choices", Json::array({Json{{"text", text_}, {"index", choice_}, {"logprobs", take_logprobs(true)}, {"finish_reason", fr}}})},
              {"usage", usage_json(f)}};
         break;
     case Api::Messages: {
@@ -359,7 +424,10 @@ std::string Reply::finish(const Finish &f) {
              {"content", content}, {"stop_reason", fr}, {"stop_sequence", nullptr}, {"usage", usage_json(f)}};
         break;
     }
-    case Api::Responses: j = responses_object("completed", &f); break;
+    case Api::Responses:
+        responses_lp_ = take_logprobs(true);
+        j = responses_object("completed", &f);
+        break;
     }
     return dump(j);
 }

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gateway/dsml.h"
@@ -14,6 +15,13 @@ namespace ds4::gateway {
 struct Finish {
     enum class Reason { Stop, StopString, Length, Context, Cancelled } reason = Reason::Stop;
     uint32_t prompt_tokens = 0, cached_tokens = 0, completion_tokens = 0;
+};
+
+// One generated token's log-probability and its alternatives, with the tokens' bytes.
+struct TokenLogprobs {
+    std::string token;
+    float logprob = 0;
+    std::vector<std::pair<std::string, float>> top;
 };
 
 // A fresh id for responses, tool calls and items: prefix + 24 random hex digits.
@@ -31,6 +39,13 @@ public:
     std::string finish(const Finish &f);
     // Stream: an error event in the API's shape (the stream then ends).
     std::string stream_error(const ApiError &e);
+    // Choice `index` of n (chat/completions, n > 1): the id shared by all; only the last
+    // closes the stream (usage, [DONE]).
+    void set_choice(int index, std::string id, bool last);
+    // The next generated token's log-probabilities (request logprobs): reported with the
+    // text that follows, and in full in a non-streamed answer.
+    void add_logprobs(TokenLogprobs lp) { lp_pending_.push_back(std::move(lp)); }
+    const std::string &id() const { return id_; }
 
 private:
     enum class Block { None, Text, Reasoning, Tool };
@@ -61,6 +76,13 @@ private:
     std::vector<Call> calls_;
     std::string text_, reasoning_;
     uint64_t seq_ = 0;   // responses: sequence_number
+    int choice_ = 0;
+    bool last_ = true;
+    std::vector<TokenLogprobs> lp_pending_, lp_all_;
+    size_t lp_offset_ = 0;   // completions: text_offset of the next token
+    Json responses_lp_ = Json::array();
+    // The pending entries in the API's shape (moved to lp_all_); null when not asked for.
+    Json take_logprobs(bool everything = false);
 };
 
 }  // namespace ds4::gateway

@@ -18,6 +18,7 @@
 #include <random>
 #include <stdexcept>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "client/ds4client.hpp"
@@ -185,6 +186,10 @@ ApiError from_server_error(const cl::ServerError &e) {
     switch (e.code) {
     case 5:  // BadRequest
         return ApiError(400, "invalid_request_error", e.server_message);
+    case 6:  // UnknownSession
+        return ApiError(404, "invalid_request_error", e.server_message, "session");
+    case 7:  // SessionBusy
+        return ApiError(409, "invalid_request_error", "the session is busy with another request: " + e.server_message, "session");
     case 9:  // ContextOverflow
         return ApiError(400, "invalid_request_error", e.server_message, "messages", "context_length_exceeded");
     case 8:  // SessionLimit
@@ -244,10 +249,96 @@ struct Server::Impl {
     }
 
     // ------------------------------------------------------------ generation
+    // Token bytes for log-probabilities, looked up on a connection of its own (the worker's
+    // is busy streaming the generation) and cached: token texts never change.
+    std::mutex token_mu;
+    std::unique_ptr<cl::Client> token_client;
+    std::unordered_map<int32_t, std::string> token_cache;
+
+    std::string token_text(int32_t t) {
+        std::lock_guard lk(token_mu);
+        if (auto it = token_cache.find(t); it != token_cache.end()) return it->second;
+        try {
+            if (!token_client || !token_client->connected())
+                token_client = std::make_unique<cl::Client>(opt.socket_path, "ds4-gateway-tokens");
+            std::string s = token_client->detokenize(std::span<const int32_t>(&t, 1));
+            if (token_cache.size() < (1u << 20)) token_cache.emplace(t, s);
+            return s;
+        } catch (...) {
+            token_client.reset();
+            throw;
+        }
+    }
+
+    // previous_response_id: a response made in a named session, and that session's length
+    // right after it (a later turn makes it stale: branching is not served).
+    struct ResponseState {
+        std::string session;
+        uint32_t n_tokens = 0;
+    };
+    std::mutex resp_mu;
+    std::unordered_map<std::string, ResponseState> responses;
+    std::deque<std::string> response_order;   // oldest first, bounded
+
+    void remember_response(const std::string &id, ResponseState st) {
+        std::lock_guard lk(resp_mu);
+        responses[id] = std::move(st);
+        response_order.push_back(id);
+        while (response_order.size() > 10000) {
+            responses.erase(response_order.front());
+            response_order.pop_front();
+        }
+    }
+
+    void fail_request(Job &job, const Request &req, const ApiError &ae) {
+        metrics.count(endpoint_name(req.api), ae.status);
+        job.respond(ae.status, error_body(req.api, ae));
+    }
+
     void generate(Job &job, cl::Client &c, const Request &req) {
         const std::string model = model_name(c);
+        // The named session: the `session` extension, or the one previous_response_id was in.
+        std::string session = req.session;
+        uint32_t expect_tokens = 0;
+        if (!req.previous_response_id.empty()) {
+            std::lock_guard lk(resp_mu);
+            auto it = responses.find(req.previous_response_id);
+            if (it == responses.end())
+                return fail_request(job, req, ApiError(400, "invalid_request_error",
+                    "previous_response_id '" + req.previous_response_id + "' is unknown to this gateway: it continues "
+                    "responses made in a named session (the 'session' extension field), while it runs",
+                    "previous_response_id", "previous_response_not_found"));
+            if (!session.empty() && session != it->second.session)
+                return fail_request(job, req, ApiError(400, "invalid_request_error",
+                    "previous_response_id was made in session '" + it->second.session + "', not '" + session + "'", "session"));
+            session = it->second.session;
+            expect_tokens = it->second.n_tokens;
+        }
+        if (!session.empty() && req.n > 1)
+            return fail_request(job, req, ApiError(400, "invalid_request_error",
+                "'n' > 1 cannot continue one named session several ways; leave out 'session' or 'n'", "n"));
+        uint64_t sid = 0;
+        uint32_t history = 0;
+        if (!session.empty()) {
+            try {
+                const cl::SessionInfo si = c.open_session(session);
+                sid = si.id;
+                history = si.n_tokens;
+            } catch (const cl::ServerError &e) {
+                return fail_request(job, req, from_server_error(e));
+            }
+            if (!req.previous_response_id.empty() && history != expect_tokens)
+                return fail_request(job, req, ApiError(400, "invalid_request_error",
+                    "previous_response_id '" + req.previous_response_id + "' is not the latest turn of session '" + session +
+                    "' any more (it holds " + std::to_string(history) + " tokens, the response left " +
+                    std::to_string(expect_tokens) + "); continuing an earlier turn is not supported",
+                    "previous_response_id"));
+        }
+
         cl::GenerateRequest g;
+        g.session = sid;
         uint32_t prompt_tokens = 0;
+        std::string prefill;   // forced tool call: the opening the output continues
         if (req.raw_prompt) {
             g.kind = cl::GenerateRequest::Prompt::Text;
             g.text = req.prompt;
@@ -255,12 +346,24 @@ struct Server::Impl {
             // DeepSeek's encoding is applied to the whole rendered text, special tokens
             // included (as the reference tokenizer does).
             g.kind = cl::GenerateRequest::Prompt::Tokens;
+            // A session's later turn continues its conversation: no second BOS, and the tool
+            // schemas are in its first turn's system prompt already.
+            PromptOptions po = req.prompt_options;
+            if (history > 0) po.tools = Json::array();
+            std::string text = render_prompt(req.messages, po);
+            if (history > 0 && text.rfind(kBos, 0) == 0) text.erase(0, std::strlen(kBos));
+            if (req.force_tool) {
+                if (req.prompt_options.thinking) prefill += kEndThink;
+                prefill += "\n\n";
+                prefill += kToolCallsOpen;
+                prefill += '\n';
+                if (!req.forced_tool_name.empty()) prefill += kInvokeOpen + req.forced_tool_name + "\">\n";
+                text += prefill;
+            }
             try {
-                g.tokens = c.tokenize(render_prompt(req.messages, req.prompt_options), true);
+                g.tokens = c.tokenize(text, true);
             } catch (const cl::ServerError &e) {
-                const ApiError ae = from_server_error(e);
-                metrics.count(endpoint_name(req.api), ae.status);
-                return job.respond(ae.status, error_body(req.api, ae));
+                return fail_request(job, req, from_server_error(e));
             }
             prompt_tokens = uint32_t(g.tokens.size());
         }
@@ -268,62 +371,120 @@ struct Server::Impl {
         g.top_p = req.top_p;
         g.top_k = req.top_k;
         g.min_p = req.min_p;
-        g.seed = req.seed ? *req.seed : std::random_device{}();
         g.max_tokens = req.max_tokens ? req.max_tokens : opt.default_max_tokens;
         g.stop_strings = req.stop;
         g.thinking = req.prompt_options.thinking;
         g.ignore_eos = req.ignore_eos;
+        g.repeat_penalty = req.repeat_penalty;
+        g.repeat_last_n = req.repeat_last_n;
+        g.frequency_penalty = req.frequency_penalty;
+        g.presence_penalty = req.presence_penalty;
+        g.logit_bias = req.logit_bias;
+        g.logprobs = req.logprobs;
+        g.top_logprobs = req.top_logprobs;
 
-        Reply reply(req, model, prompt_tokens);
-        DsmlParser parser(req.parse_tools, !req.raw_prompt && req.prompt_options.thinking);
-        std::vector<DsmlEvent> evs;
-        bool started = false;
+        // n > 1: one daemon request per choice, in turn, each with its own seed; the choices
+        // share the answer's id and usage adds up.
         const auto t0 = Clock::now();
-        auto emit = [&](const std::string &s) {
-            if (!req.stream) return;
-            if (!started) {
-                started = true;
-                job.start_stream();
-                job.push(reply.begin());
-                metrics.first_chunk_us += uint64_t(std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0).count());
+        bool started = false;
+        Finish total;
+        std::string shared_id;
+        Json merged;
+        const uint64_t base_seed = req.seed ? *req.seed : std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32);
+        for (uint32_t choice = 0; choice < req.n; ++choice) {
+            g.seed = base_seed + choice;
+            const bool last = choice + 1 == req.n;
+            Reply reply(req, model, prompt_tokens);
+            if (choice == 0) shared_id = reply.id();
+            reply.set_choice(int(choice), shared_id, last);
+            DsmlParser parser(req.parse_tools || req.force_tool, !req.raw_prompt && req.prompt_options.thinking);
+            std::vector<DsmlEvent> evs;
+            auto emit = [&](const std::string &s) {
+                if (!req.stream) return;
+                if (!started) {
+                    started = true;
+                    job.start_stream();
+                    metrics.first_chunk_us += uint64_t(std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0).count());
+                }
+                if (!s.empty()) job.push(s);
+            };
+            // The choice's opening events (the stream's, for the first), then the prefill's.
+            std::string head = (choice == 0 || req.api == Api::Chat) ? reply.begin() : std::string();
+            if (!prefill.empty()) {
+                parser.feed(prefill, evs);
+                for (const DsmlEvent &e : evs) head += reply.event(e);
             }
-            if (!s.empty()) job.push(s);
-        };
-        cl::GenerateCallbacks cb;
-        cb.on_chunk = [&](const cl::Chunk &ch) {
+            if (req.stream && !head.empty()) emit(head);
+            cl::GenerateCallbacks cb;
+            cb.on_chunk = [&](const cl::Chunk &ch) {
+                // One entry per token, in order; they go out with the text that follows.
+                for (size_t i = 0; i < ch.logprobs.size() && i < ch.tokens.size(); ++i) {
+                    TokenLogprobs t;
+                    t.token = token_text(ch.tokens[i]);
+                    t.logprob = ch.logprobs[i].logprob;
+                    for (const auto &[id, v] : ch.logprobs[i].top) t.top.emplace_back(token_text(id), v);
+                    reply.add_logprobs(std::move(t));
+                }
+                evs.clear();
+                parser.feed(ch.text, evs);
+                std::string s;
+                for (const DsmlEvent &e : evs) s += reply.event(e);
+                emit(s);
+                return !job.cancelled.load();
+            };
+            cl::DoneInfo d;
+            try {
+                d = c.generate(g, cb);
+            } catch (const cl::ServerError &e) {
+                ApiError ae = from_server_error(e);
+                if (started) job.push(reply.stream_error(ae), true);
+                else job.respond(ae.status, error_body(req.api, ae));
+                metrics.count(endpoint_name(req.api), ae.status);
+                if (sid) close_quietly(c, sid);
+                return;
+            }
             evs.clear();
-            parser.feed(ch.text, evs);
+            parser.finish(evs);
             std::string s;
             for (const DsmlEvent &e : evs) s += reply.event(e);
-            emit(s);
-            return !job.cancelled.load();
-        };
-        cl::DoneInfo d;
-        try {
-            d = c.generate(g, cb);
-        } catch (const cl::ServerError &e) {
-            ApiError ae = from_server_error(e);
-            if (started) job.push(reply.stream_error(ae), true);
-            else job.respond(ae.status, error_body(req.api, ae));
-            metrics.count(endpoint_name(req.api), ae.status);
-            return;
+            total.reason = finish_reason(d.reason);
+            total.prompt_tokens += d.prompt_tokens;
+            total.cached_tokens += d.cached_tokens;
+            total.completion_tokens += d.generated_tokens;
+            metrics.prompt_tokens += d.prompt_tokens;
+            metrics.cached_tokens += d.cached_tokens;
+            metrics.completion_tokens += d.generated_tokens;
+            ++metrics.generations;
+            Finish f{finish_reason(d.reason), d.prompt_tokens, d.cached_tokens, d.generated_tokens};
+            if (last) f = total;
+            f.reason = finish_reason(d.reason);
+            if (req.stream) {
+                emit(s);
+                job.push(reply.finish(f), last);
+            } else {
+                Json body = Json::parse(reply.finish(f));
+                if (choice == 0) merged = std::move(body);
+                else merged["choices"].push_back(body["choices"][0]);
+                if (last && req.n > 1) merged["usage"] = Json::parse(reply.finish(total))["usage"];
+            }
+            if (last && sid && req.api == Api::Responses) {
+                try {
+                    const cl::SessionInfo after = c.open_session(session);
+                    remember_response(reply.id(), {session, after.n_tokens});
+                } catch (const cl::ServerError &) {
+                }
+            }
         }
-        evs.clear();
-        parser.finish(evs);
-        std::string s;
-        for (const DsmlEvent &e : evs) s += reply.event(e);
-        Finish f{finish_reason(d.reason), d.prompt_tokens, d.cached_tokens, d.generated_tokens};
-        metrics.prompt_tokens += d.prompt_tokens;
-        metrics.cached_tokens += d.cached_tokens;
-        metrics.completion_tokens += d.generated_tokens;
+        if (sid) close_quietly(c, sid);
         metrics.generation_us += uint64_t(std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0).count());
-        ++metrics.generations;
         metrics.count(endpoint_name(req.api), 200);
-        if (req.stream) {
-            emit(s);
-            job.push(reply.finish(f), true);
-        } else {
-            job.respond(200, reply.finish(f));
+        if (!req.stream) job.respond(200, merged.dump(-1, ' ', false, Json::error_handler_t::replace));
+    }
+
+    static void close_quietly(cl::Client &c, uint64_t sid) {
+        try {
+            c.close_session(sid);
+        } catch (const cl::ServerError &) {
         }
     }
 

@@ -87,7 +87,14 @@ void common_sampling(const Json &b, Request &r, double max_temperature) {
     if (const Json *v = field(b, "min_p")) r.min_p = float(want_number(*v, "min_p", 0, 1));
     if (const Json *v = field(b, "seed")) r.seed = uint64_t(want_int(*v, "seed", INT64_MIN, INT64_MAX));
     if (const Json *v = field(b, "stream")) r.stream = want_bool(*v, "stream");
-    if (const Json *v = field(b, "session")) (void)v, not_supported("session");
+    if (const Json *v = field(b, "session")) {
+        r.session = want_string(*v, "session");
+        if (r.session.empty() || r.session.size() > 128)
+            bad_request("session", "'session' must be a name of 1 to 128 characters");
+        for (char c : r.session)
+            if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.'))
+                bad_request("session", "'session' may contain only letters, digits, '_', '-' and '.'");
+    }
     if (const Json *v = field(b, "ignore_eos")) r.ignore_eos = want_bool(*v, "ignore_eos");
 }
 
@@ -110,17 +117,40 @@ uint32_t read_max_tokens(const Json &b, const char *key) {
     return v ? uint32_t(want_int(*v, key, 1, 1 << 30)) : 0;
 }
 
-// OpenAI fields that change sampling in ways the daemon cannot do yet.
-void refuse_openai_unsupported(const Json &b) {
-    if (const Json *v = field(b, "n"); v && !(v->is_number_integer() && v->get<int64_t>() == 1)) not_supported("n");
-    if (const Json *v = field(b, "logprobs"); v && !(v->is_boolean() && !v->get<bool>())) not_supported("logprobs");
-    if (const Json *v = field(b, "top_logprobs"); v && !(v->is_number_integer() && v->get<int64_t>() == 0))
-        not_supported("top_logprobs");
-    for (const char *k : {"frequency_penalty", "presence_penalty"})
-        if (const Json *v = field(b, k); v && !(v->is_number() && v->get<double>() == 0.0)) not_supported(k);
-    if (const Json *v = field(b, "repetition_penalty"); v && !(v->is_number() && v->get<double>() == 1.0))
-        not_supported("repetition_penalty");
-    if (const Json *v = field(b, "logit_bias"); v && !(v->is_object() && v->empty())) not_supported("logit_bias");
+// OpenAI's penalties and logit_bias, plus the repetition penalty of vLLM / llama.cpp's server.
+void read_penalties(const Json &b, Request &r) {
+    if (const Json *v = field(b, "frequency_penalty")) r.frequency_penalty = float(want_number(*v, "frequency_penalty", -2, 2));
+    if (const Json *v = field(b, "presence_penalty")) r.presence_penalty = float(want_number(*v, "presence_penalty", -2, 2));
+    for (const char *k : {"repetition_penalty", "repeat_penalty"})
+        if (const Json *v = field(b, k)) {
+            r.repeat_penalty = float(want_number(*v, k, 0, 10));
+            if (!(r.repeat_penalty > 0)) bad_request(k, std::string("'") + k + "' must be above 0 (1 is off)");
+        }
+    if (const Json *v = field(b, "repeat_last_n")) r.repeat_last_n = int32_t(want_int(*v, "repeat_last_n", -1, INT32_MAX));
+    if (const Json *v = field(b, "logit_bias")) {
+        if (!v->is_object()) bad_request("logit_bias", "'logit_bias' must be an object of token id -> bias");
+        if (v->size() > 300) bad_request("logit_bias", "'logit_bias' has more than 300 entries");
+        for (auto it = v->begin(); it != v->end(); ++it) {
+            const std::string &k = it.key();
+            const std::string w = "logit_bias." + k;
+            int64_t id = -1;
+            if (!k.empty() && k.size() <= 10 && k.find_first_not_of("0123456789") == std::string::npos) id = std::stoll(k);
+            if (id < 0 || id > INT32_MAX) bad_request("logit_bias", "'logit_bias' key '" + k + "' is not a token id");
+            r.logit_bias.emplace_back(int32_t(id), float(want_number(it.value(), w, -100, 100)));
+        }
+    }
+}
+
+// OpenAI's sampling extras of chat/completions: penalties, logit_bias, n.
+void read_openai_sampling(const Json &b, Request &r) {
+    read_penalties(b, r);
+    if (const Json *v = field(b, "n")) r.n = uint32_t(want_int(*v, "n", 1, 16));
+}
+
+// top_logprobs as OpenAI bounds it.
+uint32_t read_top_logprobs(const Json &b) {
+    const Json *v = field(b, "top_logprobs");
+    return v ? uint32_t(want_int(*v, "top_logprobs", 0, 20)) : 0;
 }
 
 // OpenAI/vLLM/DeepSeek ways of asking for thinking mode.
@@ -190,17 +220,32 @@ void read_tool_choice(const Json &b, Request &r) {
     if (choice == "none") {
         r.prompt_options.tools = Json::array();
         r.parse_tools = false;
-    } else if (choice != "auto") {
-        // Forcing a call needs constrained decoding in the daemon.
-        not_supported("tool_choice");
+        return;
     }
+    if (choice == "auto") return;
+    if (r.prompt_options.tools.empty()) bad_request("tool_choice", "'tool_choice' forces a tool call but no tools are given");
+    r.force_tool = true;
+    if (choice == "required" || choice == "any") return;  // OpenAI / Anthropic: some tool
+    // A named one: OpenAI chat {type: function, function: {name}}, responses {type: function,
+    // name}, Anthropic {type: tool, name}.
+    if (choice != "function" && choice != "tool")
+        bad_request("tool_choice", "'tool_choice' '" + choice + "' is not none, auto, required or a named function");
+    const Json *name = field(*v, "name");
+    if (const Json *fn = field(*v, "function"); !name && fn && fn->is_object()) name = field(*fn, "name");
+    r.forced_tool_name = want_name(name, "tool_choice.name");
+    for (const Json &t : r.prompt_options.tools)
+        if (t.value("name", "") == r.forced_tool_name) return;
+    bad_request("tool_choice", "'tool_choice' names '" + r.forced_tool_name + "', which is not among the tools");
 }
 
 Request parse_chat(const Json &b) {
     Request r;
     r.api = Api::Chat;
-    refuse_openai_unsupported(b);
+    read_openai_sampling(b, r);
     common_sampling(b, r, 2);
+    if (const Json *v = field(b, "logprobs")) r.logprobs = want_bool(*v, "logprobs");
+    r.top_logprobs = read_top_logprobs(b);
+    if (r.top_logprobs && !r.logprobs) bad_request("top_logprobs", "'top_logprobs' needs 'logprobs': true");
     read_thinking(b, r);
     read_stop(field(b, "stop"), "stop", r);
     r.max_tokens = read_max_tokens(b, "max_completion_tokens");
@@ -278,8 +323,13 @@ Request parse_completions(const Json &b) {
     Request r;
     r.api = Api::Completions;
     r.raw_prompt = true;
-    refuse_openai_unsupported(b);
+    read_openai_sampling(b, r);
     common_sampling(b, r, 2);
+    // Completions: logprobs is the number of alternatives (0..5 in OpenAI's API; up to 20 here).
+    if (const Json *v = field(b, "logprobs")) {
+        r.logprobs = true;
+        r.top_logprobs = uint32_t(want_int(*v, "logprobs", 0, 20));
+    }
     read_stop(field(b, "stop"), "stop", r);
     r.max_tokens = read_max_tokens(b, "max_tokens");
     if (!r.max_tokens) r.max_tokens = 16;   // the completions API's default
@@ -307,10 +357,21 @@ Request parse_responses(const Json &b) {
     r.api = Api::Responses;
     common_sampling(b, r, 2);
     read_thinking(b, r);
-    for (const char *k : {"previous_response_id", "conversation", "background"})
+    read_penalties(b, r);
+    for (const char *k : {"conversation", "background"})
         if (const Json *v = field(b, k); v && !(v->is_boolean() && !v->get<bool>())) not_supported(k);
-    if (const Json *v = field(b, "top_logprobs"); v && !(v->is_number_integer() && v->get<int64_t>() == 0))
-        not_supported("top_logprobs");
+    if (const Json *v = field(b, "previous_response_id")) {
+        r.previous_response_id = want_string(*v, "previous_response_id");
+        if (r.previous_response_id.empty()) bad_request("previous_response_id", "'previous_response_id' is empty");
+    }
+    // Logprobs: include ["message.output_text.logprobs"], with top_logprobs alternatives.
+    r.top_logprobs = read_top_logprobs(b);
+    r.logprobs = r.top_logprobs > 0;
+    if (const Json *inc = field(b, "include")) {
+        if (!inc->is_array()) bad_request("include", "'include' must be an array of strings");
+        for (size_t i = 0; i < inc->size(); ++i)
+            if (want_string((*inc)[i], "include[" + std::to_string(i) + "]") == "message.output_text.logprobs") r.logprobs = true;
+    }
     if (const Json *t = field(b, "text")) {
         if (const Json *f = t->is_object() ? field(*t, "format") : nullptr; f && !(f->is_object() && (*f)["type"] == "text"))
             not_supported("text.format");

@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "gateway/dsml.h"
@@ -50,6 +51,23 @@ struct Request {
     std::optional<uint64_t> seed;
     std::vector<std::string> stop;
     bool ignore_eos = false;        // extension (as vLLM): generate through end-of-sentence
+    // Repetition controls (ds4.fbs Sampling): OpenAI's frequency/presence penalties, and
+    // repetition_penalty (vLLM's name; repeat_penalty as llama.cpp's server) with repeat_last_n.
+    float frequency_penalty = 0.0f, presence_penalty = 0.0f;
+    float repeat_penalty = 1.0f;
+    int32_t repeat_last_n = 64;
+    std::vector<std::pair<int32_t, float>> logit_bias;  // token id -> bias
+    bool logprobs = false;          // per generated token (chat/responses/completions shapes)
+    uint32_t top_logprobs = 0;
+    uint32_t n = 1;                 // chat/completions: choices, one daemon request each
+    // tool_choice forcing a call: "required" (any tool) or a named function. The prompt then
+    // ends with the opening of the DSML call, so the output starts inside it.
+    bool force_tool = false;
+    std::string forced_tool_name;   // empty: any
+    // Extension: a named ds4d session; the request's messages are appended to its
+    // conversation (its KV state persists between calls and across daemon restarts).
+    std::string session;
+    std::string previous_response_id;  // responses: continue the session that response was in
 };
 
 // Throws ApiError for a body the API would refuse.

@@ -72,7 +72,21 @@ class _SessionEntry(C.Structure):
                 ("last_used_unix", C.c_uint64), ("pinned", C.c_int32), ("live", C.c_int32)]
 
 
+class _Controls(C.Structure):
+    _fields_ = [("size", C.c_size_t), ("repeat_penalty", C.c_float), ("repeat_last_n", C.c_int32),
+                ("frequency_penalty", C.c_float), ("presence_penalty", C.c_float),
+                ("logit_bias_tokens", C.POINTER(C.c_int32)), ("logit_bias_values", C.POINTER(C.c_float)),
+                ("n_logit_bias", C.c_size_t), ("logprobs", C.c_int32), ("top_logprobs", C.c_uint32)]
+
+
+class _TokenLogprob(C.Structure):
+    _fields_ = [("logprob", C.c_float), ("top_tokens", C.POINTER(C.c_int32)), ("top_logprobs", C.POINTER(C.c_float)),
+                ("n_top", C.c_size_t)]
+
+
 _CHUNK_FN = C.CFUNCTYPE(C.c_int, C.c_void_p, C.POINTER(C.c_int32), C.c_size_t, C.POINTER(C.c_char), C.c_size_t)
+_CHUNK_EX_FN = C.CFUNCTYPE(C.c_int, C.c_void_p, C.POINTER(C.c_int32), C.c_size_t, C.POINTER(C.c_char), C.c_size_t,
+                           C.POINTER(_TokenLogprob))
 
 _lib = None
 
@@ -92,6 +106,9 @@ def _api():
     fn(L, "ds4c_close_session", C.c_int, P, C.c_uint64, *E)
     fn(L, "ds4c_generate_options_init", None, C.POINTER(_GenOptions))
     fn(L, "ds4c_generate", C.c_int, P, C.POINTER(_GenOptions), _CHUNK_FN, P, C.POINTER(_Done), *E)
+    fn(L, "ds4c_sampling_controls_init", None, C.POINTER(_Controls), C.c_size_t)
+    fn(L, "ds4c_generate_ex", C.c_int, P, C.POINTER(_GenOptions), C.POINTER(_Controls), _CHUNK_EX_FN, P,
+       C.POINTER(_Done), *E)
     fn(L, "ds4c_cancel", C.c_int, P, C.c_uint64, *E)
     fn(L, "ds4c_tokenize", C.c_int, P, C.c_char_p, C.c_size_t, C.POINTER(C.c_int32), C.c_size_t,
        C.POINTER(C.c_size_t), *E)
@@ -128,6 +145,9 @@ class ModelInfo:
 class Chunk:
     text: str
     tokens: List[int]
+    # With generate(logprobs=True): per token, (logprob, [(token id, logprob), ...] of the
+    # top_logprobs most likely), under the distribution sampled from (ds4client.h says which).
+    logprobs: List[tuple] = field(default_factory=list)
 
 
 @dataclass
@@ -183,7 +203,7 @@ class Generation:
 
     _END = object()
 
-    def __init__(self, client, opts, keep):
+    def __init__(self, client, opts, controls, keep):
         self._client = client
         self._keep = keep  # ctypes buffers the options point to
         self._q = queue.Queue()
@@ -191,23 +211,29 @@ class Generation:
         self._rid = C.c_uint64(0)
         opts.request_id_out = C.pointer(self._rid)
         self._opts = opts
+        self._controls = controls
         self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
         self.done: Optional[Done] = None
         self._error = None
-        self._cb = _CHUNK_FN(self._on_chunk)
+        self._cb = _CHUNK_EX_FN(self._on_chunk)
         self._thread = threading.Thread(target=self._run, name="ds4-generate", daemon=True)
         self._thread.start()
 
-    def _on_chunk(self, ud, toks, n_toks, text, text_len):
-        self._q.put((list(toks[:n_toks]) if n_toks else [], C.string_at(text, text_len) if text_len else b""))
+    def _on_chunk(self, ud, toks, n_toks, text, text_len, lp):
+        lps = []
+        if lp:
+            for i in range(n_toks):
+                e = lp[i]
+                lps.append((e.logprob, [(e.top_tokens[k], e.top_logprobs[k]) for k in range(e.n_top)]))
+        self._q.put((list(toks[:n_toks]) if n_toks else [], C.string_at(text, text_len) if text_len else b"", lps))
         return 1 if self._stop.is_set() else 0
 
     def _run(self):
         done = _Done()
         err = C.create_string_buffer(1024)
         try:
-            rc = _api().ds4c_generate(self._client._h, C.byref(self._opts), self._cb, None, C.byref(done), err,
-                                      len(err))
+            rc = _api().ds4c_generate_ex(self._client._h, C.byref(self._opts), C.byref(self._controls), self._cb, None,
+                                         C.byref(done), err, len(err))
             if rc != OK:
                 self._error = self._client._error(rc, err)
             else:
@@ -229,8 +255,8 @@ class Generation:
                 err, self._error = self._error, None
                 raise err
             raise StopIteration
-        toks, raw = item
-        return Chunk(self._decoder.decode(raw), toks)
+        toks, raw, lps = item
+        return Chunk(self._decoder.decode(raw), toks, lps)
 
     @property
     def request_id(self) -> int:
@@ -321,10 +347,14 @@ class Client:
                  messages: Optional[Sequence[dict]] = None, session: int = 0, max_tokens: int = 256,
                  temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
                  seed: Optional[int] = None, stop: Sequence[str] = (), stop_tokens: Sequence[int] = (),
-                 thinking: bool = False, ignore_eos: bool = False) -> Generation:
+                 thinking: bool = False, ignore_eos: bool = False, repeat_penalty: float = 1.0,
+                 repeat_last_n: int = 64, frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
+                 logit_bias: Optional[dict] = None, logprobs: bool = False, top_logprobs: int = 0) -> Generation:
         """Streams a generation. Exactly one of prompt (plain text completion), tokens, or
         messages ([{"role": "user", "content": "..."}], the chat template) is given.
-        seed None: a random seed."""
+        seed None: a random seed. repeat_penalty over the last repeat_last_n tokens of context
+        (llama.cpp), frequency/presence penalties over the generated tokens (OpenAI), logit_bias
+        {token id: bias}; logprobs fills each Chunk's logprobs (top_logprobs alternatives)."""
         if self._h is None:
             raise Ds4Error("the client is closed")
         if self._busy:
@@ -364,8 +394,18 @@ class Client:
             seed = secrets.randbits(64)
         o.session, o.max_tokens, o.temperature, o.top_k, o.top_p, o.min_p = session, max_tokens, temperature, top_k, top_p, min_p
         o.seed, o.thinking, o.ignore_eos = seed, int(thinking), int(ignore_eos)
+        x = _Controls()
+        _api().ds4c_sampling_controls_init(C.byref(x), C.sizeof(x))
+        x.repeat_penalty, x.repeat_last_n = repeat_penalty, repeat_last_n
+        x.frequency_penalty, x.presence_penalty = frequency_penalty, presence_penalty
+        x.logprobs, x.top_logprobs = int(logprobs), top_logprobs
+        if logit_bias:
+            ids = (C.c_int32 * len(logit_bias))(*logit_bias.keys())
+            vals = (C.c_float * len(logit_bias))(*logit_bias.values())
+            x.logit_bias_tokens, x.logit_bias_values, x.n_logit_bias = ids, vals, len(logit_bias)
+            keep += [ids, vals]
         self._busy = True
-        return Generation(self, o, keep)
+        return Generation(self, o, x, keep)
 
     def complete(self, prompt: Optional[str] = None, **kw) -> str:
         """generate() and return the whole text."""

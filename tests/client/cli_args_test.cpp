@@ -83,3 +83,31 @@ TEST(CliArgs, ChatSetUsesTheCommandLineRules) {
     EXPECT_THROW(ds4::client::set_sampling_option(a, "colour", "1"), UsageError);
     EXPECT_FLOAT_EQ(a.temperature, 0.5f) << "a refused value changes nothing";
 }
+
+TEST(CliArgs, RepetitionControlsAndLogitBias) {
+    CliArgs a = parse({"run", "--repeat-penalty", "1.3", "--repeat-last-n", "-1", "--frequency-penalty", "-0.5",
+                       "--presence-penalty", "2", "--logit-bias", "7=-100", "--logit-bias", "12=2.5", "x"});
+    EXPECT_FLOAT_EQ(a.repeat_penalty, 1.3f);
+    EXPECT_EQ(a.repeat_last_n, -1);
+    EXPECT_FLOAT_EQ(a.frequency_penalty, -0.5f);
+    EXPECT_FLOAT_EQ(a.presence_penalty, 2.0f);
+    const std::vector<std::pair<int32_t, float>> bias = {{7, -100.0f}, {12, 2.5f}};
+    EXPECT_EQ(a.logit_bias, bias);
+    CliArgs d = parse({"run", "x"});
+    EXPECT_FLOAT_EQ(d.repeat_penalty, 1.0f);
+    EXPECT_EQ(d.repeat_last_n, 64);
+    EXPECT_TRUE(d.logit_bias.empty());
+    EXPECT_NE(usage_error({"run", "--repeat-penalty", "0", "x"}).find("--repeat-penalty"), std::string::npos);
+    EXPECT_NE(usage_error({"run", "--repeat-last-n", "-2", "x"}).find("--repeat-last-n"), std::string::npos);
+    EXPECT_NE(usage_error({"run", "--frequency-penalty", "2.1", "x"}).find("[-2, 2]"), std::string::npos);
+    EXPECT_NE(usage_error({"run", "--logit-bias", "7", "x"}).find("TOKEN_ID=BIAS"), std::string::npos);
+    EXPECT_NE(usage_error({"run", "--logit-bias", "7=1", "--logit-bias", "7=2", "x"}).find("twice"), std::string::npos);
+    EXPECT_NE(usage_error({"run", "--logit-bias", "7=1e9", "x"}).find("bias"), std::string::npos);
+    // chat's /set takes the same keys and rules.
+    CliArgs c;
+    ds4::client::set_sampling_option(c, "repeat_penalty", "1.1");
+    ds4::client::set_sampling_option(c, "logit_bias", "3=1");
+    EXPECT_FLOAT_EQ(c.repeat_penalty, 1.1f);
+    EXPECT_EQ(c.logit_bias.size(), 1u);
+    EXPECT_THROW(ds4::client::set_sampling_option(c, "presence_penalty", "9"), UsageError);
+}

@@ -1,5 +1,6 @@
 /* libds4client's C ABI, compiled as C, against a running ds4d: every call and its error
  * paths. Usage: ds4-c-client-test SOCKET. Exit 0 when every check passed. */
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -23,6 +24,32 @@ struct collect {
     size_t chunks;
     size_t stop_after;
 };
+
+struct collect_lp {
+    int32_t tokens[64];
+    float logprob[64], top_first[64];
+    int32_t top_token[64];
+    size_t n, with_lp, bad_order;
+};
+
+static int on_chunk_ex(void *ud, const int32_t *tokens, size_t n_tokens, const char *text, size_t text_len,
+                       const ds4c_token_logprob *lp) {
+    struct collect_lp *c = (struct collect_lp *)ud;
+    (void)text;
+    (void)text_len;
+    for (size_t i = 0; i < n_tokens && c->n < 64; ++i) {
+        if (lp) {
+            ++c->with_lp;
+            c->logprob[c->n] = lp[i].logprob;
+            c->top_first[c->n] = lp[i].n_top ? lp[i].top_logprobs[0] : 1.0f;
+            c->top_token[c->n] = lp[i].n_top ? lp[i].top_tokens[0] : -1;
+            for (size_t k = 1; k < lp[i].n_top; ++k)
+                if (lp[i].top_logprobs[k] > lp[i].top_logprobs[k - 1] || lp[i].n_top != 3) ++c->bad_order;
+        }
+        c->tokens[c->n++] = tokens[i];
+    }
+    return 0;
+}
 
 static int on_chunk(void *ud, const int32_t *tokens, size_t n_tokens, const char *text, size_t text_len) {
     struct collect *c = (struct collect *)ud;
@@ -105,6 +132,58 @@ int main(int argc, char **argv) {
           (unsigned long long)done.request_id);
     CHECK(ds4c_generate(c, &opt, on_chunk, &b, &done, err, sizeof err) == DS4C_OK, "%s", err);
     CHECK(a.n == b.n && memcmp(a.tokens, b.tokens, a.n * sizeof(int32_t)) == 0, "greedy runs differ");
+
+    /* Controls and logprobs (ds4c_generate_ex): greedy with logprobs keeps the tokens, each
+     * token is its own top alternative; a bias of -100 on the first token changes it. */
+    {
+        ds4c_sampling_controls x;
+        ds4c_sampling_controls_init(&x, sizeof x);
+        CHECK(x.size == sizeof x && x.repeat_penalty == 1.0f && x.repeat_last_n == 64 && x.logprobs == 0, "control defaults");
+        x.logprobs = 1;
+        x.top_logprobs = 3;
+        struct collect_lp l;
+        memset(&l, 0, sizeof l);
+        CHECK(ds4c_generate_ex(c, &opt, &x, on_chunk_ex, &l, &done, err, sizeof err) == DS4C_OK, "%s", err);
+        CHECK(l.n == a.n && memcmp(l.tokens, a.tokens, a.n * sizeof(int32_t)) == 0, "logprobs changed the greedy tokens");
+        CHECK(l.with_lp == l.n && l.bad_order == 0, "logprobs for %zu of %zu tokens, %zu misordered", l.with_lp, l.n,
+              l.bad_order);
+        for (size_t i = 0; i < l.n; ++i)
+            CHECK(l.logprob[i] <= 0 && l.top_token[i] == l.tokens[i] && l.top_first[i] == l.logprob[i],
+                  "token %zu: logprob %g, top %d (%g)", i, l.logprob[i], l.top_token[i], l.top_first[i]);
+        int32_t bias_tok = a.tokens[0];
+        float bias_val = -100.0f;
+        x.logprobs = 0;
+        x.top_logprobs = 0;
+        x.logit_bias_tokens = &bias_tok;
+        x.logit_bias_values = &bias_val;
+        x.n_logit_bias = 1;
+        memset(&l, 0, sizeof l);
+        CHECK(ds4c_generate_ex(c, &opt, &x, on_chunk_ex, &l, &done, err, sizeof err) == DS4C_OK, "%s", err);
+        CHECK(l.n == 6 && l.tokens[0] != a.tokens[0] && l.with_lp == 0, "bias ignored: first token %d", l.tokens[0]);
+        x.n_logit_bias = 1;
+        x.logit_bias_tokens = NULL;
+        CHECK(ds4c_generate_ex(c, &opt, &x, on_chunk_ex, &l, &done, err, sizeof err) == DS4C_ERR_ARG, "NULL bias array");
+        x.top_logprobs = 21;
+        x.n_logit_bias = 0;
+        x.logprobs = 1;
+        CHECK(ds4c_generate_ex(c, &opt, &x, on_chunk_ex, &l, &done, err, sizeof err) == DS4C_ERR_SERVER &&
+                  ds4c_server_error_code(c) == DS4C_SERVER_BAD_REQUEST && strstr(err, "top_logprobs"),
+              "top_logprobs 21: %s", err);
+        /* An older caller's shorter struct: the fields past its size are never read. */
+        unsigned char raw[sizeof(ds4c_sampling_controls) + 16];
+        memset(raw, 0xFF, sizeof raw);
+        ds4c_sampling_controls *old = (ds4c_sampling_controls *)raw;
+        const size_t old_size = offsetof(ds4c_sampling_controls, logprobs);
+        ds4c_sampling_controls_init(old, old_size);
+        CHECK(old->size == old_size && raw[old_size] == 0xFF, "init wrote past the caller's size");
+        memset(&l, 0, sizeof l);
+        CHECK(ds4c_generate_ex(c, &opt, old, on_chunk_ex, &l, &done, err, sizeof err) == DS4C_OK, "%s", err);
+        CHECK(l.n == a.n && memcmp(l.tokens, a.tokens, a.n * sizeof(int32_t)) == 0 && l.with_lp == 0,
+              "short struct: %zu tokens, %zu with logprobs", l.n, l.with_lp);
+        ds4c_sampling_controls unset;
+        memset(&unset, 0, sizeof unset);
+        CHECK(ds4c_generate_ex(c, &opt, &unset, NULL, NULL, &done, err, sizeof err) == DS4C_ERR_ARG, "size 0 accepted");
+    }
 
     /* Cancel from the callback. */
     struct collect s = {{0}, 0, 0, 2};

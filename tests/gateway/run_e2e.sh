@@ -51,7 +51,9 @@ URL="http://127.0.0.1:$(cat "$TMP/port")"
 KEY=$("$BIN/ds4-gateway" --state-dir "$TMP/state" --print-key)
 [ "$(stat -c %a "$TMP/state/http-key")" = 600 ] || fail "key file mode is not 600"
 
-GW_URL=$URL GW_KEY=$KEY NODE_MODULES_DIR="$NPM_DIR/node_modules" timeout 300 node "$HERE/sdk_test.mjs" || fail "sdk_test.mjs"
+# The answer's first token id: what the model writes after the raw prompt "Weather?>".
+ANSWER_TOKEN=$("$BIN/ds4" --socket "$TMP/ds4.sock" run --raw --ids --temperature 0 --max-tokens 1 "Weather?>" | tr -d ' \n')
+GW_URL=$URL GW_KEY=$KEY ANSWER_TOKEN=$ANSWER_TOKEN NODE_MODULES_DIR="$NPM_DIR/node_modules" timeout 300 node "$HERE/sdk_test.mjs" || fail "sdk_test.mjs"
 
 # curl: status and error shape. check METHOD PATH STATUS JQ-LIKE-SUBSTRING [curl args...]
 check() {
@@ -71,8 +73,10 @@ check GET /v1/models 401 '"code":"invalid_api_key"'
 check POST /v1/chat/completions 401 '"error":{"message"' -d "$CHAT}"
 check POST /v1/messages 401 '{"type":"error","error":{"type":"authentication_error"' -H "Authorization: Bearer nope"
 check POST /v1/chat/completions 400 '"code":"invalid_json"' "${AUTH[@]}" -d '{"messages":'
-check POST /v1/chat/completions 400 '"param":"logprobs"' "${AUTH[@]}" -d "$CHAT,\"logprobs\":true}"
-check POST /v1/chat/completions 400 '"param":"frequency_penalty"' "${AUTH[@]}" -d "$CHAT,\"frequency_penalty\":0.3}"
+check POST /v1/chat/completions 400 '"param":"top_logprobs"' "${AUTH[@]}" -d "$CHAT,\"logprobs\":true,\"top_logprobs\":21}"
+check POST /v1/chat/completions 400 '"param":"frequency_penalty"' "${AUTH[@]}" -d "$CHAT,\"frequency_penalty\":3}"
+check POST /v1/chat/completions 400 '"param":"logit_bias"' "${AUTH[@]}" -d "$CHAT,\"logit_bias\":{\"x\":1}}"
+check POST /v1/chat/completions 400 '"code":"unsupported_parameter"' "${AUTH[@]}" -d "$CHAT,\"response_format\":{\"type\":\"json_object\"}}"
 check POST /v1/chat/completions 400 '"param":"messages"' "${AUTH[@]}" -d '{"model":"m","messages":[]}'
 check POST /v1/messages 400 '"type":"invalid_request_error"' -H "x-api-key: $KEY" -d "$CHAT}"
 check POST /v1/nothing 404 '"code":"unknown_url"' "${AUTH[@]}" -d '{}'

@@ -144,11 +144,132 @@ test('anthropic messages: streamed tool_use with input_json deltas', async () =>
   assert.equal((await text.finalMessage()).content[0].text, ANSWER);
 });
 
+// ---- sampling controls, n, forced tool calls, sessions (the daemon's sampling: tests/daemon/sampling_e2e_test.cpp)
+const answerToken = Number(process.env.ANSWER_TOKEN);   // the answer's first token id (ds4 tokenize)
+const afterTool = [{ role: 'user', content: '<tool_result>ok</tool_result>' }];
+
+function checkLogprobs(entries, n, text) {
+  assert.ok(entries.length > 0);
+  assert.equal(entries.map((e) => e.token).join(''), text);
+  for (const e of entries) {
+    assert.ok(e.logprob <= 0, JSON.stringify(e));
+    assert.equal(e.top_logprobs.length, n);
+    // Greedy: the chosen token is the most likely one.
+    assert.equal(e.top_logprobs[0].token, e.token);
+    assert.ok(Math.abs(e.top_logprobs[0].logprob - e.logprob) < 1e-6);
+    for (let k = 1; k < n; k++) assert.ok(e.top_logprobs[k].logprob <= e.top_logprobs[k - 1].logprob);
+    assert.deepEqual(e.bytes, [...Buffer.from(e.token, 'utf8')]);
+  }
+}
+
+test('chat: logprobs with top alternatives, streamed and not, the same', async () => {
+  const r = await openai.chat.completions.create({ model: 'ds4', messages: afterTool, temperature: 0, logprobs: true, top_logprobs: 3 });
+  assert.equal(r.choices[0].message.content, ANSWER);
+  const entries = r.choices[0].logprobs.content;
+  checkLogprobs(entries, 3, ANSWER);
+  const stream = await openai.chat.completions.create({ model: 'ds4', messages: afterTool, temperature: 0, logprobs: true,
+                                                        top_logprobs: 3, stream: true });
+  const streamed = [];
+  for await (const c of stream) streamed.push(...(c.choices[0]?.logprobs?.content ?? []));
+  assert.deepEqual(streamed, entries);
+});
+
+test('completions and responses: logprobs in their shapes', async () => {
+  const r = await openai.completions.create({ model: 'ds4', prompt: 'Weather?>', max_tokens: 10, temperature: 0, logprobs: 2 });
+  const lp = r.choices[0].logprobs;
+  assert.equal(lp.tokens.join(''), r.choices[0].text);
+  assert.equal(lp.token_logprobs.length, lp.tokens.length);
+  assert.equal(Object.keys(lp.top_logprobs[0]).length, 2);
+  assert.equal(lp.text_offset[0], 0);
+  const x = await openai.responses.create({ model: 'ds4', input: '<tool_result>ok</tool_result>', temperature: 0, top_logprobs: 2,
+                                            include: ['message.output_text.logprobs'] });
+  assert.equal(x.output_text, ANSWER);
+  checkLogprobs(x.output.find((o) => o.type === 'message').content[0].logprobs, 2, ANSWER);
+});
+
+test('logit_bias and penalties reach the sampler', async () => {
+  assert.ok(answerToken > 0, 'ANSWER_TOKEN');
+  const plain = await openai.chat.completions.create({ model: 'ds4', messages: afterTool, temperature: 0, max_tokens: 4 });
+  assert.ok(plain.choices[0].message.content.startsWith('It is sunny'));
+  const biased = await openai.chat.completions.create({ model: 'ds4', messages: afterTool, temperature: 0, max_tokens: 4,
+                                                        logit_bias: { [answerToken]: -100 } });
+  assert.ok(!biased.choices[0].message.content.startsWith('It is sunny'), biased.choices[0].message.content);
+  const pen = await openai.chat.completions.create({ model: 'ds4', messages: afterTool, temperature: 0, frequency_penalty: 0.5,
+                                                     presence_penalty: 0.5, repetition_penalty: 1.1 });
+  assert.equal(pen.choices[0].message.content, ANSWER);   // no repeats in the answer: unchanged
+  await assert.rejects(openai.chat.completions.create({ model: 'ds4', messages: afterTool, logit_bias: { 99999999: 1 } }),
+                       (e) => e.status === 400 && /outside the vocabulary/.test(e.message));
+});
+
+test('chat: n = 2 gives two indexed choices, streamed and not', async () => {
+  const r = await openai.chat.completions.create({ model: 'ds4', messages: afterTool, temperature: 0, n: 2 });
+  assert.deepEqual(r.choices.map((c) => [c.index, c.message.content]), [[0, ANSWER], [1, ANSWER]]);
+  const one = await openai.chat.completions.create({ model: 'ds4', messages: afterTool, temperature: 0 });
+  assert.equal(r.usage.completion_tokens, 2 * one.usage.completion_tokens);
+  const stream = await openai.chat.completions.create({ model: 'ds4', messages: afterTool, temperature: 0, n: 2, stream: true });
+  const text = ['', ''];
+  const finish = [null, null];
+  for await (const c of stream)
+    for (const ch of c.choices) { text[ch.index] += ch.delta?.content ?? ''; finish[ch.index] = ch.finish_reason ?? finish[ch.index]; }
+  assert.deepEqual(text, [ANSWER, ANSWER]);
+  assert.deepEqual(finish, ['stop', 'stop']);
+});
+
+test('forced tool_choice: the output starts the named call even after a tool result', async () => {
+  const messages = [{ role: 'user', content: 'Weather?' }];
+  const auto = await openai.chat.completions.create({ model: 'ds4', messages: afterTool, tools: [weatherTool], temperature: 0 });
+  assert.equal(auto.choices[0].message.content, ANSWER);   // unforced: it answers
+  for (const tool_choice of [{ type: 'function', function: { name: 'get_weather' } }, 'required']) {
+    const r = await openai.chat.completions.create({ model: 'ds4', messages: afterTool, tools: [weatherTool], temperature: 0, tool_choice });
+    assert.equal(r.choices[0].finish_reason, 'tool_calls', JSON.stringify(tool_choice));
+    assert.equal(r.choices[0].message.tool_calls[0].function.name, 'get_weather');
+    assert.deepEqual(JSON.parse(r.choices[0].message.tool_calls[0].function.arguments), ARGS);
+  }
+  const tools = [{ name: 'get_weather', input_schema: weatherTool.function.parameters }];
+  const m = await anthropic.messages.create({ model: 'ds4', max_tokens: 64, temperature: 0, tools,
+    tool_choice: { type: 'tool', name: 'get_weather' }, messages: afterTool });
+  assert.equal(m.stop_reason, 'tool_use');
+  assert.deepEqual(m.content.find((b) => b.type === 'tool_use').input, ARGS);
+  await assert.rejects(openai.chat.completions.create({ model: 'ds4', messages, tools: [weatherTool],
+    tool_choice: { type: 'function', function: { name: 'nope' } } }), (e) => e.status === 400 && e.param === 'tool_choice');
+});
+
+test('session extension: the conversation stays in ds4d between calls', async () => {
+  const session = 'gw-chat-' + process.pid;
+  const r1 = await openai.chat.completions.create({ model: 'ds4', temperature: 0, tools: [weatherTool], session,
+    messages: [{ role: 'system', content: 'You help.' }, { role: 'user', content: 'Weather in Paris?' }] });
+  const call = r1.choices[0].message.tool_calls[0];
+  assert.deepEqual(JSON.parse(call.function.arguments), ARGS);
+  // Only the new message: the session holds the rest.
+  const r2 = await openai.chat.completions.create({ model: 'ds4', temperature: 0, tools: [weatherTool], session,
+    messages: [{ role: 'tool', tool_call_id: call.id, content: 'sunny' }] });
+  assert.equal(r2.choices[0].message.content, ANSWER);
+  assert.ok(r2.usage.prompt_tokens_details.cached_tokens >= r1.usage.prompt_tokens, JSON.stringify([r1.usage, r2.usage]));
+  await assert.rejects(openai.chat.completions.create({ model: 'ds4', messages: afterTool, session, n: 2 }),
+                       (e) => e.status === 400 && e.param === 'n');
+});
+
+test('responses: previous_response_id continues its named session', async () => {
+  const tools = [{ type: 'function', name: 'get_weather', parameters: weatherTool.function.parameters }];
+  const r1 = await openai.responses.create({ model: 'ds4', input: 'Weather in Paris?', tools, temperature: 0,
+                                             session: 'gw-resp-' + process.pid });
+  const call = r1.output.find((o) => o.type === 'function_call');
+  const r2 = await openai.responses.create({ model: 'ds4', previous_response_id: r1.id, tools, temperature: 0,
+    input: [{ type: 'function_call_output', call_id: call.call_id, output: 'sunny' }] });
+  assert.equal(r2.output_text, ANSWER);
+  assert.ok(r2.usage.input_tokens_details.cached_tokens >= r1.usage.input_tokens);
+  // r1 is no longer the session's latest turn; an unknown id is refused too.
+  await assert.rejects(openai.responses.create({ model: 'ds4', previous_response_id: r1.id, input: 'again' }),
+                       (e) => e.status === 400 && e.param === 'previous_response_id');
+  await assert.rejects(openai.responses.create({ model: 'ds4', previous_response_id: 'resp_unknown', input: 'x' }),
+                       (e) => e.status === 400 && e.code === 'previous_response_not_found');
+});
+
 test('errors through the SDKs', async () => {
   const bad = new OpenAI({ apiKey: 'wrong-key-wrong-key', baseURL: base + '/v1', maxRetries: 0 });
   await assert.rejects(bad.models.list(), (e) => e.status === 401 && e.code === 'invalid_api_key');
-  await assert.rejects(openai.chat.completions.create({ model: 'ds4', messages: [{ role: 'user', content: 'x' }], logprobs: true }),
-                       (e) => e.status === 400 && e.param === 'logprobs');
+  await assert.rejects(openai.chat.completions.create({ model: 'ds4', messages: [{ role: 'user', content: 'x' }], top_logprobs: 2 }),
+                       (e) => e.status === 400 && e.param === 'top_logprobs');
   const badA = new Anthropic({ apiKey: 'wrong-key-wrong-key', baseURL: base, maxRetries: 0 });
   await assert.rejects(badA.messages.create({ model: 'ds4', max_tokens: 5, messages: [{ role: 'user', content: 'x' }] }),
                        (e) => e.status === 401 && e.error?.error?.type === 'authentication_error');

@@ -94,13 +94,40 @@ TEST(GatewayTranslate, Errors) {
     ApiError e = error_of(Api::Chat, R"({"messages":[]})");
     EXPECT_EQ(e.status, 400);
     EXPECT_EQ(e.param, "messages");
-    for (const char *f : {R"("logprobs":true)", R"("top_logprobs":2)", R"("frequency_penalty":0.5)", R"("presence_penalty":1)",
-                          R"("n":2)", R"("logit_bias":{"1":2})", R"("tool_choice":"required")", R"("session":"s")",
-                          R"("response_format":{"type":"json_object"})"}) {
+    for (const char *f : {R"("response_format":{"type":"json_object"})"}) {
         ApiError u = error_of(Api::Chat, std::string(R"({"messages":[{"role":"user","content":"x"}],)") + f + "}");
         EXPECT_EQ(u.status, 400) << f;
         EXPECT_EQ(u.code, "unsupported_parameter") << f;
     }
+    // Sampling controls out of range name their field.
+    const std::pair<const char *, const char *> bad[] = {
+        {R"("top_logprobs":2)", "top_logprobs"},            // without logprobs
+        {R"("logprobs":true,"top_logprobs":21)", "top_logprobs"},
+        {R"("logprobs":1)", "logprobs"},
+        {R"("frequency_penalty":2.5)", "frequency_penalty"},
+        {R"("presence_penalty":-3)", "presence_penalty"},
+        {R"("repetition_penalty":0)", "repetition_penalty"},
+        {R"("repeat_last_n":-2)", "repeat_last_n"},
+        {R"("logit_bias":{"x":1})", "logit_bias"},
+        {R"("logit_bias":{"-1":1})", "logit_bias"},
+        {R"("logit_bias":{"5":101})", "logit_bias.5"},
+        {R"("logit_bias":[1])", "logit_bias"},
+        {R"("n":0)", "n"},
+        {R"("n":17)", "n"},
+        {R"("session":"a/b")", "session"},
+        {R"("session":"")", "session"},
+        {R"("tool_choice":"required")", "tool_choice"},   // no tools
+        {R"("tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":{"type":"function","function":{"name":"g"}})",
+         "tool_choice"},
+    };
+    for (const auto &[f, param] : bad) {
+        ApiError u = error_of(Api::Chat, std::string(R"({"messages":[{"role":"user","content":"x"}],)") + f + "}");
+        EXPECT_EQ(u.status, 400) << f;
+        EXPECT_EQ(u.param, param) << f;
+    }
+    EXPECT_EQ(error_of(Api::Completions, R"({"prompt":"x","logprobs":21})").param, "logprobs");
+    EXPECT_EQ(error_of(Api::Responses, R"({"input":"x","top_logprobs":21})").param, "top_logprobs");
+    EXPECT_EQ(error_of(Api::Responses, R"({"input":"x","previous_response_id":""})").param, "previous_response_id");
     EXPECT_EQ(error_of(Api::Chat, R"({"messages":[{"role":"user","content":"x"}],"temperature":3})").param, "temperature");
     EXPECT_EQ(error_of(Api::Chat, R"({"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]})").code,
               "unsupported_content");
@@ -113,6 +140,52 @@ TEST(GatewayTranslate, Errors) {
     Json a = Json::parse(error_body(Api::Messages, ApiError(401, "authentication_error", "no key")));
     EXPECT_EQ(a["type"], "error");
     EXPECT_EQ(a["error"]["type"], "authentication_error");
+}
+
+TEST(GatewayTranslate, SamplingControlsSessionsAndForcedTools) {
+    Request r = parse_request(Api::Chat, R"({"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":4,
+        "frequency_penalty":0.5,"presence_penalty":-1,"repetition_penalty":1.2,"repeat_last_n":-1,
+        "logit_bias":{"7":-100,"12":2.5},"n":3,"session":"my.chat-1",
+        "tools":[{"type":"function","function":{"name":"f"}},{"type":"function","function":{"name":"g"}}],
+        "tool_choice":{"type":"function","function":{"name":"g"}}})");
+    EXPECT_TRUE(r.logprobs);
+    EXPECT_EQ(r.top_logprobs, 4u);
+    EXPECT_FLOAT_EQ(r.frequency_penalty, 0.5f);
+    EXPECT_FLOAT_EQ(r.presence_penalty, -1.0f);
+    EXPECT_FLOAT_EQ(r.repeat_penalty, 1.2f);
+    EXPECT_EQ(r.repeat_last_n, -1);
+    const std::vector<std::pair<int32_t, float>> bias = {{7, -100.0f}, {12, 2.5f}};
+    EXPECT_EQ(r.logit_bias, bias);
+    EXPECT_EQ(r.n, 3u);
+    EXPECT_EQ(r.session, "my.chat-1");
+    EXPECT_TRUE(r.force_tool);
+    EXPECT_EQ(r.forced_tool_name, "g");
+    r = parse_request(Api::Chat, R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f"}}],
+        "tool_choice":"required"})");
+    EXPECT_TRUE(r.force_tool);
+    EXPECT_EQ(r.forced_tool_name, "");
+    r = parse_request(Api::Messages, R"({"model":"m","max_tokens":5,"messages":[{"role":"user","content":"x"}],"tools":[{"name":"f"}],
+        "tool_choice":{"type":"tool","name":"f"}})");
+    EXPECT_EQ(r.forced_tool_name, "f");
+    r = parse_request(Api::Messages, R"({"model":"m","max_tokens":5,"messages":[{"role":"user","content":"x"}],"tools":[{"name":"f"}],
+        "tool_choice":{"type":"any"}})");
+    EXPECT_TRUE(r.force_tool);
+    r = parse_request(Api::Completions, R"({"prompt":"x","logprobs":2})");
+    EXPECT_TRUE(r.logprobs);
+    EXPECT_EQ(r.top_logprobs, 2u);
+    r = parse_request(Api::Responses, R"({"input":"x","include":["message.output_text.logprobs"],"previous_response_id":"resp_1",
+        "tools":[{"type":"function","name":"f"}],"tool_choice":{"type":"function","name":"f"}})");
+    EXPECT_TRUE(r.logprobs);
+    EXPECT_EQ(r.top_logprobs, 0u);
+    EXPECT_EQ(r.previous_response_id, "resp_1");
+    EXPECT_EQ(r.forced_tool_name, "f");
+    // Defaults: nothing changes the logits.
+    r = parse_request(Api::Chat, R"({"messages":[{"role":"user","content":"x"}]})");
+    EXPECT_FALSE(r.logprobs);
+    EXPECT_FLOAT_EQ(r.repeat_penalty, 1.0f);
+    EXPECT_TRUE(r.logit_bias.empty());
+    EXPECT_EQ(r.n, 1u);
+    EXPECT_FALSE(r.force_tool);
 }
 
 TEST(GatewayKey, CreatedPrivateAndStable) {

@@ -87,6 +87,24 @@ with ds4.Client(sock) as c:
     assert "".join(ch.text for ch in chunks) == m.detokenize(ref)
     assert g.done.reason == "length" and g.done.generated_tokens == 8, g.done
 
+    # sampling controls: logprobs leave greedy tokens as they are, each the most likely;
+    # a -100 bias on the first one changes it; penalty values reach the daemon (a bad one is refused)
+    chunks = list(c.generate(tokens=prompt, max_tokens=8, ignore_eos=True, logprobs=True, top_logprobs=2))
+    assert [t for ch in chunks for t in ch.tokens] == ref
+    lps = [lp for ch in chunks for lp in ch.logprobs]
+    assert len(lps) == 8 and all(lp[0] <= 0 and len(lp[1]) == 2 for lp in lps), lps
+    assert [lp[1][0][0] for lp in lps] == ref and all(lp[1][0][1] == lp[0] for lp in lps), lps
+    biased = [t for ch in c.generate(tokens=prompt, max_tokens=2, ignore_eos=True, logit_bias={ref[0]: -100.0})
+              for t in ch.tokens]
+    assert biased[0] != ref[0], biased
+    c.complete(tokens=prompt, max_tokens=4, ignore_eos=True, repeat_penalty=1.3, repeat_last_n=-1,
+               frequency_penalty=0.5, presence_penalty=0.5)
+    try:
+        c.complete(tokens=prompt, max_tokens=2, frequency_penalty=3.0)
+        raise AssertionError("frequency_penalty 3 accepted")
+    except ds4.ServerError as e:
+        assert "frequency_penalty" in str(e), e
+
     # text prompts stream the same tokens as the engine given the tokenized text
     assert c.complete("def f(x):", max_tokens=8, ignore_eos=True) == m.detokenize(ref)
 

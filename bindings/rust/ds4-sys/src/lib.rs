@@ -294,6 +294,18 @@ extern "C" {
         err: *mut c_char,
         errlen: usize,
     ) -> c_int;
+    pub fn ds4_bridge_sample_logits(
+        logits: *const f32,
+        n: c_int,
+        temperature: f32,
+        top_k: c_int,
+        top_p: f32,
+        min_p: f32,
+        rng: *mut u64,
+        token_out: *mut i32,
+        err: *mut c_char,
+        errlen: usize,
+    ) -> c_int;
     pub fn ds4_bridge_session_logits(
         s: *mut ds4_bridge_session,
         out: *mut f32,
