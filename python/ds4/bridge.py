@@ -19,7 +19,7 @@ from ._lib import Ds4Error, cstr, fn, load
 
 BACKENDS = {"cuda": 0, "cpu": 2, "auto": 3}
 # The libds4 ABI these bindings are written for (bridge/CMakeLists.txt SOVERSION).
-LIBDS4_SONAME = "libds4.so.2"
+LIBDS4_SONAME = "libds4.so.3"
 
 
 class _OpenOptions(C.Structure):

@@ -95,7 +95,7 @@ def _api():
     global _lib
     if _lib is not None:
         return _lib
-    L = load("libds4client.so.1", "DS4CLIENT_LIBRARY")
+    L = load("libds4client.so.2", "DS4CLIENT_LIBRARY")
     E = (C.c_char_p, C.c_size_t)
     P = C.c_void_p
     fn(L, "ds4c_connect", C.c_int, C.POINTER(P), C.c_char_p, *E)
