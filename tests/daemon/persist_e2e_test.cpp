@@ -162,7 +162,7 @@ TEST_F(PersistE2E, NamedSessionsBeyondMaxSessionsAreReleasedAndReloadedExactly) 
     // continues exactly as the uninterrupted reference does, from its stored state.
     const std::string state = dir->path + "/lru";
     Daemon d;
-    ASSERT_EQ(start(d, state, {"--max-sessions", "3"}), "");
+    ASSERT_EQ(start(d, state, {"--max-sessions", "3", "--kv-wait", "1"}), "");   // refusals below wait 1 s, not 120
     Client c(d.socket);
     constexpr int kSessions = 8, kRounds = 3;
     std::vector<uint64_t> ids;
