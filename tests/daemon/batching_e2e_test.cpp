@@ -25,6 +25,7 @@ TEST(BatchingE2E, NeedsBridgeAndDaemon) {
 
 #include "bridge/ds4.hpp"
 #include "client/ds4client.hpp"
+#include "tests/daemon/bridge_reference.h"
 #include "tests/daemon/e2e_support.h"
 
 using namespace e2e;
@@ -71,28 +72,10 @@ protected:
         if (!daemon || daemon->pid < 0) GTEST_SKIP() << "suite set-up failed";
     }
 
-    // Prompt i: Python-looking text, different for every i (and of different lengths).
-    static std::vector<int32_t> prompt(int i) {
-        static const char *heads[] = {"def ", "class ", "import ", "    return ", "for ", "if ", "with open(", "# "};
-        static const char *names[] = {"parse", "value", "items", "self", "path", "data", "result", "config"};
-        std::string s = std::string(heads[i % 8]) + names[(i / 8) % 8] + "_" + std::to_string(i);
-        for (int k = 0; k < i % 5; ++k) s += std::string(" = ") + names[(i + k) % 8] + "(" + std::to_string(k) + ")\n";
-        return model->tokenize(s);
-    }
-
-    // The solo reference: the prompt alone in a fresh session, greedy, through EOS.
+    static std::vector<int32_t> prompt(int i) { return model->tokenize(python_like_prompt(i)); }
+    // The reference: the prompt alone in a fresh session without a drafter, greedy, through EOS.
     static std::vector<int32_t> solo(const std::vector<int32_t> &p, uint32_t max_tokens) {
-        ds4::bridge::Session s(*model, kCtx);
-        s.sync(p);
-        std::vector<int32_t> out;
-        for (;;) {
-            const int32_t t = s.argmax();
-            if (model->is_stop(t) || out.size() >= max_tokens) break;
-            out.push_back(t);
-            if (out.size() >= max_tokens) break;
-            s.eval(t);
-        }
-        return out;
+        return greedy_alone(*model, kCtx, p, max_tokens);
     }
 
     static std::vector<int32_t> generate(Client &c, const std::vector<int32_t> &p, uint32_t max_tokens,
