@@ -246,7 +246,7 @@ public:
             uint64_t qrow = 0;
             const uint8_t *xq = quantised(L.o_a.type, o_.get(), R_, (int64_t)H * hd, (int64_t)H * hd, &qrow);
             {
-                OpProfile::Scope prof_mm(&profile_, "  matmul grouped", s_, R_ > 1);
+                OpProfile::Scope prof_mm(&profile_, "  matmul grouped o_a", s_, R_ > 1, L.o_a.row_bytes * (uint64_t)G * gl);
                 matmul_q_grouped(s_, L.o_a.type, dw_.device(L.o_a.data), L.o_a.in, (int64_t)G * gl, L.o_a.row_bytes, xq, qrow,
                                  (int64_t)H * hd, gl, R_, oa, (int64_t)G * gl);
             }
@@ -343,6 +343,7 @@ public:
         off_.push_back((int)h_rows_.size());
         views_.resize(used_.size());
         experts.acquire(layer, used_, views_.data());
+        const bool tc = (int64_t)R_ * K > kDeviceMoePairs;
         const int *rows = to_device(rows_buf_, h_rows_, s_, stage_);
         const float *rw = to_device(rw_buf_, h_rw_, s_, stage_);
         DS4_CUDA_CHECK(cudaMemsetAsync(A_.get(), 0, sizeof(float) * R_ * D, s_));
@@ -357,11 +358,11 @@ public:
                 const uint8_t *xq = quantised(v.gate.type, XN_.get(), R_, D, D, &qrow);
                 uint8_t *eq = ein_q_.need((size_t)m * qrow);
                 gather_bytes(s_, xq, qrow, rows + off_[u], eq, m);
-                ffn(v.gate, v.up, v.down, nullptr, eq, qrow, m, eout, c_.swiglu_limit[layer]);
+                ffn(v.gate, v.up, v.down, nullptr, eq, qrow, m, eout, c_.swiglu_limit[layer], tc);
             } else {
                 float *ein = ein_.need((size_t)m * D);
                 gather_rows(s_, XN_.get(), D, rows + off_[u], ein, m);
-                ffn(v.gate, v.up, v.down, ein, nullptr, 0, m, eout, c_.swiglu_limit[layer]);
+                ffn(v.gate, v.up, v.down, ein, nullptr, 0, m, eout, c_.swiglu_limit[layer], tc);
             }
             scatter_add_rows(s_, eout, D, rows + off_[u], rw + off_[u], A_.get(), m);
         }
@@ -450,41 +451,48 @@ private:
             if (!x || q.x == x) q.valid = false;
     }
 
-    void mm(const WeightView &w, const float *x, int64_t n_tok, int64_t xs, float *y, int64_t ys) {
+    // tensor_cores: false keeps the dp4a kernels for many rows too (the host-grouped experts of a
+    // step the device path could group: both paths then give the same bits).
+    void mm(const WeightView &w, const float *x, int64_t n_tok, int64_t xs, float *y, int64_t ys, bool tensor_cores = true) {
         if (w.empty()) fail("matmul: weight not bound");
         if (f32_act_ || act_type(w.type) == gguf::Type::F32) {
-            OpProfile::Scope prof_mm(&profile_, "  matmul f32-act", s_, n_tok > 1);
+            const std::string pname = profile_.on() ? mm_name(w) : std::string();
+            OpProfile::Scope prof_mm(&profile_, pname.c_str(), s_, n_tok > 1, w.bytes());
             cuda::matmul(s_, w.type, dw_.device(w.data), w.in, w.out, w.row_bytes, x, n_tok, xs, y, ys);
             stats_.weight_bytes += w.bytes();
             return;
         }
         uint64_t qrow = 0;
         const uint8_t *xq = quantised(w.type, x, n_tok, xs, w.in, &qrow);
-        mmq(w, xq, qrow, n_tok, y, ys);
+        mmq(w, xq, qrow, n_tok, y, ys, tensor_cores);
     }
-    void mmq(const WeightView &w, const uint8_t *xq, uint64_t qrow, int64_t n_tok, float *y, int64_t ys) {
-        OpProfile::Scope prof_mm(&profile_, w.type == gguf::Type::Q8_0 ? "  matmul q8_0" : w.type == gguf::Type::Q2_K ? "  matmul q2_k" : w.type == gguf::Type::IQ2_XXS ? "  matmul iq2_xxs" : "  matmul other-q", s_, n_tok > 1);
-        matmul_q(s_, w.type, dw_.device(w.data), w.in, w.out, w.row_bytes, xq, qrow, n_tok, y, ys);
+    static std::string mm_name(const WeightView &w) {
+        return "  matmul " + std::string(gguf::type_name(w.type)) + " " + std::to_string(w.in) + "x" + std::to_string(w.out);
+    }
+    void mmq(const WeightView &w, const uint8_t *xq, uint64_t qrow, int64_t n_tok, float *y, int64_t ys, bool tensor_cores = true) {
+        const std::string pname = profile_.on() ? mm_name(w) : std::string();
+        OpProfile::Scope prof_mm(&profile_, pname.c_str(), s_, n_tok > 1, w.bytes());
+        matmul_q(s_, w.type, dw_.device(w.data), w.in, w.out, w.row_bytes, xq, qrow, n_tok, y, ys, tensor_cores);
         stats_.weight_bytes += w.bytes();
     }
 
     // Clamped SwiGLU expert over m rows: f32 rows `in` (stride D), or rows already quantised
     // for the gate and up weights (xq, qrow).
     void ffn(const WeightView &gate, const WeightView &up, const WeightView &down, const float *in, const uint8_t *xq,
-             uint64_t qrow, int m, float *out, float lim) {
+             uint64_t qrow, int m, float *out, float lim, bool tensor_cores = true) {
         const int D = c_.n_embd, F = (int)gate.out;
         float *g = g_.need((size_t)m * F), *u = u_.need((size_t)m * F);
         if (!xq && !f32_act_ && act_type(gate.type) != gguf::Type::F32 && act_type(up.type) == act_type(gate.type))
             xq = quantised(gate.type, in, m, D, D, &qrow);   // once for both
         if (xq) {
-            mmq(gate, xq, qrow, m, g, F);
-            mmq(up, xq, qrow, m, u, F);
+            mmq(gate, xq, qrow, m, g, F, tensor_cores);
+            mmq(up, xq, qrow, m, u, F, tensor_cores);
         } else {
             mm(gate, in, m, D, g, F);
             mm(up, in, m, D, u, F);
         }
         swiglu(s_, g, u, (int64_t)m * F, lim);
-        mm(down, g, m, F, out, D);
+        mm(down, g, m, F, out, D, tensor_cores);
     }
 
     DeviceBuffer<float> &act(Act a) {

@@ -28,8 +28,17 @@ uint64_t act_row_bytes(gguf::Type weight, int64_t n);
 void quantize_act(cudaStream_t s, gguf::Type weight, const float *x, int64_t n_tok, int64_t xs, int64_t n, uint8_t *q,
                   uint64_t qrow);
 // y[t*ys + o] = dot(W[o], xq row t) with integer block dots (Q8_0 / Q2_K / Q4_K / IQ2_XXS).
+// From kMmaMinTokens tokens on, Q8_0 / Q2_K / IQ2_XXS run on the tensor cores (cuda_mmq.cu)
+// unless tensor_cores is false; the dp4a kernels otherwise. Both are exact in their integer
+// parts; their float sums are ordered differently.
+constexpr int64_t kMmaMinTokens = 16;
 void matmul_q(cudaStream_t s, gguf::Type type, const void *w, int64_t in, int64_t out, uint64_t row_bytes, const uint8_t *xq,
-              uint64_t qrow, int64_t n_tok, float *y, int64_t y_stride);
+              uint64_t qrow, int64_t n_tok, float *y, int64_t y_stride, bool tensor_cores = true);
+// The tensor-core product (grouped as matmul_q_grouped; out_per_group = out, group_chunks =
+// 0 when plain); false when the format or shape is not handled (nothing launched).
+bool matmul_q_mma(cudaStream_t s, gguf::Type type, const void *w, int64_t in, int64_t out, uint64_t row_bytes,
+                  const uint8_t *xq, uint64_t qrow, int64_t n_tok, float *y, int64_t y_stride, int64_t xn, int64_t out_per_group,
+                  int64_t group_chunks);
 // Grouped: output o multiplies the slice [(o / out_per_group) * in, + in) of each xq row,
 // rows quantised whole (xn elements), as if each group's slice had been quantised alone --
 // which it is, slices starting on activation block boundaries.

@@ -29,7 +29,9 @@ public:
         cudaEvent_t a = nullptr, b = nullptr;
         std::chrono::steady_clock::time_point t0;
         cudaStream_t s;
-        Scope(OpProfile *p_, const char *n, cudaStream_t s_, bool multi) : p(p_->on_ ? p_ : nullptr), name(n), s(s_) {
+        // bytes: weight bytes the operation reads (0: none reported), for the GB/s column.
+        Scope(OpProfile *p_, const char *n, cudaStream_t s_, bool multi, uint64_t bytes = 0)
+            : p(p_->on_ ? p_ : nullptr), name(n), s(s_), bytes(bytes) {
             if (!p) return;
             key = std::string(multi ? "multi-row " : "one-row   ") + n;
             cudaStreamSynchronize(s);
@@ -46,26 +48,28 @@ public:
             cudaEventElapsedTime(&ms, a, b);
             cudaEventDestroy(a), cudaEventDestroy(b);
             Row &r = p->rows_[key];
-            r.calls++, r.dev_us += 1000.0 * ms, r.host_us += host;
+            r.calls++, r.dev_us += 1000.0 * ms, r.host_us += host, r.bytes += bytes;
         }
         std::string key;
+        uint64_t bytes = 0;
     };
 
 private:
     struct Row {
         uint64_t calls = 0;
         double dev_us = 0, host_us = 0;
+        uint64_t bytes = 0;
     };
     void print() const {
         if (!on_ || rows_.empty()) return;
         double tot = 0;
         for (auto &[k, r] : rows_) tot += r.dev_us;
-        std::fprintf(stderr, "DS4_CUDA_PROFILE: %-28s %9s %12s %10s %12s %6s\n", "operation", "calls", "device ms", "us/call",
-                     "host ms", "%dev");
+        std::fprintf(stderr, "DS4_CUDA_PROFILE: %-40s %9s %12s %10s %12s %6s %8s\n", "operation", "calls", "device ms",
+                     "us/call", "host ms", "%dev", "GB/s");
         for (auto &[k, r] : rows_)
-            std::fprintf(stderr, "DS4_CUDA_PROFILE: %-28s %9llu %12.2f %10.1f %12.2f %6.1f\n", k.c_str(),
+            std::fprintf(stderr, "DS4_CUDA_PROFILE: %-40s %9llu %12.2f %10.1f %12.2f %6.1f %8.0f\n", k.c_str(),
                          (unsigned long long)r.calls, r.dev_us / 1000, r.dev_us / r.calls, r.host_us / 1000,
-                         100 * r.dev_us / tot);
+                         100 * r.dev_us / tot, r.dev_us > 0 ? r.bytes / (r.dev_us * 1e3) : 0.0);
     }
     bool on_ = false;
     std::map<std::string, Row> rows_;

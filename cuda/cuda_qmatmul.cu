@@ -213,9 +213,12 @@ void quantize_act(cudaStream_t s, Type weight, const float *x, int64_t n_tok, in
 
 namespace {
 void matmul_q_impl(cudaStream_t s, Type type, const void *w, int64_t in, int64_t out, uint64_t row_bytes, const uint8_t *xq,
-                   uint64_t qrow, int64_t n_tok, float *y, int64_t y_stride, XGroups xg) {
+                   uint64_t qrow, int64_t n_tok, float *y, int64_t y_stride, XGroups xg, bool tensor_cores) {
     if (n_tok <= 0 || out <= 0) return;
     if (qrow < act_row_bytes(type, xg.xn)) failf("CUDA backend: quantised activation rows too small for %lld elements", (long long)xg.xn);
+    if (tensor_cores && n_tok >= kMmaMinTokens &&
+        matmul_q_mma(s, type, w, in, out, row_bytes, xq, qrow, n_tok, y, y_stride, xg.xn, xg.opg, xg.gchunks))
+        return;
     const uint8_t *wp = static_cast<const uint8_t *>(w);
     switch (type) {
     case Type::Q8_0: launch<8>(s, wp, in, out, row_bytes, xq, qrow, n_tok, y, y_stride, xg); return;
@@ -228,8 +231,8 @@ void matmul_q_impl(cudaStream_t s, Type type, const void *w, int64_t in, int64_t
 }  // namespace
 
 void matmul_q(cudaStream_t s, Type type, const void *w, int64_t in, int64_t out, uint64_t row_bytes, const uint8_t *xq,
-              uint64_t qrow, int64_t n_tok, float *y, int64_t y_stride) {
-    matmul_q_impl(s, type, w, in, out, row_bytes, xq, qrow, n_tok, y, y_stride, XGroups{in, out > 0 ? out : 1, 0});
+              uint64_t qrow, int64_t n_tok, float *y, int64_t y_stride, bool tensor_cores) {
+    matmul_q_impl(s, type, w, in, out, row_bytes, xq, qrow, n_tok, y, y_stride, XGroups{in, out > 0 ? out : 1, 0}, tensor_cores);
 }
 
 void matmul_q_grouped(cudaStream_t s, Type type, const void *w, int64_t in, int64_t out, uint64_t row_bytes, const uint8_t *xq,
@@ -238,7 +241,7 @@ void matmul_q_grouped(cudaStream_t s, Type type, const void *w, int64_t in, int6
     if (out_per_group <= 0 || out % out_per_group || in % qk || (out / out_per_group) * in > xn)
         failf("CUDA backend: grouped product of %lld outputs in groups of %lld over %lld-element slices of a %lld-element row",
               (long long)out, (long long)out_per_group, (long long)in, (long long)xn);
-    matmul_q_impl(s, type, w, in, out, row_bytes, xq, qrow, n_tok, y, y_stride, XGroups{xn, out_per_group, in / 8});
+    matmul_q_impl(s, type, w, in, out, row_bytes, xq, qrow, n_tok, y, y_stride, XGroups{xn, out_per_group, in / 8}, true);
 }
 
 void gather_bytes(cudaStream_t s, const uint8_t *src, uint64_t row_bytes, const int *idx, uint8_t *dst, int rows) {

@@ -150,12 +150,15 @@ TEST_P(CudaQuant, MatmulMatchesCpuDots) {
     const Type wt = GetParam();
     std::mt19937 rng(11 + (unsigned)wt);
     std::normal_distribution<float> g(0.f, 1.f);
-    for (const auto &[in, out] : {std::pair<int64_t, int64_t>{2048, 67}, {512, 256}}) {
+    std::vector<std::pair<int64_t, int64_t>> shapes = {{2048, 67}, {512, 256}};
+    if (wt == Type::Q8_0) shapes.push_back({288, 130});   // a last 256-element step of one block (tensor cores)
+    for (const auto &[in, out] : shapes) {
         const std::vector<uint8_t> w = weight_rows(wt, out, in, rng);
         const uint64_t rb = gguf::row_bytes(wt, in);
         Dev<uint8_t> dw(w.size());
         dw.up(w.data(), w.size());
-        for (int n_tok : {1, 3, 8, 13}) {
+        // 16 and more: the tensor-core kernel (Q8_0, Q2_K, IQ2_XXS), across its 64-token tile edges
+        for (int n_tok : {1, 3, 8, 13, 16, 64, 70, 130}) {
             std::vector<float> x((size_t)n_tok * in);
             for (float &v : x) v = g(rng);
             const uint64_t qrow = cuda::act_row_bytes(wt, in);
@@ -184,6 +187,52 @@ TEST_P(CudaQuant, MatmulMatchesCpuDots) {
                         gguf::type_name(wt), (long long)out, (long long)in, n_tok, mx, rel);
             EXPECT_GT(mx, 1e-3);
             EXPECT_LE(rel, 1e-5) << gguf::type_name(wt) << " " << out << "x" << in << " tokens " << n_tok;
+        }
+    }
+}
+
+// The grouped product (the attention output's low-rank groups): output o multiplies the
+// slice of its group; on many tokens through the tensor cores when groups are whole tiles,
+// the dp4a kernel otherwise -- both against the CPU's dots on the slices.
+TEST_P(CudaQuant, GroupedMatmulMatchesCpuDotsOnSlices) {
+    NEED_DEVICE();
+    cuda::init_qmatmul_tables();
+    const Type wt = GetParam();
+    std::mt19937 rng(29 + (unsigned)wt);
+    std::normal_distribution<float> g(0.f, 1.f);
+    const int64_t in = 512, G = 4;
+    for (int64_t gl : {64, 48}) {
+        const int64_t out = G * gl, xn = G * in;
+        const std::vector<uint8_t> w = weight_rows(wt, out, in, rng);
+        const uint64_t rb = gguf::row_bytes(wt, in);
+        Dev<uint8_t> dw(w.size());
+        dw.up(w.data(), w.size());
+        for (int n_tok : {3, 40, 77}) {
+            std::vector<float> x((size_t)n_tok * xn);
+            for (float &v : x) v = g(rng);
+            const uint64_t qrow = cuda::act_row_bytes(wt, xn);
+            Dev<float> dx(x.size());
+            dx.up(x.data(), x.size());
+            Dev<uint8_t> dq((size_t)n_tok * qrow);
+            Dev<float> dy((size_t)n_tok * out);
+            cuda::quantize_act(nullptr, wt, dx.p, n_tok, xn, xn, dq.p, qrow);
+            cuda::matmul_q_grouped(nullptr, wt, dw.p, in, out, rb, dq.p, qrow, xn, gl, n_tok, dy.p, out);
+            ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+            std::vector<float> y((size_t)n_tok * out);
+            dy.down(y.data(), y.size());
+            std::vector<uint8_t> xq(quant::vec_dot_row_bytes(wt, in));
+            double worst = 0, mx = 0;
+            for (int t = 0; t < n_tok; ++t)
+                for (int64_t o = 0; o < out; ++o) {
+                    // the group's slice quantised alone equals its part of the whole row
+                    quant::quantize_activation(wt, x.data() + (size_t)t * xn + (o / gl) * in, xq.data(), in);
+                    const float c = quant::vec_dot(wt, w.data() + o * rb, xq.data(), in);
+                    mx = std::max(mx, (double)std::fabs(c));
+                    const double d = std::fabs((double)y[(size_t)t * out + o] - c);
+                    worst = std::isfinite(d) ? std::max(worst, d) : INFINITY;
+                }
+            EXPECT_GT(mx, 1e-3);
+            EXPECT_LE(worst / mx, 1e-5) << gguf::type_name(wt) << " groups of " << gl << " tokens " << n_tok;
         }
     }
 }

@@ -1,0 +1,222 @@
+// Integer tensor-core products for steps of many rows (prefill chunks, big batches): the same
+// quantised operands as cuda_qmatmul.cu's dp4a kernels -- weights in their GGUF blocks,
+// activations quantised as the CPU does -- multiplied with int8 mma.sync (m16n8k32, s32
+// accumulators). The dp4a kernels re-read every weight chunk once per 8 tokens and run on
+// the ALUs; here a 64 x 64 output tile shares one decoded weight tile through shared memory,
+// and the products run on the tensor cores.
+//
+// The integer sums are exact, as in the dp4a path; only the float scaling is grouped
+// differently, so results agree with the CPU up to float summation order:
+//  - Q8_0: one int32 dot per 32-element block, scaled by weight x activation scale;
+//  - IQ2_XXS: the 8 sub-block dots of a 256 block times their odd integer scales summed in
+//    int32, then one float scale (d x activation scale / 8);
+//  - Q2_K: the 4-bit sub-block scale folded into the 2-bit weights (q x sc <= 45 fits int8), so
+//    one int32 dot per 256 block, minus the integer mins times the activation's 16-element sums.
+// Q4_K (and misaligned shapes) keep the dp4a kernel.
+#include <cstdint>
+
+#include "cuda/cuda_check.h"
+#include "cuda/cuda_kernels.h"
+#include "cuda/cuda_qblocks.cuh"
+#include "engine/common/error.h"
+
+namespace ds4::cuda {
+
+extern uint64_t *g_grid_addr;   // IQ2_XXS grid in device memory (cuda_qmatmul.cu)
+
+namespace {
+
+constexpr int kBM = 64, kBN = 64, kBK = 256, kStride = kBK + 16;   // padded rows: no bank conflicts
+
+__device__ __forceinline__ void mma_s8(int (&c)[4], int a0, int a1, int a2, int a3, int b0, int b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ int ld_s32(const int8_t *p) { return *reinterpret_cast<const int *>(p); }
+
+// Block: 4 warps; tile rows [m0, m0 + 64) x tokens [n0, n0 + 64); warp w owns rows
+// 16w..16w+15 of the tile across all 64 tokens (8 n-tiles of 8). Fragment layout of
+// m16n8k32 (PTX ISA), g = lane / 4, q = lane % 4: A regs = rows g, g+8 at k 4q.. and 16+4q..;
+// B regs = token g at k 4q.. and 16+4q..; C = (row g | g+8, token 2q | 2q+1).
+template <int T>
+__global__ void __launch_bounds__(128) mmq_kernel(const uint8_t *__restrict__ w, int64_t in, int64_t out, uint64_t rb,
+                                                  const uint8_t *__restrict__ xq, uint64_t qrow, int64_t n_tok,
+                                                  float *__restrict__ y, int64_t ys, const uint64_t *__restrict__ grid_g,
+                                                  XGroups xg) {
+    constexpr int QKA = T == 8 ? 32 : 256;   // activation block
+    __shared__ __align__(16) int8_t ws[kBM][kStride];
+    __shared__ __align__(16) int8_t xs[kBN][kStride];
+    __shared__ float wd[kBM][8];     // Q8_0: block scales; IQ2_XXS: [0] = d; Q2_K: [0] = d, [1] = dmin
+    __shared__ int8_t wsc[kBM][16];  // IQ2_XXS: odd sub-block scales (8); Q2_K: sub-block mins (16)
+    __shared__ float xd[kBN][8];     // activation scales (Q8_0: per 32; Q8_K: [0])
+    __shared__ int16_t xb[kBN][16];  // Q8_K sums of 16 (Q2_K)
+    __shared__ uint64_t grid_s[T == 16 ? 256 : 1];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, q = lane & 3;
+    if (T == 16) {
+        for (int i = tid; i < 256; i += blockDim.x) grid_s[i] = grid_g[i];
+    }
+    const int64_t n0 = (int64_t)blockIdx.x * kBN, m0 = (int64_t)blockIdx.y * kBM;
+    const int64_t xoff = (m0 / xg.opg) * xg.gchunks * 8;   // the group's activation slice
+    const int64_t xnblk = xg.xn / QKA;
+
+    float acc[8][4];
+    int isum[8][4];
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[nt][i] = 0.f;
+
+    for (int64_t k0 = 0; k0 < in; k0 += kBK) {
+        const int kl = (int)(in - k0 < kBK ? in - k0 : kBK);
+        __syncthreads();   // the previous step's tiles are consumed (and grid_s is loaded)
+        // weights: a warp per row, lane = chunk of 8
+        for (int rr = warp; rr < kBM; rr += 4) {
+            const int64_t row = m0 + rr;
+            uint2 v = make_uint2(0u, 0u);
+            if (row < out && 8 * lane < kl) {
+                const Chunk k = Fmt<T>::load(w + (uint64_t)row * rb, (k0 >> 3) + lane, grid_s);
+                if (T == 10) v = make_uint2((uint32_t)k.w0 * (uint32_t)k.sc, (uint32_t)k.w1 * (uint32_t)k.sc);
+                else v = make_uint2((uint32_t)k.w0, (uint32_t)k.w1);
+                if (T == 8 && (lane & 3) == 0) wd[rr][lane >> 2] = k.d;
+                if (T == 16 && (lane & 3) == 0) wsc[rr][lane >> 2] = (int8_t)k.sc;
+                if (T == 10 && (lane & 1) == 0) wsc[rr][lane >> 1] = (int8_t)k.mn;
+                if (T != 8 && lane == 0) wd[rr][0] = k.d, wd[rr][1] = k.dmin;
+            } else {
+                if (T == 8 && (lane & 3) == 0) wd[rr][lane >> 2] = 0.f;
+                if (T == 16 && (lane & 3) == 0) wsc[rr][lane >> 2] = 0;
+                if (T == 10 && (lane & 1) == 0) wsc[rr][lane >> 1] = 0;
+                if (T != 8 && lane == 0) wd[rr][0] = 0.f, wd[rr][1] = 0.f;
+            }
+            *reinterpret_cast<uint2 *>(&ws[rr][8 * lane]) = v;
+        }
+        // activations: 16-byte pieces
+        for (int i = tid; i < kBN * 16; i += blockDim.x) {
+            const int n = i >> 4, part = i & 15;
+            const int64_t t = n0 + n;
+            uint4 v = make_uint4(0u, 0u, 0u, 0u);
+            if (t < n_tok && 16 * part < kl)
+                v = *reinterpret_cast<const uint4 *>(xq + (uint64_t)t * qrow + xoff + k0 + 16 * part);
+            *reinterpret_cast<uint4 *>(&xs[n][16 * part]) = v;
+        }
+        for (int i = tid; i < kBN * 16; i += blockDim.x) {
+            const int n = i >> 4, j = i & 15;
+            const int64_t t = n0 + n;
+            const uint8_t *xr = xq + (uint64_t)t * qrow;
+            if (j < 8) {
+                float d = 0.f;
+                if (t < n_tok && (T == 8 ? 32 * j < kl : j == 0))
+                    d = reinterpret_cast<const float *>(xr + xg.xn)[(xoff + k0) / QKA + (T == 8 ? j : 0)];
+                xd[n][j] = d;
+            }
+            if (T == 10) xb[n][j] = t < n_tok ? reinterpret_cast<const int16_t *>(xr + xg.xn + 4 * xnblk)[(xoff + k0) / 16 + j] : 0;
+        }
+        __syncthreads();
+
+        const int r0 = 16 * warp + g, r1 = r0 + 8;
+        if (T != 8) {
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) isum[nt][i] = 0;
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            if (T == 8 && 32 * j >= kl) break;
+            const int a0 = ld_s32(&ws[r0][32 * j + 4 * q]), a1 = ld_s32(&ws[r1][32 * j + 4 * q]);
+            const int a2 = ld_s32(&ws[r0][32 * j + 16 + 4 * q]), a3 = ld_s32(&ws[r1][32 * j + 16 + 4 * q]);
+            int s0 = 1, s1 = 1;
+            float f0 = 0.f, f1 = 0.f;
+            if (T == 16) s0 = wsc[r0][j], s1 = wsc[r1][j];
+            if (T == 8) f0 = wd[r0][j], f1 = wd[r1][j];
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt) {
+                const int b0 = ld_s32(&xs[8 * nt + g][32 * j + 4 * q]), b1 = ld_s32(&xs[8 * nt + g][32 * j + 16 + 4 * q]);
+                int c[4] = {0, 0, 0, 0};
+                mma_s8(c, a0, a1, a2, a3, b0, b1);
+                if (T == 8) {
+                    const float x0 = xd[8 * nt + 2 * q][j], x1 = xd[8 * nt + 2 * q + 1][j];
+                    // the CPU's factor order: weight scale times activation scale
+                    acc[nt][0] += (f0 * x0) * (float)c[0];
+                    acc[nt][1] += (f0 * x1) * (float)c[1];
+                    acc[nt][2] += (f1 * x0) * (float)c[2];
+                    acc[nt][3] += (f1 * x1) * (float)c[3];
+                } else {
+                    isum[nt][0] += c[0] * s0, isum[nt][1] += c[1] * s0;
+                    isum[nt][2] += c[2] * s1, isum[nt][3] += c[3] * s1;
+                }
+            }
+        }
+        if (T != 8) {
+            const float d0 = wd[r0][0], d1 = wd[r1][0], m0f = wd[r0][1], m1f = wd[r1][1];
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt) {
+                const int t0 = 8 * nt + 2 * q;
+                const float x0 = xd[t0][0], x1 = xd[t0 + 1][0];
+                if (T == 16) {
+                    acc[nt][0] += (0.125f * x0 * d0) * (float)isum[nt][0];
+                    acc[nt][1] += (0.125f * x1 * d0) * (float)isum[nt][1];
+                    acc[nt][2] += (0.125f * x0 * d1) * (float)isum[nt][2];
+                    acc[nt][3] += (0.125f * x1 * d1) * (float)isum[nt][3];
+                } else {   // Q2_K: minus the mins times the activation sums of 16
+                    int ms[4] = {0, 0, 0, 0};
+#pragma unroll
+                    for (int j = 0; j < 16; ++j) {
+                        const int b0 = xb[t0][j], b1 = xb[t0 + 1][j], w0 = wsc[r0][j], w1 = wsc[r1][j];
+                        ms[0] += w0 * b0, ms[1] += w0 * b1, ms[2] += w1 * b0, ms[3] += w1 * b1;
+                    }
+                    acc[nt][0] += (x0 * d0) * (float)isum[nt][0] - (x0 * m0f) * (float)ms[0];
+                    acc[nt][1] += (x1 * d0) * (float)isum[nt][1] - (x1 * m0f) * (float)ms[1];
+                    acc[nt][2] += (x0 * d1) * (float)isum[nt][2] - (x0 * m1f) * (float)ms[2];
+                    acc[nt][3] += (x1 * d1) * (float)isum[nt][3] - (x1 * m1f) * (float)ms[3];
+                }
+            }
+        }
+    }
+    const int64_t ra = m0 + 16 * warp + g, rb8 = ra + 8;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+        const int64_t t0 = n0 + 8 * nt + 2 * q, t1 = t0 + 1;
+        if (ra < out) {
+            if (t0 < n_tok) y[t0 * ys + ra] = acc[nt][0];
+            if (t1 < n_tok) y[t1 * ys + ra] = acc[nt][1];
+        }
+        if (rb8 < out) {
+            if (t0 < n_tok) y[t0 * ys + rb8] = acc[nt][2];
+            if (t1 < n_tok) y[t1 * ys + rb8] = acc[nt][3];
+        }
+    }
+}
+
+template <int T>
+void launch(cudaStream_t s, const uint8_t *w, int64_t in, int64_t out, uint64_t rb, const uint8_t *xq, uint64_t qrow,
+            int64_t n_tok, float *y, int64_t ys, XGroups xg) {
+    const dim3 grid((unsigned)((n_tok + kBN - 1) / kBN), (unsigned)((out + kBM - 1) / kBM));
+    mmq_kernel<T><<<grid, 128, 0, s>>>(w, in, out, rb, xq, qrow, n_tok, y, ys, g_grid_addr, xg);
+    DS4_CUDA_LAUNCHED();
+}
+
+}  // namespace
+
+bool matmul_q_mma(cudaStream_t s, gguf::Type type, const void *w, int64_t in, int64_t out, uint64_t row_bytes,
+                  const uint8_t *xq, uint64_t qrow, int64_t n_tok, float *y, int64_t y_stride, int64_t xn, int64_t out_per_group,
+                  int64_t group_chunks) {
+    using gguf::Type;
+    const XGroups xg{xn, out_per_group, group_chunks};
+    if (type != Type::Q8_0 && type != Type::Q2_K && type != Type::IQ2_XXS) return false;
+    // tiles never straddle an activation group; activation pieces are 16-byte loads
+    if (xg.gchunks && xg.opg % kBM) return false;
+    if (qrow % 16 || (uintptr_t)xq % 16 || in % 32 || (xg.gchunks * 8) % 16) return false;
+    if ((n_tok + kBN - 1) / kBN > 0x7fffffff || (out + kBM - 1) / kBM > 65535) return false;
+    const uint8_t *wp = static_cast<const uint8_t *>(w);
+    switch (type) {
+    case Type::Q8_0: launch<8>(s, wp, in, out, row_bytes, xq, qrow, n_tok, y, y_stride, xg); return true;
+    case Type::Q2_K: launch<10>(s, wp, in, out, row_bytes, xq, qrow, n_tok, y, y_stride, xg); return true;
+    case Type::IQ2_XXS: launch<16>(s, wp, in, out, row_bytes, xq, qrow, n_tok, y, y_stride, xg); return true;
+    default: return false;
+    }
+}
+
+}  // namespace ds4::cuda
