@@ -321,6 +321,52 @@ public:
         stats_.weight_bytes += (uint64_t)max_used * (gv.bytes() + uv.bytes() + dv.bytes());
     }
 
+    // Whether a big step's experts can run as expert tiles on the tensor cores.
+    bool tiled_moe(const LayerWeights &L) const {
+        if (f32_act_) return false;
+        const gguf::Type g = L.gate_exps.first.type, u = L.up_exps.first.type, d = L.down_exps.first.type;
+        return mma_type_supported(g) && mma_type_supported(u) && mma_type_supported(d) && act_type(g) == act_type(u);
+    }
+
+    // The host-grouped pairs (used_, off_, h_rows_, h_rw_) as tiles of up to kMmaTilePairs
+    // pairs of one expert: gate and up for every tile in one launch each, then down, then each
+    // row's pairs summed in ascending expert order.
+    void routed_experts_tiled(int layer, const LayerWeights &L) {
+        const int D = c_.n_embd, K = c_.n_expert_used, P = (int)h_rows_.size();
+        const WeightView &gv = L.gate_exps.first, &uv = L.up_exps.first, &dv = L.down_exps.first;
+        const int64_t F = gv.out;
+        h_tiles_.clear();
+        for (size_t u = 0; u < used_.size(); ++u)
+            for (int p = off_[u]; p < off_[u + 1]; p += kMmaTilePairs)
+                h_tiles_.push_back({used_[u], p, std::min(kMmaTilePairs, off_[u + 1] - p)});
+        // each row's pair positions, ascending (= ascending expert)
+        h_ppos_.assign((size_t)R_ * K, 0);
+        std::vector<int> fill(R_, 0);
+        for (int p = 0; p < P; ++p) h_ppos_[(size_t)h_rows_[p] * K + fill[h_rows_[p]]++] = p;
+        for (int r = 0; r < R_; ++r)
+            if (fill[r] != K) failf("internal: row %d has %d routed pairs, not %d", r, fill[r], K);
+        const MmaTile *tiles = to_device(tiles_buf_, h_tiles_, s_, stage_);
+        const int *rows = to_device(rows_buf_, h_rows_, s_, stage_);
+        const float *rw = to_device(rw_buf_, h_rw_, s_, stage_);
+        const int *pos = to_device(ppos_buf_, h_ppos_, s_, stage_);
+        const int nt = (int)h_tiles_.size();
+        uint64_t qrow = 0;
+        const uint8_t *xq = quantised(gv.type, XN_.get(), R_, D, D, &qrow);
+        float *g = g_.need((size_t)P * F), *u = u_.need((size_t)P * F);
+        matmul_q_mma_tiles(s_, gv.type, dw_.device(gv.data), L.gate_exps.expert_bytes, D, F, gv.row_bytes, xq, qrow, rows, tiles,
+                           nt, g, F);
+        matmul_q_mma_tiles(s_, uv.type, dw_.device(uv.data), L.up_exps.expert_bytes, D, F, uv.row_bytes, xq, qrow, rows, tiles,
+                           nt, u, F);
+        swiglu(s_, g, u, (int64_t)P * F, c_.swiglu_limit[layer]);
+        uint64_t hrow = 0;
+        const uint8_t *hq = quantised(dv.type, g, P, F, F, &hrow);
+        float *y = eout_.need((size_t)P * D);
+        matmul_q_mma_tiles(s_, dv.type, dw_.device(dv.data), L.down_exps.expert_bytes, F, D, dv.row_bytes, hq, hrow, nullptr,
+                           tiles, nt, y, D);
+        moe_combine_pos(s_, y, D, pos, rw, K, A_.get(), R_);
+        stats_.weight_bytes += (uint64_t)used_.size() * (gv.bytes() + uv.bytes() + dv.bytes());
+    }
+
     void routed_experts(int layer, const LayerWeights &L, ExpertSource &experts) override {
         PROFILE("routed_experts");
         if (device_moe(L) && dynamic_cast<ResidentExperts *>(&experts)) return routed_experts_on_device(layer, L);
@@ -341,9 +387,10 @@ public:
             for (int tk : by_e_[e]) h_rows_.push_back(tk / K), h_rw_.push_back(h_wts_[tk]);
         }
         off_.push_back((int)h_rows_.size());
+        const bool tc = (int64_t)R_ * K > kDeviceMoePairs;
+        if (tc && tiled_moe(L) && dynamic_cast<ResidentExperts *>(&experts)) return routed_experts_tiled(layer, L);
         views_.resize(used_.size());
         experts.acquire(layer, used_, views_.data());
-        const bool tc = (int64_t)R_ * K > kDeviceMoePairs;
         const int *rows = to_device(rows_buf_, h_rows_, s_, stage_);
         const float *rw = to_device(rw_buf_, h_rw_, s_, stage_);
         DS4_CUDA_CHECK(cudaMemsetAsync(A_.get(), 0, sizeof(float) * R_ * D, s_));
@@ -550,6 +597,10 @@ private:
     std::vector<int> h_nvis_, h_nsel_, h_ids_, h_rows_, used_, off_;
     std::vector<float> h_wts_, h_rw_;
     std::vector<AttnRow> h_desc_;
+    std::vector<MmaTile> h_tiles_;
+    std::vector<int> h_ppos_;   // each row's routed pair positions
+    DeviceBuffer<MmaTile> tiles_buf_;
+    DeviceBuffer<int> ppos_buf_;
     std::vector<std::vector<int>> by_e_;
     std::vector<ExpertView> views_;
 };

@@ -129,6 +129,20 @@ void moe_gate_up(cudaStream_t s, const ExpertMats &m, int64_t in, int64_t F, con
 // y[pair][D] = the pair's expert down on hq's row of the same pair.
 void moe_down(cudaStream_t s, const ExpertMats &m, int64_t in, int64_t D, const uint8_t *hq, uint64_t qrow,
               const MoeGroups &g, int max_used, bool one_row, float *y);
+// Tensor-core expert products for steps with many routed pairs (grouped on the host): tile i
+// multiplies expert tiles[i].e's matrix (w + e * expert_bytes) with the activation rows of
+// pairs [p0, p0 + np) -- row rowidx[p] of xq, or row p when rowidx is null -- into y[p].
+struct MmaTile {
+    int e, p0, np;
+};
+constexpr int kMmaTilePairs = 64;   // np <= this
+bool mma_type_supported(gguf::Type t);
+void matmul_q_mma_tiles(cudaStream_t s, gguf::Type type, const void *w, uint64_t expert_bytes, int64_t in, int64_t out,
+                        uint64_t row_bytes, const uint8_t *xq, uint64_t qrow, const int *rowidx, const MmaTile *tiles, int n_tiles,
+                        float *y, int64_t y_stride);
+// A[r] = sum over k of pw[pos[r*K+k]] * y[pos[r*K+k]] for each row's K pair positions
+// (ascending), from zero (overwrites A).
+void moe_combine_pos(cudaStream_t s, const float *y, int D, const int *pos, const float *pw, int K, float *A, int rows);
 // A[r] = sum of pw * y over row r's pairs, in pair order (overwrites A).
 void moe_combine(cudaStream_t s, const float *y, int D, int P, const MoeGroups &g, float *A, int rows);
 

@@ -24,6 +24,8 @@ namespace ds4::cuda {
 
 extern uint64_t *g_grid_addr;   // IQ2_XXS grid in device memory (cuda_qmatmul.cu)
 
+bool mma_type_supported(gguf::Type t);
+
 namespace {
 
 constexpr int kBM = 64, kBN = 64, kBK = 256, kStride = kBK + 16;   // padded rows: no bank conflicts
@@ -45,7 +47,8 @@ template <int T>
 __global__ void __launch_bounds__(128) mmq_kernel(const uint8_t *__restrict__ w, int64_t in, int64_t out, uint64_t rb,
                                                   const uint8_t *__restrict__ xq, uint64_t qrow, int64_t n_tok,
                                                   float *__restrict__ y, int64_t ys, const uint64_t *__restrict__ grid_g,
-                                                  XGroups xg) {
+                                                  XGroups xg, const MmaTile *__restrict__ tiles, uint64_t eb,
+                                                  const int *__restrict__ rowidx) {
     constexpr int QKA = T == 8 ? 32 : 256;   // activation block
     __shared__ __align__(16) int8_t ws[kBM][kStride];
     __shared__ __align__(16) int8_t xs[kBN][kStride];
@@ -58,7 +61,13 @@ __global__ void __launch_bounds__(128) mmq_kernel(const uint8_t *__restrict__ w,
     if (T == 16) {
         for (int i = tid; i < 256; i += blockDim.x) grid_s[i] = grid_g[i];
     }
-    const int64_t n0 = (int64_t)blockIdx.x * kBN, m0 = (int64_t)blockIdx.y * kBM;
+    const int64_t m0 = (int64_t)blockIdx.y * kBM;
+    int64_t n0 = (int64_t)blockIdx.x * kBN;
+    if (tiles) {   // expert tiles: this block's expert and pairs
+        const MmaTile tl = tiles[blockIdx.x];
+        w += (uint64_t)tl.e * eb;
+        n0 = tl.p0, n_tok = tl.p0 + tl.np;
+    }
     const int64_t xoff = (m0 / xg.opg) * xg.gchunks * 8;   // the group's activation slice
     const int64_t xnblk = xg.xn / QKA;
 
@@ -98,13 +107,13 @@ __global__ void __launch_bounds__(128) mmq_kernel(const uint8_t *__restrict__ w,
             const int64_t t = n0 + n;
             uint4 v = make_uint4(0u, 0u, 0u, 0u);
             if (t < n_tok && 16 * part < kl)
-                v = *reinterpret_cast<const uint4 *>(xq + (uint64_t)t * qrow + xoff + k0 + 16 * part);
+                v = *reinterpret_cast<const uint4 *>(xq + (uint64_t)(rowidx ? rowidx[t] : t) * qrow + xoff + k0 + 16 * part);
             *reinterpret_cast<uint4 *>(&xs[n][16 * part]) = v;
         }
         for (int i = tid; i < kBN * 16; i += blockDim.x) {
             const int n = i >> 4, j = i & 15;
             const int64_t t = n0 + n;
-            const uint8_t *xr = xq + (uint64_t)t * qrow;
+            const uint8_t *xr = xq + (uint64_t)(t < n_tok && rowidx ? rowidx[t] : t) * qrow;
             if (j < 8) {
                 float d = 0.f;
                 if (t < n_tok && (T == 8 ? 32 * j < kl : j == 0))
@@ -192,9 +201,10 @@ __global__ void __launch_bounds__(128) mmq_kernel(const uint8_t *__restrict__ w,
 
 template <int T>
 void launch(cudaStream_t s, const uint8_t *w, int64_t in, int64_t out, uint64_t rb, const uint8_t *xq, uint64_t qrow,
-            int64_t n_tok, float *y, int64_t ys, XGroups xg) {
-    const dim3 grid((unsigned)((n_tok + kBN - 1) / kBN), (unsigned)((out + kBM - 1) / kBM));
-    mmq_kernel<T><<<grid, 128, 0, s>>>(w, in, out, rb, xq, qrow, n_tok, y, ys, g_grid_addr, xg);
+            int64_t n_tok, float *y, int64_t ys, XGroups xg, const MmaTile *tiles = nullptr, int n_tiles = 0, uint64_t eb = 0,
+            const int *rowidx = nullptr) {
+    const dim3 grid(tiles ? (unsigned)n_tiles : (unsigned)((n_tok + kBN - 1) / kBN), (unsigned)((out + kBM - 1) / kBM));
+    mmq_kernel<T><<<grid, 128, 0, s>>>(w, in, out, rb, xq, qrow, n_tok, y, ys, g_grid_addr, xg, tiles, eb, rowidx);
     DS4_CUDA_LAUNCHED();
 }
 
@@ -205,7 +215,7 @@ bool matmul_q_mma(cudaStream_t s, gguf::Type type, const void *w, int64_t in, in
                   int64_t group_chunks) {
     using gguf::Type;
     const XGroups xg{xn, out_per_group, group_chunks};
-    if (type != Type::Q8_0 && type != Type::Q2_K && type != Type::IQ2_XXS) return false;
+    if (!mma_type_supported(type)) return false;
     // tiles never straddle an activation group; activation pieces are 16-byte loads
     if (xg.gchunks && xg.opg % kBM) return false;
     if (qrow % 16 || (uintptr_t)xq % 16 || in % 32 || (xg.gchunks * 8) % 16) return false;
@@ -216,6 +226,27 @@ bool matmul_q_mma(cudaStream_t s, gguf::Type type, const void *w, int64_t in, in
     case Type::Q2_K: launch<10>(s, wp, in, out, row_bytes, xq, qrow, n_tok, y, y_stride, xg); return true;
     case Type::IQ2_XXS: launch<16>(s, wp, in, out, row_bytes, xq, qrow, n_tok, y, y_stride, xg); return true;
     default: return false;
+    }
+}
+
+bool mma_type_supported(gguf::Type t) { return t == gguf::Type::Q8_0 || t == gguf::Type::Q2_K || t == gguf::Type::IQ2_XXS; }
+
+void matmul_q_mma_tiles(cudaStream_t s, gguf::Type type, const void *w, uint64_t expert_bytes, int64_t in, int64_t out,
+                        uint64_t row_bytes, const uint8_t *xq, uint64_t qrow, const int *rowidx, const MmaTile *tiles, int n_tiles,
+                        float *y, int64_t y_stride) {
+    using gguf::Type;
+    if (n_tiles <= 0 || out <= 0) return;
+    if (!mma_type_supported(type)) failf("CUDA backend: no tensor-core expert product for %s weights", gguf::type_name(type));
+    if (qrow % 16 || (uintptr_t)xq % 16 || in % (act_type(type) == Type::Q8_0 ? 32 : 256) || (out + kBM - 1) / kBM > 65535)
+        failf("CUDA backend: tensor-core expert product of %lld x %lld %s weights on %llu-byte rows", (long long)out,
+              (long long)in, gguf::type_name(type), (unsigned long long)qrow);
+    const uint8_t *wp = static_cast<const uint8_t *>(w);
+    const XGroups xg{in, out, 0};
+    switch (type) {
+    case Type::Q8_0: launch<8>(s, wp, in, out, row_bytes, xq, qrow, 0, y, y_stride, xg, tiles, n_tiles, expert_bytes, rowidx); return;
+    case Type::Q2_K: launch<10>(s, wp, in, out, row_bytes, xq, qrow, 0, y, y_stride, xg, tiles, n_tiles, expert_bytes, rowidx); return;
+    case Type::IQ2_XXS: launch<16>(s, wp, in, out, row_bytes, xq, qrow, 0, y, y_stride, xg, tiles, n_tiles, expert_bytes, rowidx); return;
+    default: return;
     }
 }
 

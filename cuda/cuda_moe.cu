@@ -168,6 +168,19 @@ __global__ void moe_combine_kernel(const float *__restrict__ y, int D, int P, Mo
     }
 }
 
+__global__ void moe_combine_pos_kernel(const float *__restrict__ y, int D, const int *__restrict__ pos,
+                                       const float *__restrict__ pw, int K, float *__restrict__ A) {
+    const int r = blockIdx.x;
+    for (int i = threadIdx.x; i < D; i += blockDim.x) {
+        float acc = 0.f;
+        for (int k = 0; k < K; ++k) {
+            const int p = pos[r * K + k];
+            acc += pw[p] * y[(int64_t)p * D + i];
+        }
+        A[(int64_t)r * D + i] = acc;
+    }
+}
+
 template <int T>
 void launch_gate_up(cudaStream_t s, const ExpertMats &m, int64_t in, int64_t F, const uint8_t *xq, uint64_t qrow,
                     const MoeGroups &g, int max_used, bool one_row, float *h, float lim) {
@@ -229,6 +242,12 @@ void moe_down(cudaStream_t s, const ExpertMats &m, int64_t in, int64_t D, const 
 void moe_combine(cudaStream_t s, const float *y, int D, int P, const MoeGroups &g, float *A, int rows) {
     if (rows <= 0) return;
     moe_combine_kernel<<<(unsigned)rows, 256, 0, s>>>(y, D, P, g, A);
+    DS4_CUDA_LAUNCHED();
+}
+
+void moe_combine_pos(cudaStream_t s, const float *y, int D, const int *pos, const float *pw, int K, float *A, int rows) {
+    if (rows <= 0) return;
+    moe_combine_pos_kernel<<<(unsigned)rows, 256, 0, s>>>(y, D, pos, pw, K, A);
     DS4_CUDA_LAUNCHED();
 }
 

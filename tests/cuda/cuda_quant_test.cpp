@@ -237,6 +237,67 @@ TEST_P(CudaQuant, GroupedMatmulMatchesCpuDotsOnSlices) {
     }
 }
 
+// Expert tiles (a big step's routed experts on the tensor cores): pairs grouped by expert,
+// tiles of at most kMmaTilePairs pairs of one expert, each pair's activation row taken
+// through rowidx (gate/up) or its own position (down) -- against the CPU's dots.
+TEST_P(CudaQuant, ExpertTilesMatchCpuDots) {
+    NEED_DEVICE();
+    cuda::init_qmatmul_tables();
+    const Type wt = GetParam();
+    if (!cuda::mma_type_supported(wt)) GTEST_SKIP() << gguf::type_name(wt) << " keeps the dp4a kernels";
+    std::mt19937 rng(41 + (unsigned)wt);
+    std::normal_distribution<float> g(0.f, 1.f);
+    const int64_t in = 512, out = 96, E = 5, R = 90;
+    const uint64_t rb = gguf::row_bytes(wt, in), eb = rb * out;
+    const std::vector<uint8_t> w = weight_rows(wt, out * E, in, rng);
+    // pairs: each row chooses 2 experts; expert 3 is chosen by none, expert 0 by ~all (tiles split)
+    std::vector<int> prow, pexp;
+    for (int e = 0; e < E; ++e)
+        for (int r = 0; r < R; ++r) {
+            const bool chosen = e == 0 ? r % 17 != 0 : e == 3 ? false : (r * 7 + e) % 5 < 2;
+            if (chosen) prow.push_back(r), pexp.push_back(e);
+        }
+    std::vector<cuda::MmaTile> tiles;
+    for (size_t p = 0; p < prow.size();) {
+        size_t q = p;
+        while (q < prow.size() && pexp[q] == pexp[p] && q - p < (size_t)cuda::kMmaTilePairs) ++q;
+        tiles.push_back({pexp[p], (int)p, (int)(q - p)});
+        p = q;
+    }
+    const int P = (int)prow.size();
+    std::vector<float> x((size_t)R * in);
+    for (float &v : x) v = g(rng);
+    const uint64_t qrow = cuda::act_row_bytes(wt, in);
+    Dev<uint8_t> dw(w.size());
+    dw.up(w.data(), w.size());
+    Dev<float> dx(x.size());
+    dx.up(x.data(), x.size());
+    Dev<uint8_t> dq((size_t)R * qrow);
+    Dev<int> drow(P);
+    drow.up(prow.data(), P);
+    Dev<cuda::MmaTile> dt(tiles.size());
+    dt.up(tiles.data(), tiles.size());
+    Dev<float> dy((size_t)P * out);
+    cuda::quantize_act(nullptr, wt, dx.p, R, in, in, dq.p, qrow);
+    cuda::matmul_q_mma_tiles(nullptr, wt, dw.p, eb, in, out, rb, dq.p, qrow, drow.p, dt.p, (int)tiles.size(), dy.p, out);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<float> y((size_t)P * out);
+    dy.down(y.data(), y.size());
+    std::vector<uint8_t> xq(quant::vec_dot_row_bytes(wt, in));
+    double worst = 0, mx = 0;
+    for (int p = 0; p < P; ++p) {
+        quant::quantize_activation(wt, x.data() + (size_t)prow[p] * in, xq.data(), in);
+        for (int64_t o = 0; o < out; ++o) {
+            const float c = quant::vec_dot(wt, w.data() + pexp[p] * eb + o * rb, xq.data(), in);
+            mx = std::max(mx, (double)std::fabs(c));
+            const double d = std::fabs((double)y[(size_t)p * out + o] - c);
+            worst = std::isfinite(d) ? std::max(worst, d) : INFINITY;
+        }
+    }
+    EXPECT_GT(mx, 1e-3);
+    EXPECT_LE(worst / mx, 1e-5) << gguf::type_name(wt) << ": " << P << " pairs in " << tiles.size() << " tiles";
+}
+
 INSTANTIATE_TEST_SUITE_P(Types, CudaQuant, ::testing::Values(Type::Q8_0, Type::Q4_K, Type::Q2_K, Type::IQ2_XXS),
                          [](const testing::TestParamInfo<Type> &p) { return std::string(gguf::type_name(p.param)); });
 
