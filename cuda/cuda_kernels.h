@@ -9,6 +9,9 @@
 
 namespace ds4::cuda {
 
+// Products of at least this many rows (tokens) use the tensor-core kernels where they apply.
+constexpr int64_t kMmaMinTokens = 16;
+
 void init_quant_tables();
 void init_qmatmul_tables();
 
@@ -16,6 +19,12 @@ void init_qmatmul_tables();
 // (the engine uses it for F32 / F16 / BF16 weights; block formats go through matmul_q).
 void matmul(cudaStream_t s, gguf::Type type, const void *w, int64_t in, int64_t out, uint64_t row_bytes, const float *x,
             int64_t n_tok, int64_t x_stride, float *y, int64_t y_stride);
+
+// F16 weights on the tensor cores for kMmaMinTokens+ rows and 64+ outputs (cuda_hmma.cu;
+// activations split into two f16 parts); false when the shape is not handled. matmul()
+// takes this path by itself.
+bool matmul_f16_mma(cudaStream_t s, const void *w, int64_t in, int64_t out, uint64_t row_bytes, const float *x, int64_t n_tok,
+                    int64_t x_stride, float *y, int64_t y_stride);
 
 // Block-quantised weights multiply activations quantised as the CPU engine does
 // (quant::vec_dot_type): Q8_0 for Q8_0 weights, Q8_K for Q2_K / Q4_K / IQ2_XXS; F32 for the
@@ -31,7 +40,6 @@ void quantize_act(cudaStream_t s, gguf::Type weight, const float *x, int64_t n_t
 // From kMmaMinTokens tokens on, Q8_0 / Q2_K / IQ2_XXS run on the tensor cores (cuda_mmq.cu)
 // unless tensor_cores is false; the dp4a kernels otherwise. Both are exact in their integer
 // parts; their float sums are ordered differently.
-constexpr int64_t kMmaMinTokens = 16;
 void matmul_q(cudaStream_t s, gguf::Type type, const void *w, int64_t in, int64_t out, uint64_t row_bytes, const uint8_t *xq,
               uint64_t qrow, int64_t n_tok, float *y, int64_t y_stride, bool tensor_cores = true);
 // The tensor-core product (grouped as matmul_q_grouped; out_per_group = out, group_chunks =

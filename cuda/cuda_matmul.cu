@@ -245,6 +245,7 @@ void matmul(cudaStream_t s, gguf::Type type, const void *w, int64_t in, int64_t 
             int64_t n_tok, int64_t x_stride, float *y, int64_t y_stride) {
     if (n_tok <= 0 || out <= 0) return;
     if (in % 8) failf("CUDA backend: rows of %lld elements are not a multiple of 8", (long long)in);
+    if (type == gguf::Type::F16 && matmul_f16_mma(s, w, in, out, row_bytes, x, n_tok, x_stride, y, y_stride)) return;
     by_type<MatmulLaunch>(type, s, static_cast<const uint8_t *>(w), in, out, row_bytes, x, n_tok, x_stride, y, y_stride);
 }
 

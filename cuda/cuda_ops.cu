@@ -1,5 +1,6 @@
 // The CUDA backend's element-wise, normalisation, attention and routing kernels. Written
 // for clarity first: one block per row (or per row and head), reductions in shared memory.
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
@@ -260,6 +261,105 @@ __global__ void __launch_bounds__(kBlock) indexer_scores_shared_kernel(const flo
     }
 }
 
+// Key k of a row's visible set: its window rows first (oldest first), then its entries.
+__device__ __forceinline__ const float *attn_key(const AttnRow &d, int64_t w0, int n_win, int hd, int k) {
+    if (k < n_win) return d.kv + ((w0 + k) % d.cap) * hd;
+    const int e = k - n_win;
+    return d.entries + (int64_t)(d.sel ? d.sel[e] : e) * hd;
+}
+
+// Many rows (prefill): the heads share one K=V row per key, so a block takes kAttnHeads heads
+// of one row and stages each chunk of kAttnKeys keys in shared memory once for all of them
+// (one block per head re-read every key per head). Two passes over the keys, as attend_kernel:
+// scores (a thread per (head, key), kept in the scratch rows), then the weights
+// exp(s - max) / den applied in key order; dimension d of a head's output is summed by one
+// thread, keys in order, as attend_kernel does.
+constexpr int kAttnHeads = 16, kAttnKeys = 16, kAttnMaxHd = 512;
+__global__ void __launch_bounds__(kBlock) attend_rows_kernel(const float *q, const AttnRow *desc, int H, int hd, int window,
+                                                             const float *sinks, float *scratch, int max_keys, float *o) {
+    extern __shared__ float4 sm4[];
+    const int ldk = hd + 4;   // floats per staged row: 16-byte aligned, rows on different banks
+    float *qs = reinterpret_cast<float *>(sm4), *ks = qs + (size_t)kAttnHeads * ldk;
+    __shared__ float mx_s[kAttnHeads], inv_s[kAttnHeads];
+    const int hb = H < kAttnHeads ? H : kAttnHeads;
+    const int r = blockIdx.x, h0 = blockIdx.y * hb, t = threadIdx.x;
+    const AttnRow d = desc[r];
+    const int64_t w0 = d.pos - window + 1 > 0 ? d.pos - window + 1 : 0;
+    const int n_win = (int)(d.pos - w0 + 1), n_keys = n_win + (d.entries ? d.n_ent : 0);
+    const int h4 = hd / 4;
+    for (int i = t; i < hb * h4; i += blockDim.x) {
+        const int hh = i / h4, c = i % h4;
+        reinterpret_cast<float4 *>(qs + (size_t)hh * ldk)[c] = reinterpret_cast<const float4 *>(q + ((int64_t)r * H + h0 + hh) * hd)[c];
+    }
+    const float scale = 1.f / sqrtf((float)hd);
+    const int hh = t / kAttnKeys, kk = t % kAttnKeys;   // this thread's (head, key) in a chunk
+    float mx = hh < hb ? sinks[h0 + hh] : 0.f;
+    for (int k0 = 0; k0 < n_keys; k0 += kAttnKeys) {
+        __syncthreads();
+        for (int i = t; i < kAttnKeys * h4; i += blockDim.x) {
+            const int j = i / h4, c = i % h4;
+            if (k0 + j < n_keys)
+                reinterpret_cast<float4 *>(ks + (size_t)j * ldk)[c] = reinterpret_cast<const float4 *>(attn_key(d, w0, n_win, hd, k0 + j))[c];
+        }
+        __syncthreads();
+        if (hh < hb && k0 + kk < n_keys) {
+            const float4 *a = reinterpret_cast<const float4 *>(qs + (size_t)hh * ldk), *b = reinterpret_cast<const float4 *>(ks + (size_t)kk * ldk);
+            float sc = 0.f;
+            for (int c = 0; c < h4; ++c) {
+                const float4 x = a[c], y = b[c];
+                sc = fmaf(x.x, y.x, sc), sc = fmaf(x.y, y.y, sc), sc = fmaf(x.z, y.z, sc), sc = fmaf(x.w, y.w, sc);
+            }
+            sc *= scale;
+            scratch[((int64_t)r * H + h0 + hh) * max_keys + k0 + kk] = sc;
+            mx = fmaxf(mx, sc);
+        }
+    }
+    // per head: the max, then the sum of exp (in double) over the 16 threads of the head
+    for (int off = kAttnKeys / 2; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+    double den = 0;
+    if (hh < hb) {
+        float *lg = scratch + ((int64_t)r * H + h0 + hh) * max_keys;
+        for (int k = kk; k < n_keys; k += kAttnKeys) den += lg[k] = expf(lg[k] - mx);
+    }
+    for (int off = kAttnKeys / 2; off > 0; off >>= 1) den += __shfl_xor_sync(0xffffffffu, den, off);
+    if (hh < hb && kk == 0) {
+        mx_s[hh] = mx;
+        inv_s[hh] = (float)(1.0 / (den + exp((double)sinks[h0 + hh] - mx)));
+    }
+    // outputs: thread (head hh, dims kk + 16 i)
+    float acc[kAttnMaxHd / kAttnKeys];
+#pragma unroll
+    for (int i = 0; i < kAttnMaxHd / kAttnKeys; ++i) acc[i] = 0.f;
+    const int nd = hd / kAttnKeys;
+    for (int k0 = 0; k0 < n_keys; k0 += kAttnKeys) {
+        __syncthreads();   // exp-weights written; the previous chunk consumed
+        for (int i = t; i < kAttnKeys * h4; i += blockDim.x) {
+            const int j = i / h4, c = i % h4;
+            if (k0 + j < n_keys)
+                reinterpret_cast<float4 *>(ks + (size_t)j * ldk)[c] = reinterpret_cast<const float4 *>(attn_key(d, w0, n_win, hd, k0 + j))[c];
+        }
+        __syncthreads();
+        if (hh < hb) {
+            const float *lg = scratch + ((int64_t)r * H + h0 + hh) * max_keys;
+            const float inv = inv_s[hh];
+            const int nk = n_keys - k0 < kAttnKeys ? n_keys - k0 : kAttnKeys;
+            for (int j = 0; j < nk; ++j) {
+                const float p = lg[k0 + j] * inv;
+                const float *kv = ks + (size_t)j * ldk + kk;
+#pragma unroll
+                for (int i = 0; i < kAttnMaxHd / kAttnKeys; ++i)
+                    if (i < nd) acc[i] = fmaf(p, kv[kAttnKeys * i], acc[i]);
+            }
+        }
+    }
+    if (hh < hb) {
+        float *ov = o + ((int64_t)r * H + h0 + hh) * hd;
+#pragma unroll
+        for (int i = 0; i < kAttnMaxHd / kAttnKeys; ++i)
+            if (i < nd) ov[kk + kAttnKeys * i] = acc[i];
+    }
+}
+
 // One block per (row, head). Scores: a warp per key, lanes across the head dimension with
 // 16-byte loads (coalesced rows; hd a multiple of 4), a shuffle sum. Output: threads across
 // the dimension, keys in order.
@@ -274,11 +374,7 @@ __global__ void __launch_bounds__(kBlock) attend_kernel(const float *q, const At
     const int n_win = (int)(d.pos - w0 + 1), n_keys = n_win + (d.entries ? d.n_ent : 0);
     float *lg = scratch + (int64_t)blockIdx.x * max_keys;
     const float scale = 1.f / sqrtf((float)hd);
-    auto key = [&](int k) -> const float * {
-        if (k < n_win) return d.kv + ((w0 + k) % d.cap) * hd;
-        const int e = k - n_win;
-        return d.entries + (int64_t)(d.sel ? d.sel[e] : e) * hd;
-    };
+    auto key = [&](int k) { return attn_key(d, w0, n_win, hd, k); };
     float mx = sinks[h];
     for (int k = warp; k < n_keys; k += kBlock / 32) {
         const float4 *kv = reinterpret_cast<const float4 *>(key(k));
@@ -484,6 +580,18 @@ void attend(cudaStream_t s, const float *q, const AttnRow *desc, int H, int hd, 
             int max_keys, float *o, int rows) {
     if (rows <= 0) return;
     if (hd % 4) failf("CUDA backend: attention needs a head dimension that is a multiple of 4 (%d)", hd);
+    const int hb = std::min(H, kAttnHeads);
+    if (rows >= 16 && H % hb == 0 && hd % kAttnKeys == 0 && hd <= kAttnMaxHd) {
+        const size_t shm = sizeof(float) * (size_t)(kAttnHeads + kAttnKeys) * (hd + 4);
+        // the kernel's dynamic shared memory limit, raised once (thread-safe static) to the most it asks
+        static const cudaError_t opted = cudaFuncSetAttribute(attend_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                              (int)(sizeof(float) * (kAttnHeads + kAttnKeys) * (kAttnMaxHd + 4)));
+        DS4_CUDA_CHECK(opted);
+        attend_rows_kernel<<<dim3((unsigned)rows, (unsigned)(H / hb)), kBlock, shm, s>>>(q, desc, H, hd, window, sinks, scratch,
+                                                                                        max_keys, o);
+        DS4_CUDA_LAUNCHED();
+        return;
+    }
     attend_kernel<<<rows * H, kBlock, 0, s>>>(q, desc, H, hd, window, sinks, scratch, max_keys, o);
     DS4_CUDA_LAUNCHED();
 }

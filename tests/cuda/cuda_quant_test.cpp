@@ -298,6 +298,49 @@ TEST_P(CudaQuant, ExpertTilesMatchCpuDots) {
     EXPECT_LE(worst / mx, 1e-5) << gguf::type_name(wt) << ": " << P << " pairs in " << tiles.size() << " tiles";
 }
 
+// F16 weights, many rows: the tensor-core product with activations split into two f16 parts
+// stays within f32 rounding of the exact product (double on the host), across tile edges and
+// input lengths that end inside a 64-element step.
+TEST(CudaHalf, TensorCoreProductWithinF32Rounding) {
+    NEED_DEVICE();
+    std::mt19937 rng(5);
+    std::normal_distribution<float> g(0.f, 1.f);
+    for (const auto &[in, out] : {std::pair<int64_t, int64_t>{1000, 200}, {64, 64}, {4096, 130}}) {
+        std::vector<uint16_t> w((size_t)(in * out));
+        std::vector<float> wf(w.size());
+        for (size_t i = 0; i < w.size(); ++i) {
+            w[i] = quant::f32_to_f16(0.1f * g(rng));
+            wf[i] = quant::f16_to_f32(w[i]);
+        }
+        Dev<uint16_t> dw(w.size());
+        dw.up(w.data(), w.size());
+        for (int n_tok : {16, 70, 130}) {
+            std::vector<float> x((size_t)n_tok * in);
+            for (size_t i = 0; i < x.size(); ++i) x[i] = (i % 7 == 0 ? 30.f : 1.f) * g(rng);
+            Dev<float> dx(x.size()), dy((size_t)n_tok * out);
+            dx.up(x.data(), x.size());
+            ASSERT_TRUE(cuda::matmul_f16_mma(nullptr, dw.p, in, out, (uint64_t)in * 2, dx.p, n_tok, in, dy.p, out));
+            ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+            std::vector<float> y((size_t)n_tok * out);
+            dy.down(y.data(), y.size());
+            double worst = 0;
+            for (int t = 0; t < n_tok; ++t)
+                for (int64_t o = 0; o < out; ++o) {
+                    double exact = 0, mag = 0;
+                    for (int64_t i = 0; i < in; ++i) {
+                        exact += (double)wf[o * in + i] * x[(size_t)t * in + i];
+                        mag += std::fabs((double)wf[o * in + i] * x[(size_t)t * in + i]);
+                    }
+                    // relative to the sum of magnitudes: what f32 accumulation itself allows
+                    worst = std::max(worst, std::fabs(y[(size_t)t * out + o] - exact) / mag);
+                }
+            std::printf("[cuda half] %4lld x %-4lld tokens %3d  worst |err| / sum|terms| %.3g\n", (long long)out, (long long)in,
+                        n_tok, worst);
+            EXPECT_LE(worst, 2e-6) << out << "x" << in << " tokens " << n_tok;
+        }
+    }
+}
+
 INSTANTIATE_TEST_SUITE_P(Types, CudaQuant, ::testing::Values(Type::Q8_0, Type::Q4_K, Type::Q2_K, Type::IQ2_XXS),
                          [](const testing::TestParamInfo<Type> &p) { return std::string(gguf::type_name(p.param)); });
 
