@@ -29,79 +29,92 @@ __device__ __forceinline__ void mma_f16(float (&c)[4], uint32_t a0, uint32_t a1,
 
 __device__ __forceinline__ uint32_t ld_u32(const __half *p) { return *reinterpret_cast<const uint32_t *>(p); }
 
-// Block: 4 warps, tile rows [m0, m0 + 64) x tokens [n0, n0 + 64); warp w owns rows 16w.. of
-// the tile for all 64 tokens. m16n8k16 fragments (PTX ISA), g = lane / 4, q = lane % 4:
-// A = rows g, g+8 at k 2q.. and 8+2q..; B = token g at k 2q.. and 8+2q..; C = (row g | g+8,
-// token 2q | 2q+1).
-__global__ void __launch_bounds__(128) hmma_kernel(const __half *__restrict__ w, int64_t in, int64_t out, int64_t w_stride,
-                                                   const float *__restrict__ x, int64_t n_tok, int64_t xs,
-                                                   float *__restrict__ y, int64_t ys) {
+// Block: 8 warps, tile rows [m0, m0 + 64) x tokens [n0, n0 + 64); warp w owns rows
+// 16 (w % 4).. of the tile for tokens 32 (w / 4).. (4 n-tiles). A step's global loads are
+// issued together before any is stored. m16n8k16 fragments (PTX ISA), g = lane / 4,
+// q = lane % 4: A = rows g, g+8 at k 2q.. and 8+2q..; B = token g at k 2q.. and 8+2q..;
+// C = (row g | g+8, token 2q | 2q+1).
+constexpr int kThreads = 256, kWarpsM = 4, kNT = 4;
+__global__ void __launch_bounds__(kThreads) hmma_kernel(const __half *__restrict__ w, int64_t in, int64_t out, int64_t w_stride,
+                                                        const float *__restrict__ x, int64_t n_tok, int64_t xs,
+                                                        float *__restrict__ y, int64_t ys) {
     __shared__ __align__(16) __half ws[kBM][kStride];
     __shared__ __align__(16) __half xh[kBN][kStride];
     __shared__ __align__(16) __half xl[kBN][kStride];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, q = lane & 3;
     const int64_t n0 = (int64_t)blockIdx.x * kBN, m0 = (int64_t)blockIdx.y * kBM;
-    float acc[8][4];
+    float acc[kNT][4];
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
+    for (int u = 0; u < kNT; ++u)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) acc[nt][i] = 0.f;
+        for (int i = 0; i < 4; ++i) acc[u][i] = 0.f;
 
     for (int64_t k0 = 0; k0 < in; k0 += kBK) {
         const int kl = (int)(in - k0 < kBK ? in - k0 : kBK);
         __syncthreads();
-        // weights: 64 rows x 64 halves = 512 pieces of 8 halves
-        for (int i = tid; i < kBM * 8; i += blockDim.x) {
-            const int r = i >> 3, part = i & 7;
+        constexpr int kWPieces = kBM * 8 / kThreads, kXPieces = kBN * 16 / kThreads;
+        uint4 wv[kWPieces];
+        float4 xv[kXPieces];
+#pragma unroll
+        for (int j = 0; j < kWPieces; ++j) {   // 64 rows x 64 halves, 8 halves a piece
+            const int i = tid + kThreads * j, r = i >> 3, part = i & 7;
             const int64_t row = m0 + r;
-            uint4 v = make_uint4(0u, 0u, 0u, 0u);
-            if (row < out && 8 * part < kl) v = *reinterpret_cast<const uint4 *>(w + row * w_stride + k0 + 8 * part);
-            *reinterpret_cast<uint4 *>(&ws[r][8 * part]) = v;
+            wv[j] = row < out && 8 * part < kl ? *reinterpret_cast<const uint4 *>(w + row * w_stride + k0 + 8 * part)
+                                               : make_uint4(0u, 0u, 0u, 0u);
         }
-        // activations: 64 tokens x 64 floats, split into hi and lo halves
-        for (int i = tid; i < kBN * 16; i += blockDim.x) {
-            const int n = i >> 4, part = i & 15;
+#pragma unroll
+        for (int j = 0; j < kXPieces; ++j) {   // 64 tokens x 64 floats, 4 a piece
+            const int i = tid + kThreads * j, n = i >> 4, part = i & 15;
             const int64_t t = n0 + n;
-            float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (t < n_tok && 4 * part < kl) v = *reinterpret_cast<const float4 *>(x + t * xs + k0 + 4 * part);
-            const float f[4] = {v.x, v.y, v.z, v.w};
+            xv[j] = t < n_tok && 4 * part < kl ? *reinterpret_cast<const float4 *>(x + t * xs + k0 + 4 * part)
+                                               : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+        for (int j = 0; j < kWPieces; ++j) {
+            const int i = tid + kThreads * j;
+            *reinterpret_cast<uint4 *>(&ws[i >> 3][8 * (i & 7)]) = wv[j];
+        }
+#pragma unroll
+        for (int j = 0; j < kXPieces; ++j) {
+            const int i = tid + kThreads * j, n = i >> 4, part = i & 15;
+            const float f[4] = {xv[j].x, xv[j].y, xv[j].z, xv[j].w};
             __half h[4], l[4];
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                h[j] = __float2half_rn(f[j]);
-                l[j] = __float2half_rn(f[j] - __half2float(h[j]));
+            for (int e = 0; e < 4; ++e) {
+                h[e] = __float2half_rn(f[e]);
+                l[e] = __float2half_rn(f[e] - __half2float(h[e]));
             }
             *reinterpret_cast<uint2 *>(&xh[n][4 * part]) =
-                make_uint2(*reinterpret_cast<uint32_t *>(&h[0]) , *reinterpret_cast<uint32_t *>(&h[2]));
+                make_uint2(*reinterpret_cast<uint32_t *>(&h[0]), *reinterpret_cast<uint32_t *>(&h[2]));
             *reinterpret_cast<uint2 *>(&xl[n][4 * part]) =
                 make_uint2(*reinterpret_cast<uint32_t *>(&l[0]), *reinterpret_cast<uint32_t *>(&l[2]));
         }
         __syncthreads();
-        const int r0 = 16 * warp + g, r1 = r0 + 8;
+        const int r0 = 16 * (warp % kWarpsM) + g, r1 = r0 + 8, nb = 8 * kNT * (warp / kWarpsM);
 #pragma unroll
         for (int j = 0; j < kBK / 16; ++j) {
             const int kk = 16 * j + 2 * q;
             const uint32_t a0 = ld_u32(&ws[r0][kk]), a1 = ld_u32(&ws[r1][kk]), a2 = ld_u32(&ws[r0][kk + 8]),
                            a3 = ld_u32(&ws[r1][kk + 8]);
 #pragma unroll
-            for (int nt = 0; nt < 8; ++nt) {
-                const int n = 8 * nt + g;
-                mma_f16(acc[nt], a0, a1, a2, a3, ld_u32(&xh[n][kk]), ld_u32(&xh[n][kk + 8]));
-                mma_f16(acc[nt], a0, a1, a2, a3, ld_u32(&xl[n][kk]), ld_u32(&xl[n][kk + 8]));
+            for (int u = 0; u < kNT; ++u) {
+                const int n = nb + 8 * u + g;
+                mma_f16(acc[u], a0, a1, a2, a3, ld_u32(&xh[n][kk]), ld_u32(&xh[n][kk + 8]));
+                mma_f16(acc[u], a0, a1, a2, a3, ld_u32(&xl[n][kk]), ld_u32(&xl[n][kk + 8]));
             }
         }
     }
-    const int64_t ra = m0 + 16 * warp + g, rb = ra + 8;
+    const int64_t ra = m0 + 16 * (warp % kWarpsM) + g, rb = ra + 8;
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-        const int64_t t0 = n0 + 8 * nt + 2 * q, t1 = t0 + 1;
+    for (int u = 0; u < kNT; ++u) {
+        const int64_t t0 = n0 + 8 * kNT * (warp / kWarpsM) + 8 * u + 2 * q, t1 = t0 + 1;
         if (ra < out) {
-            if (t0 < n_tok) y[t0 * ys + ra] = acc[nt][0];
-            if (t1 < n_tok) y[t1 * ys + ra] = acc[nt][1];
+            if (t0 < n_tok) y[t0 * ys + ra] = acc[u][0];
+            if (t1 < n_tok) y[t1 * ys + ra] = acc[u][1];
         }
         if (rb < out) {
-            if (t0 < n_tok) y[t0 * ys + rb] = acc[nt][2];
-            if (t1 < n_tok) y[t1 * ys + rb] = acc[nt][3];
+            if (t0 < n_tok) y[t0 * ys + rb] = acc[u][2];
+            if (t1 < n_tok) y[t1 * ys + rb] = acc[u][3];
         }
     }
 }
@@ -116,7 +129,7 @@ bool matmul_f16_mma(cudaStream_t s, const void *w, int64_t in, int64_t out, uint
         (uintptr_t)x % 16 || (out + kBM - 1) / kBM > 65535)
         return false;
     const dim3 grid((unsigned)((n_tok + kBN - 1) / kBN), (unsigned)((out + kBM - 1) / kBM));
-    hmma_kernel<<<grid, 128, 0, s>>>(static_cast<const __half *>(w), in, out, (int64_t)(row_bytes / 2), x, n_tok, x_stride, y,
+    hmma_kernel<<<grid, kThreads, 0, s>>>(static_cast<const __half *>(w), in, out, (int64_t)(row_bytes / 2), x, n_tok, x_stride, y,
                                      y_stride);
     DS4_CUDA_LAUNCHED();
     return true;

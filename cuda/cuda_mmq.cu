@@ -39,16 +39,19 @@ __device__ __forceinline__ void mma_s8(int (&c)[4], int a0, int a1, int a2, int 
 
 __device__ __forceinline__ int ld_s32(const int8_t *p) { return *reinterpret_cast<const int *>(p); }
 
-// Block: 4 warps; tile rows [m0, m0 + 64) x tokens [n0, n0 + 64); warp w owns rows
-// 16w..16w+15 of the tile across all 64 tokens (8 n-tiles of 8). Fragment layout of
-// m16n8k32 (PTX ISA), g = lane / 4, q = lane % 4: A regs = rows g, g+8 at k 4q.. and 16+4q..;
-// B regs = token g at k 4q.. and 16+4q..; C = (row g | g+8, token 2q | 2q+1).
+// Block: 8 warps, tile rows [m0, m0 + 64) x tokens [n0, n0 + 64); warp w owns rows
+// 16 (w % 4).. of the tile for tokens 32 (w / 4).. (4 n-tiles of 8). Each step's global
+// loads are issued together before any is stored (one memory latency per step, not one per
+// row). Fragment layout of m16n8k32 (PTX ISA), g = lane / 4, q = lane % 4: A regs = rows g,
+// g+8 at k 4q.. and 16+4q..; B regs = token g at k 4q.. and 16+4q..; C = (row g | g+8,
+// token 2q | 2q+1).
+constexpr int kThreads = 256, kWarpsM = 4, kNT = 4;   // n-tiles per warp
 template <int T>
-__global__ void __launch_bounds__(128) mmq_kernel(const uint8_t *__restrict__ w, int64_t in, int64_t out, uint64_t rb,
-                                                  const uint8_t *__restrict__ xq, uint64_t qrow, int64_t n_tok,
-                                                  float *__restrict__ y, int64_t ys, const uint64_t *__restrict__ grid_g,
-                                                  XGroups xg, const MmaTile *__restrict__ tiles, uint64_t eb,
-                                                  const int *__restrict__ rowidx) {
+__global__ void __launch_bounds__(kThreads) mmq_kernel(const uint8_t *__restrict__ w, int64_t in, int64_t out, uint64_t rb,
+                                                       const uint8_t *__restrict__ xq, uint64_t qrow, int64_t n_tok,
+                                                       float *__restrict__ y, int64_t ys, const uint64_t *__restrict__ grid_g,
+                                                       XGroups xg, const MmaTile *__restrict__ tiles, uint64_t eb,
+                                                       const int *__restrict__ rowidx) {
     constexpr int QKA = T == 8 ? 32 : 256;   // activation block
     __shared__ __align__(16) int8_t ws[kBM][kStride];
     __shared__ __align__(16) int8_t xs[kBN][kStride];
@@ -56,10 +59,11 @@ __global__ void __launch_bounds__(128) mmq_kernel(const uint8_t *__restrict__ w,
     __shared__ int8_t wsc[kBM][16];  // IQ2_XXS: odd sub-block scales (8); Q2_K: sub-block mins (16)
     __shared__ float xd[kBN][8];     // activation scales (Q8_0: per 32; Q8_K: [0])
     __shared__ int16_t xb[kBN][16];  // Q8_K sums of 16 (Q2_K)
+    __shared__ uint64_t xrow[kBN];   // byte offset of each token's activation row; ~0: none
     __shared__ uint64_t grid_s[T == 16 ? 256 : 1];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, q = lane & 3;
     if (T == 16) {
-        for (int i = tid; i < 256; i += blockDim.x) grid_s[i] = grid_g[i];
+        for (int i = tid; i < 256; i += kThreads) grid_s[i] = grid_g[i];
     }
     const int64_t m0 = (int64_t)blockIdx.y * kBM;
     int64_t n0 = (int64_t)blockIdx.x * kBN;
@@ -70,66 +74,75 @@ __global__ void __launch_bounds__(128) mmq_kernel(const uint8_t *__restrict__ w,
     }
     const int64_t xoff = (m0 / xg.opg) * xg.gchunks * 8;   // the group's activation slice
     const int64_t xnblk = xg.xn / QKA;
+    if (tid < kBN) {
+        const int64_t t = n0 + tid;
+        xrow[tid] = t < n_tok ? (uint64_t)(rowidx ? rowidx[t] : t) * qrow : ~uint64_t(0);
+    }
 
-    float acc[8][4];
-    int isum[8][4];
+    float acc[kNT][4];
+    int isum[kNT][4];
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
+    for (int u = 0; u < kNT; ++u)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) acc[nt][i] = 0.f;
+        for (int i = 0; i < 4; ++i) acc[u][i] = 0.f;
 
     for (int64_t k0 = 0; k0 < in; k0 += kBK) {
         const int kl = (int)(in - k0 < kBK ? in - k0 : kBK);
-        __syncthreads();   // the previous step's tiles are consumed (and grid_s is loaded)
-        // weights: a warp per row, lane = chunk of 8
-        for (int rr = warp; rr < kBM; rr += 4) {
-            const int64_t row = m0 + rr;
-            uint2 v = make_uint2(0u, 0u);
-            if (row < out && 8 * lane < kl) {
-                const Chunk k = Fmt<T>::load(w + (uint64_t)row * rb, (k0 >> 3) + lane, grid_s);
-                if (T == 10) v = make_uint2((uint32_t)k.w0 * (uint32_t)k.sc, (uint32_t)k.w1 * (uint32_t)k.sc);
-                else v = make_uint2((uint32_t)k.w0, (uint32_t)k.w1);
-                if (T == 8 && (lane & 3) == 0) wd[rr][lane >> 2] = k.d;
-                if (T == 16 && (lane & 3) == 0) wsc[rr][lane >> 2] = (int8_t)k.sc;
-                if (T == 10 && (lane & 1) == 0) wsc[rr][lane >> 1] = (int8_t)k.mn;
-                if (T != 8 && lane == 0) wd[rr][0] = k.d, wd[rr][1] = k.dmin;
-            } else {
-                if (T == 8 && (lane & 3) == 0) wd[rr][lane >> 2] = 0.f;
-                if (T == 16 && (lane & 3) == 0) wsc[rr][lane >> 2] = 0;
-                if (T == 10 && (lane & 1) == 0) wsc[rr][lane >> 1] = 0;
-                if (T != 8 && lane == 0) wd[rr][0] = 0.f, wd[rr][1] = 0.f;
+        __syncthreads();   // the previous step's tiles are consumed (grid_s, xrow are written)
+        // weights: warp w takes rows w, w + 8, ..., lane = chunk of 8; all loads, then all stores
+        constexpr int kRows = kBM / (kThreads / 32);
+        Chunk kc[kRows];
+#pragma unroll
+        for (int i = 0; i < kRows; ++i) {
+            const int64_t row = m0 + warp + 8 * i;
+            if (row < out && 8 * lane < kl) kc[i] = Fmt<T>::load(w + (uint64_t)row * rb, (k0 >> 3) + lane, grid_s);
+            else kc[i] = Chunk{0, 0, 0, 0, 0.f, 0.f};
+        }
+        // activations: 16-byte pieces; their scales (and Q8_K sums)
+        constexpr int kPieces = kBN * 16 / kThreads;
+        uint4 xv[kPieces];
+        float dv[kPieces];
+        int16_t bv[kPieces];
+#pragma unroll
+        for (int j = 0; j < kPieces; ++j) {
+            const int i = tid + kThreads * j, n = i >> 4, part = i & 15;
+            const uint64_t off = xrow[n];
+            xv[j] = make_uint4(0u, 0u, 0u, 0u), dv[j] = 0.f, bv[j] = 0;
+            if (off != ~uint64_t(0)) {
+                const uint8_t *xr = xq + off;
+                if (16 * part < kl) xv[j] = *reinterpret_cast<const uint4 *>(xr + xoff + k0 + 16 * part);
+                if (part < 8 && (T == 8 ? 32 * part < kl : part == 0))
+                    dv[j] = reinterpret_cast<const float *>(xr + xg.xn)[(xoff + k0) / QKA + (T == 8 ? part : 0)];
+                if (T == 10) bv[j] = reinterpret_cast<const int16_t *>(xr + xg.xn + 4 * xnblk)[(xoff + k0) / 16 + part];
             }
+        }
+#pragma unroll
+        for (int i = 0; i < kRows; ++i) {
+            const int rr = warp + 8 * i;
+            const Chunk &k = kc[i];
+            const uint2 v = T == 10 ? make_uint2((uint32_t)k.w0 * (uint32_t)k.sc, (uint32_t)k.w1 * (uint32_t)k.sc)
+                                    : make_uint2((uint32_t)k.w0, (uint32_t)k.w1);
             *reinterpret_cast<uint2 *>(&ws[rr][8 * lane]) = v;
+            if (T == 8 && (lane & 3) == 0) wd[rr][lane >> 2] = k.d;
+            if (T == 16 && (lane & 3) == 0) wsc[rr][lane >> 2] = (int8_t)k.sc;
+            if (T == 10 && (lane & 1) == 0) wsc[rr][lane >> 1] = (int8_t)k.mn;
+            if (T != 8 && lane == 0) wd[rr][0] = k.d, wd[rr][1] = k.dmin;
         }
-        // activations: 16-byte pieces
-        for (int i = tid; i < kBN * 16; i += blockDim.x) {
-            const int n = i >> 4, part = i & 15;
-            const int64_t t = n0 + n;
-            uint4 v = make_uint4(0u, 0u, 0u, 0u);
-            if (t < n_tok && 16 * part < kl)
-                v = *reinterpret_cast<const uint4 *>(xq + (uint64_t)(rowidx ? rowidx[t] : t) * qrow + xoff + k0 + 16 * part);
-            *reinterpret_cast<uint4 *>(&xs[n][16 * part]) = v;
-        }
-        for (int i = tid; i < kBN * 16; i += blockDim.x) {
-            const int n = i >> 4, j = i & 15;
-            const int64_t t = n0 + n;
-            const uint8_t *xr = xq + (uint64_t)(t < n_tok && rowidx ? rowidx[t] : t) * qrow;
-            if (j < 8) {
-                float d = 0.f;
-                if (t < n_tok && (T == 8 ? 32 * j < kl : j == 0))
-                    d = reinterpret_cast<const float *>(xr + xg.xn)[(xoff + k0) / QKA + (T == 8 ? j : 0)];
-                xd[n][j] = d;
-            }
-            if (T == 10) xb[n][j] = t < n_tok ? reinterpret_cast<const int16_t *>(xr + xg.xn + 4 * xnblk)[(xoff + k0) / 16 + j] : 0;
+#pragma unroll
+        for (int j = 0; j < kPieces; ++j) {
+            const int i = tid + kThreads * j, n = i >> 4, part = i & 15;
+            *reinterpret_cast<uint4 *>(&xs[n][16 * part]) = xv[j];
+            if (part < 8) xd[n][part] = dv[j];
+            if (T == 10) xb[n][part] = bv[j];
         }
         __syncthreads();
 
-        const int r0 = 16 * warp + g, r1 = r0 + 8;
+        const int r0 = 16 * (warp % kWarpsM) + g, r1 = r0 + 8, nb = 8 * kNT * (warp / kWarpsM);
         if (T != 8) {
 #pragma unroll
-            for (int nt = 0; nt < 8; ++nt)
+            for (int u = 0; u < kNT; ++u)
 #pragma unroll
-                for (int i = 0; i < 4; ++i) isum[nt][i] = 0;
+                for (int i = 0; i < 4; ++i) isum[u][i] = 0;
         }
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
@@ -140,35 +153,40 @@ __global__ void __launch_bounds__(128) mmq_kernel(const uint8_t *__restrict__ w,
             float f0 = 0.f, f1 = 0.f;
             if (T == 16) s0 = wsc[r0][j], s1 = wsc[r1][j];
             if (T == 8) f0 = wd[r0][j], f1 = wd[r1][j];
+            int c[kNT][4];
 #pragma unroll
-            for (int nt = 0; nt < 8; ++nt) {
-                const int b0 = ld_s32(&xs[8 * nt + g][32 * j + 4 * q]), b1 = ld_s32(&xs[8 * nt + g][32 * j + 16 + 4 * q]);
-                int c[4] = {0, 0, 0, 0};
-                mma_s8(c, a0, a1, a2, a3, b0, b1);
+            for (int u = 0; u < kNT; ++u) {
+                const int n = nb + 8 * u + g;
+                c[u][0] = c[u][1] = c[u][2] = c[u][3] = 0;
+                mma_s8(c[u], a0, a1, a2, a3, ld_s32(&xs[n][32 * j + 4 * q]), ld_s32(&xs[n][32 * j + 16 + 4 * q]));
+            }
+#pragma unroll
+            for (int u = 0; u < kNT; ++u) {
                 if (T == 8) {
-                    const float x0 = xd[8 * nt + 2 * q][j], x1 = xd[8 * nt + 2 * q + 1][j];
+                    const int t0 = nb + 8 * u + 2 * q;
+                    const float x0 = xd[t0][j], x1 = xd[t0 + 1][j];
                     // the CPU's factor order: weight scale times activation scale
-                    acc[nt][0] += (f0 * x0) * (float)c[0];
-                    acc[nt][1] += (f0 * x1) * (float)c[1];
-                    acc[nt][2] += (f1 * x0) * (float)c[2];
-                    acc[nt][3] += (f1 * x1) * (float)c[3];
+                    acc[u][0] += (f0 * x0) * (float)c[u][0];
+                    acc[u][1] += (f0 * x1) * (float)c[u][1];
+                    acc[u][2] += (f1 * x0) * (float)c[u][2];
+                    acc[u][3] += (f1 * x1) * (float)c[u][3];
                 } else {
-                    isum[nt][0] += c[0] * s0, isum[nt][1] += c[1] * s0;
-                    isum[nt][2] += c[2] * s1, isum[nt][3] += c[3] * s1;
+                    isum[u][0] += c[u][0] * s0, isum[u][1] += c[u][1] * s0;
+                    isum[u][2] += c[u][2] * s1, isum[u][3] += c[u][3] * s1;
                 }
             }
         }
         if (T != 8) {
             const float d0 = wd[r0][0], d1 = wd[r1][0], m0f = wd[r0][1], m1f = wd[r1][1];
 #pragma unroll
-            for (int nt = 0; nt < 8; ++nt) {
-                const int t0 = 8 * nt + 2 * q;
+            for (int u = 0; u < kNT; ++u) {
+                const int t0 = nb + 8 * u + 2 * q;
                 const float x0 = xd[t0][0], x1 = xd[t0 + 1][0];
                 if (T == 16) {
-                    acc[nt][0] += (0.125f * x0 * d0) * (float)isum[nt][0];
-                    acc[nt][1] += (0.125f * x1 * d0) * (float)isum[nt][1];
-                    acc[nt][2] += (0.125f * x0 * d1) * (float)isum[nt][2];
-                    acc[nt][3] += (0.125f * x1 * d1) * (float)isum[nt][3];
+                    acc[u][0] += (0.125f * x0 * d0) * (float)isum[u][0];
+                    acc[u][1] += (0.125f * x1 * d0) * (float)isum[u][1];
+                    acc[u][2] += (0.125f * x0 * d1) * (float)isum[u][2];
+                    acc[u][3] += (0.125f * x1 * d1) * (float)isum[u][3];
                 } else {   // Q2_K: minus the mins times the activation sums of 16
                     int ms[4] = {0, 0, 0, 0};
 #pragma unroll
@@ -176,25 +194,25 @@ __global__ void __launch_bounds__(128) mmq_kernel(const uint8_t *__restrict__ w,
                         const int b0 = xb[t0][j], b1 = xb[t0 + 1][j], w0 = wsc[r0][j], w1 = wsc[r1][j];
                         ms[0] += w0 * b0, ms[1] += w0 * b1, ms[2] += w1 * b0, ms[3] += w1 * b1;
                     }
-                    acc[nt][0] += (x0 * d0) * (float)isum[nt][0] - (x0 * m0f) * (float)ms[0];
-                    acc[nt][1] += (x1 * d0) * (float)isum[nt][1] - (x1 * m0f) * (float)ms[1];
-                    acc[nt][2] += (x0 * d1) * (float)isum[nt][2] - (x0 * m1f) * (float)ms[2];
-                    acc[nt][3] += (x1 * d1) * (float)isum[nt][3] - (x1 * m1f) * (float)ms[3];
+                    acc[u][0] += (x0 * d0) * (float)isum[u][0] - (x0 * m0f) * (float)ms[0];
+                    acc[u][1] += (x1 * d0) * (float)isum[u][1] - (x1 * m0f) * (float)ms[1];
+                    acc[u][2] += (x0 * d1) * (float)isum[u][2] - (x0 * m1f) * (float)ms[2];
+                    acc[u][3] += (x1 * d1) * (float)isum[u][3] - (x1 * m1f) * (float)ms[3];
                 }
             }
         }
     }
-    const int64_t ra = m0 + 16 * warp + g, rb8 = ra + 8;
+    const int64_t ra = m0 + 16 * (warp % kWarpsM) + g, rb8 = ra + 8;
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-        const int64_t t0 = n0 + 8 * nt + 2 * q, t1 = t0 + 1;
+    for (int u = 0; u < kNT; ++u) {
+        const int64_t t0 = n0 + 8 * kNT * (warp / kWarpsM) + 8 * u + 2 * q, t1 = t0 + 1;
         if (ra < out) {
-            if (t0 < n_tok) y[t0 * ys + ra] = acc[nt][0];
-            if (t1 < n_tok) y[t1 * ys + ra] = acc[nt][1];
+            if (t0 < n_tok) y[t0 * ys + ra] = acc[u][0];
+            if (t1 < n_tok) y[t1 * ys + ra] = acc[u][1];
         }
         if (rb8 < out) {
-            if (t0 < n_tok) y[t0 * ys + rb8] = acc[nt][2];
-            if (t1 < n_tok) y[t1 * ys + rb8] = acc[nt][3];
+            if (t0 < n_tok) y[t0 * ys + rb8] = acc[u][2];
+            if (t1 < n_tok) y[t1 * ys + rb8] = acc[u][3];
         }
     }
 }
@@ -204,7 +222,7 @@ void launch(cudaStream_t s, const uint8_t *w, int64_t in, int64_t out, uint64_t 
             int64_t n_tok, float *y, int64_t ys, XGroups xg, const MmaTile *tiles = nullptr, int n_tiles = 0, uint64_t eb = 0,
             const int *rowidx = nullptr) {
     const dim3 grid(tiles ? (unsigned)n_tiles : (unsigned)((n_tok + kBN - 1) / kBN), (unsigned)((out + kBM - 1) / kBM));
-    mmq_kernel<T><<<grid, 128, 0, s>>>(w, in, out, rb, xq, qrow, n_tok, y, ys, g_grid_addr, xg, tiles, eb, rowidx);
+    mmq_kernel<T><<<grid, kThreads, 0, s>>>(w, in, out, rb, xq, qrow, n_tok, y, ys, g_grid_addr, xg, tiles, eb, rowidx);
     DS4_CUDA_LAUNCHED();
 }
 

@@ -336,7 +336,8 @@ TEST(CudaHalf, TensorCoreProductWithinF32Rounding) {
                 }
             std::printf("[cuda half] %4lld x %-4lld tokens %3d  worst |err| / sum|terms| %.3g\n", (long long)out, (long long)in,
                         n_tok, worst);
-            EXPECT_LE(worst, 2e-6) << out << "x" << in << " tokens " << n_tok;
+            // observed <= 2.2e-6 (4096 inputs); without the lo part (activations at 11 bits) ~1.5e-5 at 1000 inputs
+            EXPECT_LE(worst, 4e-6) << out << "x" << in << " tokens " << n_tok;
         }
     }
 }
