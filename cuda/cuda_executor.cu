@@ -230,7 +230,7 @@ public:
             h_desc_[r] = d;
             max_keys = std::max<int>(max_keys, (int)std::min<int64_t>(spec.window, lay_.pos[r] + 1) + d.n_ent);
         }
-        float *scratch = attn_scratch_.need((size_t)R_ * H * max_keys);
+        float *scratch = attn_scratch_.need(attend_scratch_floats(R_, H, hd, max_keys));
         cuda::attend(s_, q_.get(), to_device(desc_buf_, h_desc_, s_, stage_), H, hd, spec.window, dw_.device(sinks), scratch, max_keys,
                      o_.get(), R_);
         norm_rope_heads(s_, o_.get(), H, hd, false, nullptr, 0.f, pos_, dw_.device(rope.inv_freq.data()), rope.n_pairs, -1.f, R_);

@@ -96,6 +96,8 @@ struct AttnRow {
     int cap;
     int n_ent;              // selected count (CSA) or visible count (HCA)
 };
+// Floats of scratch attend() needs (scores, or the per-split partial outputs of few rows).
+size_t attend_scratch_floats(int rows, int H, int hd, int max_keys);
 void attend(cudaStream_t s, const float *q, const AttnRow *rows_desc, int H, int hd, int window, const float *sinks,
             float *scratch, int max_keys, float *o, int rows);
 

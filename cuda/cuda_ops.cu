@@ -360,6 +360,76 @@ __global__ void __launch_bounds__(kBlock) attend_rows_kernel(const float *q, con
     }
 }
 
+// Few rows (decode): one block per (row, head) walks every key alone, 64 blocks for a token.
+// Split the keys instead (flash-decoding): block (row x head, split) takes kSplitKeys keys --
+// scores a warp per key, their local max m, sum l of exp(s - m) and the partial output
+// sum exp(s - m) v -- and attend_merge_kernel rescales the splits to the common max (the sink
+// included) and divides once.
+constexpr int kSplitKeys = 32;
+__global__ void __launch_bounds__(kBlock) attend_split_kernel(const float *q, const AttnRow *desc, int H, int hd, int window,
+                                                              float *part, int max_splits) {
+    __shared__ float p[kSplitKeys];
+    __shared__ float shf[kBlock / 32];
+    const int rh = blockIdx.x, r = rh / H, h = rh % H, sp = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const AttnRow d = desc[r];
+    const int64_t w0 = d.pos - window + 1 > 0 ? d.pos - window + 1 : 0;
+    const int n_win = (int)(d.pos - w0 + 1), n_keys = n_win + (d.entries ? d.n_ent : 0);
+    const int k0 = sp * kSplitKeys, nk = n_keys - k0 < kSplitKeys ? n_keys - k0 : kSplitKeys;
+    float *out = part + ((int64_t)rh * max_splits + sp) * (hd + 2);
+    if (nk <= 0) {   // past this row's keys: an empty split
+        if (threadIdx.x == 0) out[hd] = -INFINITY, out[hd + 1] = 0.f;
+        return;
+    }
+    const float *qv = q + ((int64_t)r * H + h) * hd;
+    const float scale = 1.f / sqrtf((float)hd);
+    float mx = -INFINITY;
+    for (int j = warp; j < nk; j += kBlock / 32) {
+        const float4 *kv = reinterpret_cast<const float4 *>(attn_key(d, w0, n_win, hd, k0 + j));
+        const float4 *q4 = reinterpret_cast<const float4 *>(qv);
+        float sc = 0;
+        for (int i = lane; i < hd / 4; i += 32) {
+            const float4 a = q4[i], b = kv[i];
+            sc = fmaf(a.x, b.x, sc), sc = fmaf(a.y, b.y, sc), sc = fmaf(a.z, b.z, sc), sc = fmaf(a.w, b.w, sc);
+        }
+        for (int off = 16; off > 0; off >>= 1) sc += __shfl_xor_sync(0xffffffffu, sc, off);
+        sc *= scale;
+        if (lane == 0) p[j] = sc;
+        mx = fmaxf(mx, sc);
+    }
+    mx = block_max(mx, shf);   // synchronises: p is complete
+    float l = 0.f;
+    for (int j = 0; j < nk; ++j) l += expf(p[j] - mx);
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        float acc = 0.f;
+        for (int j = 0; j < nk; ++j) acc = fmaf(expf(p[j] - mx), attn_key(d, w0, n_win, hd, k0 + j)[i], acc);
+        out[i] = acc;
+    }
+    if (threadIdx.x == 0) out[hd] = mx, out[hd + 1] = l;
+}
+
+__global__ void __launch_bounds__(kBlock) attend_merge_kernel(const float *part, int H, int hd, const float *sinks, int max_splits,
+                                                              float *o) {
+    const int rh = blockIdx.x, h = rh % H;
+    const float *pp = part + (int64_t)rh * max_splits * (hd + 2);
+    float mx = sinks[h];
+    for (int sp = 0; sp < max_splits; ++sp) mx = fmaxf(mx, pp[(int64_t)sp * (hd + 2) + hd]);
+    double den = exp((double)sinks[h] - mx);
+    for (int sp = 0; sp < max_splits; ++sp) {
+        const float *ps = pp + (int64_t)sp * (hd + 2);
+        if (ps[hd + 1] > 0.f) den += (double)ps[hd + 1] * exp((double)ps[hd] - mx);
+    }
+    const float inv = (float)(1.0 / den);
+    float *ov = o + (int64_t)rh * hd;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        float acc = 0.f;
+        for (int sp = 0; sp < max_splits; ++sp) {
+            const float *ps = pp + (int64_t)sp * (hd + 2);
+            if (ps[hd + 1] > 0.f) acc = fmaf(ps[i], expf(ps[hd] - mx), acc);
+        }
+        ov[i] = acc * inv;
+    }
+}
+
 // One block per (row, head). Scores: a warp per key, lanes across the head dimension with
 // 16-byte loads (coalesced rows; hd a multiple of 4), a shuffle sum. Output: threads across
 // the dimension, keys in order.
@@ -576,6 +646,11 @@ void indexer_scores(cudaStream_t s, const float *iq, const float *iw, int IH, in
     DS4_CUDA_LAUNCHED();
 }
 
+size_t attend_scratch_floats(int rows, int H, int hd, int max_keys) {
+    const size_t splits = (size_t)(max_keys + kSplitKeys - 1) / kSplitKeys;
+    return (size_t)rows * H * std::max<size_t>((size_t)max_keys, splits * (size_t)(hd + 2));
+}
+
 void attend(cudaStream_t s, const float *q, const AttnRow *desc, int H, int hd, int window, const float *sinks, float *scratch,
             int max_keys, float *o, int rows) {
     if (rows <= 0) return;
@@ -589,6 +664,14 @@ void attend(cudaStream_t s, const float *q, const AttnRow *desc, int H, int hd, 
         DS4_CUDA_CHECK(opted);
         attend_rows_kernel<<<dim3((unsigned)rows, (unsigned)(H / hb)), kBlock, shm, s>>>(q, desc, H, hd, window, sinks, scratch,
                                                                                         max_keys, o);
+        DS4_CUDA_LAUNCHED();
+        return;
+    }
+    const int splits = (max_keys + kSplitKeys - 1) / kSplitKeys;
+    if (splits > 1) {
+        attend_split_kernel<<<dim3((unsigned)(rows * H), (unsigned)splits), kBlock, 0, s>>>(q, desc, H, hd, window, scratch, splits);
+        DS4_CUDA_LAUNCHED();
+        attend_merge_kernel<<<rows * H, kBlock, 0, s>>>(scratch, H, hd, sinks, splits, o);
         DS4_CUDA_LAUNCHED();
         return;
     }
