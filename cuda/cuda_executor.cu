@@ -102,6 +102,7 @@ public:
         tokens_ = to_device(tokens_buf_, h_tokens_, s_, stage_);
         pos_ = to_device(pos_buf_, h_pos_, s_, stage_);
         forget(nullptr);
+        profile_.step_begin(s_, R_);
         ++stats_.steps;
         stats_.rows += R;
     }
@@ -435,10 +436,12 @@ public:
                    c_.hc_eps, dw_.device(w.output_norm.data()), c_.rms_eps, y, nt);
         float *lg = logits_.need((size_t)nt * V);
         mm(w.output, y, nt, D, lg, V);
+        profile_.step_enqueued(s_);
         DS4_CUDA_CHECK(cudaMemcpyAsync(logits, lg, sizeof(float) * nt * V, cudaMemcpyDeviceToHost, s_));
         int err = 0;
         DS4_CUDA_CHECK(cudaMemcpyAsync(&err, moe_err_.get(), sizeof err, cudaMemcpyDeviceToHost, s_));
         DS4_CUDA_CHECK(cudaStreamSynchronize(s_));
+        profile_.step_end();
         if (err) {
             DS4_CUDA_CHECK(cudaMemset(moe_err_.get(), 0, sizeof(int)));
             failf("router chose an expert outside the layer's %d (routed pair %d of a step)", c_.n_expert, err - 1);

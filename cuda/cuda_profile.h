@@ -18,10 +18,45 @@ class OpProfile {
 public:
     OpProfile() {
         const char *e = std::getenv("DS4_CUDA_PROFILE");
-        on_ = e && *e && *e != '0';
+        step_ = e && std::string(e) == "step";
+        on_ = e && *e && *e != '0' && !step_;
     }
-    ~OpProfile() { print(); }
+    ~OpProfile() {
+        print();
+        if (step_ && steps_)
+            std::fprintf(stderr, "DS4_CUDA_PROFILE: %llu one-row steps: host enqueue %.1f us, device %.1f us, wall %.1f us per step\n",
+                         (unsigned long long)steps_, enq_us_ / steps_, dev_us_ / steps_, wall_us_ / steps_);
+        if (ev0_) cudaEventDestroy(ev0_), cudaEventDestroy(ev1_);
+    }
     bool on() const { return on_; }
+
+    // DS4_CUDA_PROFILE=step: whole one-row steps without per-operation synchronisation --
+    // the host's time to enqueue a step against the device's time to run it (is decode bound
+    // by launches or by kernels?).
+    void step_begin(cudaStream_t s, int rows) {
+        if (!step_ || rows != 1) return;
+        if (!ev0_) cudaEventCreate(&ev0_), cudaEventCreate(&ev1_);
+        t0_ = std::chrono::steady_clock::now();
+        cudaEventRecord(ev0_, s);
+        in_step_ = true;
+    }
+    void step_enqueued(cudaStream_t s) {
+        if (!in_step_) return;
+        t1_ = std::chrono::steady_clock::now();
+        cudaEventRecord(ev1_, s);
+    }
+    void step_end() {
+        if (!in_step_) return;
+        in_step_ = false;
+        cudaEventSynchronize(ev1_);
+        float ms = 0.f;
+        cudaEventElapsedTime(&ms, ev0_, ev1_);
+        const auto t2 = std::chrono::steady_clock::now();
+        enq_us_ += std::chrono::duration<double, std::micro>(t1_ - t0_).count();
+        wall_us_ += std::chrono::duration<double, std::micro>(t2 - t0_).count();
+        dev_us_ += 1000.0 * ms;
+        ++steps_;
+    }
 
     struct Scope {
         OpProfile *p;
@@ -71,8 +106,12 @@ private:
                          (unsigned long long)r.calls, r.dev_us / 1000, r.dev_us / r.calls, r.host_us / 1000,
                          100 * r.dev_us / tot, r.dev_us > 0 ? r.bytes / (r.dev_us * 1e3) : 0.0);
     }
-    bool on_ = false;
+    bool on_ = false, step_ = false, in_step_ = false;
     std::map<std::string, Row> rows_;
+    cudaEvent_t ev0_ = nullptr, ev1_ = nullptr;
+    std::chrono::steady_clock::time_point t0_, t1_;
+    double enq_us_ = 0, dev_us_ = 0, wall_us_ = 0;
+    uint64_t steps_ = 0;
 };
 
 }  // namespace ds4::cuda
