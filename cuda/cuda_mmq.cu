@@ -14,7 +14,6 @@
 //    one int32 dot per 256 block, minus the integer mins times the activation's 16-element sums.
 // Q4_K (and misaligned shapes) keep the dp4a kernel.
 #include <cstdint>
-#include <cstdlib>
 
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_kernels.h"
@@ -47,8 +46,8 @@ __device__ __forceinline__ int ld_s32(const int8_t *p) { return *reinterpret_cas
 // g+8 at k 4q.. and 16+4q..; B regs = token g at k 4q.. and 16+4q..; C = (row g | g+8,
 // token 2q | 2q+1).
 constexpr int kThreads = 256, kWarpsM = 4, kNT = 4;   // n-tiles per warp
-template <int T, bool kPipe>
-__global__ void __launch_bounds__(kThreads, kPipe ? 1 : 2) mmq_kernel(const uint8_t *__restrict__ w, int64_t in, int64_t out, uint64_t rb,
+template <int T>
+__global__ void __launch_bounds__(kThreads, 2) mmq_kernel(const uint8_t *__restrict__ w, int64_t in, int64_t out, uint64_t rb,
                                                        const uint8_t *__restrict__ xq, uint64_t qrow, int64_t n_tok,
                                                        float *__restrict__ y, int64_t ys, const uint64_t *__restrict__ grid_g,
                                                        XGroups xg, const MmaTile *__restrict__ tiles, uint64_t eb,
@@ -87,9 +86,9 @@ __global__ void __launch_bounds__(kThreads, kPipe ? 1 : 2) mmq_kernel(const uint
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[u][i] = 0.f;
 
-    // kPipe: a software pipeline, the next step's global loads in flight while this step
-    // computes (more registers: one block per SM); otherwise each step loads then computes
-    // (two blocks per SM overlap each other's loads).
+    // Each step loads, then computes; two blocks per SM overlap each other's loads. (A
+    // software pipeline -- the next step's loads in flight during the MMA -- needs ~240
+    // registers, so one block per SM, and measured 25% slower on a prefill.)
     constexpr int kRows = kBM / (kThreads / 32), kPieces = kBN * 16 / kThreads;
     Chunk kc[kRows];
     uint4 xv[kPieces];
@@ -120,11 +119,10 @@ __global__ void __launch_bounds__(kThreads, kPipe ? 1 : 2) mmq_kernel(const uint
         }
     };
     __syncthreads();   // grid_s, xrow are written
-    if (kPipe) fetch(0);
     for (int64_t k0 = 0; k0 < in; k0 += kBK) {
         const int kl = (int)(in - k0 < kBK ? in - k0 : kBK);
         if (k0 > 0) __syncthreads();   // the previous step's tiles are consumed
-        if (!kPipe) fetch(k0);
+        fetch(k0);
 #pragma unroll
         for (int i = 0; i < kRows; ++i) {
             const int rr = warp + 8 * i;
@@ -145,7 +143,6 @@ __global__ void __launch_bounds__(kThreads, kPipe ? 1 : 2) mmq_kernel(const uint
             if (T == 10) xb[n][part] = bv[j];
         }
         __syncthreads();
-        if (kPipe && k0 + kBK < in) fetch(k0 + kBK);
 
         const int r0 = 16 * (warp % kWarpsM) + g, r1 = r0 + 8, nb = 8 * kNT * (warp / kWarpsM);
         if (T != 8) {
@@ -227,24 +224,12 @@ __global__ void __launch_bounds__(kThreads, kPipe ? 1 : 2) mmq_kernel(const uint
     }
 }
 
-// DS4_CUDA_MMA_PIPELINE=0 keeps the unpipelined kernel (comparisons).
-bool mma_pipelined() {
-    static const bool on = [] {
-        const char *e = std::getenv("DS4_CUDA_MMA_PIPELINE");
-        return !(e && *e == '0');
-    }();
-    return on;
-}
-
 template <int T>
 void launch(cudaStream_t s, const uint8_t *w, int64_t in, int64_t out, uint64_t rb, const uint8_t *xq, uint64_t qrow,
             int64_t n_tok, float *y, int64_t ys, XGroups xg, const MmaTile *tiles = nullptr, int n_tiles = 0, uint64_t eb = 0,
             const int *rowidx = nullptr) {
     const dim3 grid(tiles ? (unsigned)n_tiles : (unsigned)((n_tok + kBN - 1) / kBN), (unsigned)((out + kBM - 1) / kBM));
-    if (mma_pipelined())
-        mmq_kernel<T, true><<<grid, kThreads, 0, s>>>(w, in, out, rb, xq, qrow, n_tok, y, ys, g_grid_addr, xg, tiles, eb, rowidx);
-    else
-        mmq_kernel<T, false><<<grid, kThreads, 0, s>>>(w, in, out, rb, xq, qrow, n_tok, y, ys, g_grid_addr, xg, tiles, eb, rowidx);
+    mmq_kernel<T><<<grid, kThreads, 0, s>>>(w, in, out, rb, xq, qrow, n_tok, y, ys, g_grid_addr, xg, tiles, eb, rowidx);
     DS4_CUDA_LAUNCHED();
 }
 

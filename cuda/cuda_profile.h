@@ -23,18 +23,22 @@ public:
     }
     ~OpProfile() {
         print();
-        if (step_ && steps_)
-            std::fprintf(stderr, "DS4_CUDA_PROFILE: %llu one-row steps: host enqueue %.1f us, device %.1f us, wall %.1f us per step\n",
-                         (unsigned long long)steps_, enq_us_ / steps_, dev_us_ / steps_, wall_us_ / steps_);
+        for (int m = 0; m < 2; ++m)
+            if (step_ && st_[m].steps)
+                std::fprintf(stderr,
+                             "DS4_CUDA_PROFILE: %llu %s steps (%.1f rows): host enqueue %.1f us, device %.1f us, wall %.1f us per step\n",
+                             (unsigned long long)st_[m].steps, m ? "multi-row" : "one-row", (double)st_[m].rows / st_[m].steps,
+                             st_[m].enq_us / st_[m].steps, st_[m].dev_us / st_[m].steps, st_[m].wall_us / st_[m].steps);
         if (ev0_) cudaEventDestroy(ev0_), cudaEventDestroy(ev1_);
     }
     bool on() const { return on_; }
 
-    // DS4_CUDA_PROFILE=step: whole one-row steps without per-operation synchronisation --
+    // DS4_CUDA_PROFILE=step: whole steps without per-operation synchronisation --
     // the host's time to enqueue a step against the device's time to run it (is decode bound
     // by launches or by kernels?).
     void step_begin(cudaStream_t s, int rows) {
-        if (!step_ || rows != 1) return;
+        if (!step_) return;
+        rows_now_ = rows;
         if (!ev0_) cudaEventCreate(&ev0_), cudaEventCreate(&ev1_);
         t0_ = std::chrono::steady_clock::now();
         cudaEventRecord(ev0_, s);
@@ -52,10 +56,12 @@ public:
         float ms = 0.f;
         cudaEventElapsedTime(&ms, ev0_, ev1_);
         const auto t2 = std::chrono::steady_clock::now();
-        enq_us_ += std::chrono::duration<double, std::micro>(t1_ - t0_).count();
-        wall_us_ += std::chrono::duration<double, std::micro>(t2 - t0_).count();
-        dev_us_ += 1000.0 * ms;
-        ++steps_;
+        StepTimes &st = st_[rows_now_ > 1];
+        st.enq_us += std::chrono::duration<double, std::micro>(t1_ - t0_).count();
+        st.wall_us += std::chrono::duration<double, std::micro>(t2 - t0_).count();
+        st.dev_us += 1000.0 * ms;
+        st.rows += rows_now_;
+        ++st.steps;
     }
 
     struct Scope {
@@ -110,8 +116,11 @@ private:
     std::map<std::string, Row> rows_;
     cudaEvent_t ev0_ = nullptr, ev1_ = nullptr;
     std::chrono::steady_clock::time_point t0_, t1_;
-    double enq_us_ = 0, dev_us_ = 0, wall_us_ = 0;
-    uint64_t steps_ = 0;
+    struct StepTimes {
+        double enq_us = 0, dev_us = 0, wall_us = 0;
+        uint64_t steps = 0, rows = 0;
+    } st_[2];   // one-row, multi-row
+    int rows_now_ = 0;
 };
 
 }  // namespace ds4::cuda
