@@ -37,7 +37,7 @@ __device__ __forceinline__ uint32_t ld_u32(const __half *p) { return *reinterpre
 constexpr int kThreads = 256, kWarpsM = 4, kNT = 4;
 __global__ void __launch_bounds__(kThreads) hmma_kernel(const __half *__restrict__ w, int64_t in, int64_t out, int64_t w_stride,
                                                         const float *__restrict__ x, int64_t n_tok, int64_t xs,
-                                                        float *__restrict__ y, int64_t ys) {
+                                                        float *__restrict__ y, int64_t ys, int64_t kper, int64_t zstride) {
     __shared__ __align__(16) __half ws[kBM][kStride];
     __shared__ __align__(16) __half xh[kBN][kStride];
     __shared__ __align__(16) __half xl[kBN][kStride];
@@ -49,8 +49,11 @@ __global__ void __launch_bounds__(kThreads) hmma_kernel(const __half *__restrict
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[u][i] = 0.f;
 
-    for (int64_t k0 = 0; k0 < in; k0 += kBK) {
-        const int kl = (int)(in - k0 < kBK ? in - k0 : kBK);
+    // split-K: this block's input range (kper a multiple of kBK); its partial sums at y + z * zstride
+    const int64_t kbeg = (int64_t)blockIdx.z * kper, kend = kbeg + kper < in ? kbeg + kper : in;
+    y += (int64_t)blockIdx.z * zstride;
+    for (int64_t k0 = kbeg; k0 < kend; k0 += kBK) {
+        const int kl = (int)(kend - k0 < kBK ? kend - k0 : kBK);
         __syncthreads();
         constexpr int kWPieces = kBM * 8 / kThreads, kXPieces = kBN * 16 / kThreads;
         uint4 wv[kWPieces];
@@ -128,10 +131,21 @@ bool matmul_f16_mma(cudaStream_t s, const void *w, int64_t in, int64_t out, uint
     if (n_tok < kMmaMinTokens || out < kBM || in % 8 || row_bytes % 16 || (uintptr_t)w % 16 || x_stride % 4 ||
         (uintptr_t)x % 16 || (out + kBM - 1) / kBM > 65535)
         return false;
-    const dim3 grid((unsigned)((n_tok + kBN - 1) / kBN), (unsigned)((out + kBM - 1) / kBM));
-    hmma_kernel<<<grid, kThreads, 0, s>>>(static_cast<const __half *>(w), in, out, (int64_t)(row_bytes / 2), x, n_tok, x_stride, y,
-                                     y_stride);
+    const int64_t tn = (n_tok + kBN - 1) / kBN, tm = (out + kBM - 1) / kBM, ksteps = (in + kBK - 1) / kBK;
+    const int splits = splitk_count(tn * tm, ksteps);
+    const __half *wh = static_cast<const __half *>(w);
+    if (splits == 1) {
+        hmma_kernel<<<dim3((unsigned)tn, (unsigned)tm), kThreads, 0, s>>>(wh, in, out, (int64_t)(row_bytes / 2), x, n_tok, x_stride, y,
+                                                                        y_stride, ksteps * kBK, 0);
+        DS4_CUDA_LAUNCHED();
+        return true;
+    }
+    const int64_t per = (ksteps + splits - 1) / splits, z = (ksteps + per - 1) / per;
+    float *part = splitk_alloc(s, (int)z, n_tok, out);
+    hmma_kernel<<<dim3((unsigned)tn, (unsigned)tm, (unsigned)z), kThreads, 0, s>>>(wh, in, out, (int64_t)(row_bytes / 2), x, n_tok,
+                                                                                 x_stride, part, out, per * kBK, n_tok * out);
     DS4_CUDA_LAUNCHED();
+    splitk_finish(s, part, (int)z, n_tok, out, y, y_stride);
     return true;
 }
 

@@ -51,7 +51,7 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(const uint8_t *__restr
                                                        const uint8_t *__restrict__ xq, uint64_t qrow, int64_t n_tok,
                                                        float *__restrict__ y, int64_t ys, const uint64_t *__restrict__ grid_g,
                                                        XGroups xg, const MmaTile *__restrict__ tiles, uint64_t eb,
-                                                       const int *__restrict__ rowidx) {
+                                                       const int *__restrict__ rowidx, int64_t kper, int64_t zstride) {
     constexpr int QKA = T == 8 ? 32 : 256;   // activation block
     __shared__ __align__(16) int8_t ws[kBM][kStride];
     __shared__ __align__(16) int8_t xs[kBN][kStride];
@@ -96,8 +96,7 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(const uint8_t *__restr
     int16_t bv[kPieces];
     // weights: warp w takes rows w, w + 8, ..., lane = chunk of 8; activations in 16-byte
     // pieces with their scales (and Q8_K sums)
-    auto fetch = [&](int64_t k0) {
-        const int kl = (int)(in - k0 < kBK ? in - k0 : kBK);
+    auto fetch = [&](int64_t k0, int kl) {
 #pragma unroll
         for (int i = 0; i < kRows; ++i) {
             const int64_t row = m0 + warp + 8 * i;
@@ -119,10 +118,13 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(const uint8_t *__restr
         }
     };
     __syncthreads();   // grid_s, xrow are written
-    for (int64_t k0 = 0; k0 < in; k0 += kBK) {
-        const int kl = (int)(in - k0 < kBK ? in - k0 : kBK);
-        if (k0 > 0) __syncthreads();   // the previous step's tiles are consumed
-        fetch(k0);
+    // split-K: this block's input range (kper a multiple of kBK); its partial sums at y + z * zstride
+    const int64_t kbeg = (int64_t)blockIdx.z * kper, kend = kbeg + kper < in ? kbeg + kper : in;
+    y += (int64_t)blockIdx.z * zstride;
+    for (int64_t k0 = kbeg; k0 < kend; k0 += kBK) {
+        const int kl = (int)(kend - k0 < kBK ? kend - k0 : kBK);
+        if (k0 > kbeg) __syncthreads();   // the previous step's tiles are consumed
+        fetch(k0, kl);
 #pragma unroll
         for (int i = 0; i < kRows; ++i) {
             const int rr = warp + 8 * i;
@@ -228,9 +230,21 @@ template <int T>
 void launch(cudaStream_t s, const uint8_t *w, int64_t in, int64_t out, uint64_t rb, const uint8_t *xq, uint64_t qrow,
             int64_t n_tok, float *y, int64_t ys, XGroups xg, const MmaTile *tiles = nullptr, int n_tiles = 0, uint64_t eb = 0,
             const int *rowidx = nullptr) {
-    const dim3 grid(tiles ? (unsigned)n_tiles : (unsigned)((n_tok + kBN - 1) / kBN), (unsigned)((out + kBM - 1) / kBM));
-    mmq_kernel<T><<<grid, kThreads, 0, s>>>(w, in, out, rb, xq, qrow, n_tok, y, ys, g_grid_addr, xg, tiles, eb, rowidx);
+    const int64_t tn = tiles ? n_tiles : (n_tok + kBN - 1) / kBN, tm = (out + kBM - 1) / kBM, ksteps = (in + kBK - 1) / kBK;
+    const int splits = tiles ? 1 : splitk_count(tn * tm, ksteps);
+    if (splits == 1) {
+        mmq_kernel<T><<<dim3((unsigned)tn, (unsigned)tm), kThreads, 0, s>>>(w, in, out, rb, xq, qrow, n_tok, y, ys, g_grid_addr, xg,
+                                                                          tiles, eb, rowidx, ksteps * kBK, 0);
+        DS4_CUDA_LAUNCHED();
+        return;
+    }
+    const int64_t per = (ksteps + splits - 1) / splits, z = (ksteps + per - 1) / per;
+    float *part = splitk_alloc(s, (int)z, n_tok, out);
+    mmq_kernel<T><<<dim3((unsigned)tn, (unsigned)tm, (unsigned)z), kThreads, 0, s>>>(w, in, out, rb, xq, qrow, n_tok, part, out,
+                                                                                   g_grid_addr, xg, tiles, eb, rowidx, per * kBK,
+                                                                                   n_tok * out);
     DS4_CUDA_LAUNCHED();
+    splitk_finish(s, part, (int)z, n_tok, out, y, ys);
 }
 
 }  // namespace
