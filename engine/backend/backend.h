@@ -136,6 +136,10 @@ public:
     virtual std::unique_ptr<SessionState> make_state(const CacheGeometry &g) const = 0;
     // n_threads: CPU workers (0 = all cores); ignored where it means nothing.
     virtual std::unique_ptr<Executor> make_executor(int n_threads) const = 0;
+    // Prompt tokens per forward chunk when a session does not choose (its rings hold one
+    // chunk): a GPU fills its tensor cores and groups routed experts only with long chunks;
+    // on a CPU the products are compute-bound either way and rings stay small.
+    virtual int prefill_chunk() const = 0;
 };
 
 }  // namespace ds4

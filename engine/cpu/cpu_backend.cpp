@@ -11,6 +11,7 @@ class CpuBackend final : public Backend {
 public:
     explicit CpuBackend(const ModelConfig &c) : c_(c) {}
     std::string name() const override { return "cpu"; }
+    int prefill_chunk() const override { return 256; }
     DeviceInfo device_info() const override { return DeviceInfo{"cpu", 0, 0, 0}; }
     std::unique_ptr<SessionState> make_state(const CacheGeometry &g) const override {
         return std::make_unique<CpuSessionState>(g);

@@ -15,7 +15,7 @@ Session::Session(const Model &m, Executor &ex, int ctx, int prefill_cap, int rew
     : Session(m, &ex, ctx, prefill_cap, rewind_slack, 0) {}
 
 Session::Session(const Model &m, Executor *ex, int ctx, int prefill_cap, int rewind_slack, int)
-    : m_(m), ex_(ex), ctx_(ctx), prefill_cap_(prefill_cap > 0 ? prefill_cap : kDefaultPrefillCap), slack_(std::max(0, rewind_slack)) {
+    : m_(m), ex_(ex), ctx_(ctx), prefill_cap_(prefill_cap > 0 ? prefill_cap : m.backend().prefill_chunk()), slack_(std::max(0, rewind_slack)) {
     if (ctx <= 0) failf("context size must be positive (got %d)", ctx);
     if (ctx > (1 << 24)) failf("context size %d is too large", ctx);
     prefill_cap_ = std::min(prefill_cap_, ctx);
@@ -34,7 +34,7 @@ uint64_t Session::memory_bytes() const { return state_->memory_bytes() + logits_
 uint64_t Session::cache_bytes_for(const Model &m, int ctx, int64_t n) {
     if (ctx <= 0 || ctx > (1 << 24)) failf("context size %d is out of range", ctx);
     // The geometry the constructor makes with its defaults.
-    return CacheGeometry::make(m.config(), ctx, std::min(kDefaultPrefillCap, ctx), kDefaultRewindSlack).bytes_holding(n) +
+    return CacheGeometry::make(m.config(), ctx, std::min(m.backend().prefill_chunk(), ctx), kDefaultRewindSlack).bytes_holding(n) +
            (uint64_t)m.config().n_vocab * sizeof(float);
 }
 

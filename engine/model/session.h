@@ -27,9 +27,9 @@ struct BatchRow;
 
 class Session {
 public:
-    // prefill_cap: tokens per forward chunk (0 = default). rewind_slack: extra positions the
-    // rings keep beyond what the math needs.
-    static constexpr int kDefaultPrefillCap = 256, kDefaultRewindSlack = 64;
+    // prefill_cap: tokens per forward chunk (0 = the backend's prefill_chunk(): 256 on the CPU,
+    // 2048 on a GPU). rewind_slack: extra positions the rings keep beyond what the math needs.
+    static constexpr int kDefaultRewindSlack = 64;
     Session(const Model &m, int ctx, int prefill_cap = 0, int rewind_slack = kDefaultRewindSlack);
     // Runs on `ex`, which the caller keeps alive and uses from one thread at a time.
     Session(const Model &m, Executor &ex, int ctx, int prefill_cap = 0, int rewind_slack = kDefaultRewindSlack);

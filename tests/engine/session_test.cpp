@@ -162,7 +162,7 @@ TEST_F(SessionTest, CachesGrowWithTheTokensHeldNotTheContext) {
     const uint64_t empty = Session::cache_bytes_for(*model, big, 0);
     Session a(*model, big), b(*model, big);
     EXPECT_EQ(a.memory_bytes(), empty) << "nothing is allocated for tokens not yet held";
-    const uint64_t full = CacheGeometry::make(model->config(), big, Session::kDefaultPrefillCap,
+    const uint64_t full = CacheGeometry::make(model->config(), big, model->backend().prefill_chunk(),
                                               Session::kDefaultRewindSlack).bytes();
     a.sync(t);                              // one prefill
     for (int32_t x : t) b.eval(x);          // one token at a time: the arrays grow mid-step
