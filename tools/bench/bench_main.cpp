@@ -111,7 +111,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     if (!store_dir.empty())
-        so.open_store = [store_dir](uint64_t fp) { return ds4::bridge_impl::open_expert_store_link(store_dir, fp); };
+        so.open_store = [store_dir, model](uint64_t fp) { return ds4::bridge_impl::open_expert_store_link(store_dir, fp, model); };
     try {
         const double t_open = now();
         ds4::ModelOptions mo = ds4::tools::model_options(threads, backend, json);
