@@ -462,7 +462,9 @@ Status ExpertStore::compact(const std::string &dir, const ExpertStoreCompaction 
             if (const int rc = scan(env->env, env->dbi, &models)) return mdb_status("expert store index " + idx, rc);
         }
         std::set<uint64_t> kept_files;
-        for (auto &[fp, m] : models) {
+        for (auto &entry : models) {
+            const uint64_t fp = entry.first;  // not a structured binding: the lambdas below capture it
+            ModelEntries &m = entry.second;
             const bool keep = std::find(opt.keep.begin(), opt.keep.end(), fp) != opt.keep.end() ||
                               (m.has_source ? source_present(m) : !opt.drop_unknown);
             const std::string data = data_file(dir, fp);
