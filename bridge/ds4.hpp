@@ -115,6 +115,12 @@ public:
         if (ds4_bridge_memory_stats(m_, &mem, e.buf, sizeof e.buf) != 0) e.raise("memory stats");
         return mem;
     }
+    ds4_bridge_memory_ex_t memory_ex() const {
+        ds4_bridge_memory_ex_t mem{};
+        detail::Err e;
+        if (ds4_bridge_memory_stats_ex(m_, &mem, sizeof mem, e.buf, sizeof e.buf) != 0) e.raise("memory stats");
+        return mem;
+    }
     ds4_bridge_expert_stats_t expert_stats() const {
         ds4_bridge_expert_stats_t st{};
         detail::Err e;

@@ -372,9 +372,9 @@ int ds4_bridge_model_open(ds4_bridge_model **out, const ds4_bridge_model_open_op
             mo.streaming.cache_experts = opt->ssd_streaming_cache_experts;
             mo.streaming.cache_bytes = opt->ssd_streaming_cache_bytes;
             if (opt->ssd_streaming_store_dir && opt->ssd_streaming_store_dir[0]) {
-                const std::string store_dir = opt->ssd_streaming_store_dir;
-                mo.streaming.open_store = [store_dir](uint64_t fp) {
-                    return ds4::bridge_impl::open_expert_store_link(store_dir, fp);
+                const std::string store_dir = opt->ssd_streaming_store_dir, model_path = opt->model_path;
+                mo.streaming.open_store = [store_dir, model_path](uint64_t fp) {
+                    return ds4::bridge_impl::open_expert_store_link(store_dir, fp, model_path);
                 };
             }
         }
@@ -509,6 +509,28 @@ int ds4_bridge_memory_stats(ds4_bridge_model *m, ds4_bridge_memory_t *out, char 
     out->device_total = d.total;
     out->device_weights_bytes = d.weight_bytes;
     for (ds4_bridge_session *s : m->sessions) out->cache_bytes += s->s->memory_bytes() + (s->draft ? s->draft->memory_bytes() : 0);
+    return 0;
+}
+
+int ds4_bridge_memory_stats_ex(ds4_bridge_model *m, ds4_bridge_memory_ex_t *out, size_t out_size, char *err,
+                               size_t errlen) {
+    NEED(m, "model is NULL");
+    NEED(out, "out is NULL");
+    NEED(out_size >= sizeof(ds4_bridge_memory_t), "out_size must be at least sizeof(ds4_bridge_memory_t)");
+    ds4_bridge_memory_ex_t ex{};
+    if (ds4_bridge_memory_stats(m, &ex.base, err, errlen) != 0) return -1;
+    if (m->drafter) {
+        const ds4::ModelWeights &w = m->drafter->weights();
+        ex.drafter_weights_bytes = w.mapped_bytes + w.owned_bytes;
+        ex.drafter_mapped_bytes = w.mapped_bytes;
+        // Imported: the tensors are referenced in place in the exporter's memfd; the f32
+        // copies made at open are this process's own.
+        if (m->drafter_shared) ex.shared_bytes = w.mapped_bytes;
+    }
+    ex.private_bytes = ex.base.weights_bytes + ex.base.cache_bytes + ex.base.scratch_bytes - ex.shared_bytes;
+    const size_t n = std::min(out_size, sizeof ex);
+    std::memcpy(out, &ex, n);
+    if (out_size > n) std::memset(reinterpret_cast<char *>(out) + n, 0, out_size - n);
     return 0;
 }
 

@@ -95,6 +95,19 @@ typedef struct {
     char device[64];                    /* the GPU's name, or "cpu" */
 } ds4_bridge_memory_t;
 
+/* ds4_bridge_memory_t split by who else holds the pages (ds4_bridge_memory_stats_ex). Appended
+ * fields only: a caller passes sizeof its own copy, so an older, shorter struct keeps working. */
+typedef struct {
+    ds4_bridge_memory_t base;       /* exactly what ds4_bridge_memory_stats gives */
+    uint64_t drafter_weights_bytes; /* the drafter's part of base.weights_bytes (0: none) */
+    uint64_t drafter_mapped_bytes;  /* of which referenced in place in its file or shared memfd
+                                     * (the rest are this process's f32 copies) */
+    uint64_t shared_bytes;          /* weights mapped from another process's export
+                                     * (drafter_import): that process holds the same pages */
+    uint64_t private_bytes;         /* weights, caches and scratch of this process alone:
+                                     * base.weights + cache + scratch bytes less shared_bytes */
+} ds4_bridge_memory_ex_t;
+
 typedef struct { /* expert source counters since the open (all 0 when not streaming) */
     int32_t streaming;                 /* 1 when routed experts are streamed from SSD */
     uint64_t acquired;                 /* experts used by steps */
@@ -129,6 +142,10 @@ DS4_BRIDGE_API int ds4_bridge_drafter_info(ds4_bridge_model *m, ds4_bridge_model
 DS4_BRIDGE_API int32_t ds4_bridge_model_vocab_size(ds4_bridge_model *m); /* -1 for NULL */
 DS4_BRIDGE_API int ds4_bridge_model_info(ds4_bridge_model *m, ds4_bridge_model_info_t *out, char *err, size_t errlen);
 DS4_BRIDGE_API int ds4_bridge_memory_stats(ds4_bridge_model *m, ds4_bridge_memory_t *out, char *err, size_t errlen);
+/* out_size: sizeof the caller's ds4_bridge_memory_ex_t, at least sizeof(ds4_bridge_memory_t);
+ * fields beyond it are not written, fields this library does not know are zeroed. */
+DS4_BRIDGE_API int ds4_bridge_memory_stats_ex(ds4_bridge_model *m, ds4_bridge_memory_ex_t *out, size_t out_size,
+                                              char *err, size_t errlen);
 DS4_BRIDGE_API int ds4_bridge_expert_stats(ds4_bridge_model *m, ds4_bridge_expert_stats_t *out, char *err,
                                            size_t errlen);
 

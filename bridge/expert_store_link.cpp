@@ -2,6 +2,7 @@
 
 #include <condition_variable>
 #include <deque>
+#include <filesystem>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -78,10 +79,18 @@ private:
 
 }  // namespace
 
-std::shared_ptr<ExpertStoreLink> open_expert_store_link(const std::string &dir, uint64_t fingerprint) {
+std::shared_ptr<ExpertStoreLink> open_expert_store_link(const std::string &dir, uint64_t fingerprint,
+                                                        const std::string &model_path) {
     std::unique_ptr<kvstore::ExpertStore> s;
     const kvstore::Status st = kvstore::ExpertStore::open(dir, fingerprint, &s);
     if (!st) throw Error("expert store " + dir + ": " + st.to_string());
+    if (!model_path.empty()) {
+        std::error_code ec;
+        const std::filesystem::path abs = std::filesystem::absolute(model_path, ec);
+        // Without it the model only stays in the store until a compaction that drops models
+        // of unknown source: not worth failing the open.
+        (void)s->set_source(ec ? model_path : abs.string());
+    }
     return std::make_shared<StoreLink>(std::move(s));
 }
 

@@ -10,7 +10,9 @@
 namespace ds4::bridge_impl {
 
 // Opens (creating) the store under `dir` for the model with this fingerprint; throws
-// ds4::Error with the store's message when it cannot.
-std::shared_ptr<ExpertStoreLink> open_expert_store_link(const std::string &dir, uint64_t fingerprint);
+// ds4::Error with the store's message when it cannot. `model_path` (optional): the GGUF the
+// experts come from, recorded (absolute) so that compaction can tell when it is gone.
+std::shared_ptr<ExpertStoreLink> open_expert_store_link(const std::string &dir, uint64_t fingerprint,
+                                                        const std::string &model_path = {});
 
 }  // namespace ds4::bridge_impl

@@ -530,6 +530,26 @@ Stats Client::stats() {
     s.kv_waiting = r->kv_waiting();
     s.slot_waiting = r->slot_waiting();
     s.kv_refused = r->kv_refused();
+    if (const fb::DrafterSharing *d = r->drafter_sharing()) {
+        s.drafter_offered = true;
+        s.drafter_share_bytes = d->bytes();
+        s.drafter_shares = d->shares();
+        if (d->importers())
+            for (const fb::DrafterImporter *x : *d->importers()) {
+                if (!x) continue;
+                s.drafter_importers.push_back(DrafterImporter{x->pid(), x->uid(), x->first_unix(), x->last_unix(),
+                                                              x->shares(), x->bytes(), x->mapped()});
+            }
+    }
+    if (const fb::ExpertStats *e = r->experts()) {
+        s.streaming = true;
+        ExpertStats &x = s.experts;
+        x.acquired = e->acquired(), x.misses = e->misses(), x.late = e->late();
+        x.prefetched = e->prefetched(), x.prefetch_used = e->prefetch_used(), x.bytes_read = e->bytes_read();
+        x.store_reads = e->store_reads(), x.store_corrupt = e->store_corrupt();
+        x.wait_s = e->wait_s(), x.io_busy_s = e->io_busy_s();
+        x.resident = e->resident(), x.capacity = e->capacity(), x.capacity_bytes = e->capacity_bytes();
+    }
     if (r->streams())
         for (const fb::StreamStats *x : *r->streams()) {
             if (!x) continue;
@@ -553,6 +573,9 @@ Stats Client::stats() {
         s.memory.device_total = m->device_total();
         s.memory.device_weights_bytes = m->device_weights_bytes();
         if (m->device()) s.memory.device = m->device()->str();
+        s.memory.drafter_bytes = m->drafter_bytes();
+        s.memory.shared_bytes = m->shared_bytes();
+        s.memory.private_bytes = m->private_bytes();
     }
     return s;
 }

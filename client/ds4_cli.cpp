@@ -484,6 +484,10 @@ int cmd_stats(Client &client) {
                     bytes(s.memory.device_weights_bytes).c_str(), bytes(s.memory.device_free).c_str(),
                     bytes(s.memory.device_total).c_str());
     std::printf("\n");
+    if (s.memory.drafter_bytes || s.memory.shared_bytes)
+        std::printf("             drafter %s; shared with other processes %s, ds4d's alone %s\n",
+                    bytes(s.memory.drafter_bytes).c_str(), bytes(s.memory.shared_bytes).c_str(),
+                    bytes(s.memory.private_bytes).c_str());
     std::printf("kv budget    %s of %s in use, %u requests waiting for memory, %u for a session slot, %llu refused\n",
                 bytes(s.kv_in_use).c_str(), bytes(s.kv_budget).c_str(), s.kv_waiting, s.slot_waiting,
                 static_cast<unsigned long long>(s.kv_refused));
@@ -510,6 +514,40 @@ int cmd_stats(Client &client) {
                     solo_rate);
         if (spec_rate > 0 && solo_rate > 0) std::printf(": measured speedup %.2fx", spec_rate / solo_rate);
         std::printf("\n");
+    }
+    if (s.drafter_offered) {
+        size_t mapped = 0;
+        for (const DrafterImporter &i : s.drafter_importers) mapped += i.mapped ? 1 : 0;
+        std::printf("drafter      shared read-only (%s sealed memfd): %llu descriptors to %zu processes, %zu mapping it now\n",
+                    bytes(s.drafter_share_bytes).c_str(), static_cast<unsigned long long>(s.drafter_shares),
+                    s.drafter_importers.size(), mapped);
+        const auto now = static_cast<uint64_t>(std::time(nullptr));
+        for (const DrafterImporter &i : s.drafter_importers) {
+            char when[32] = "?";
+            const std::time_t t = static_cast<std::time_t>(i.last_unix);
+            std::tm tm{};
+            if (localtime_r(&t, &tm)) std::strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", &tm);
+            std::printf("  importer pid %-7d uid %-6u %s (%llu s ago), %s, %u %s, %s\n", i.pid, i.uid, when,
+                        static_cast<unsigned long long>(now > i.last_unix ? now - i.last_unix : 0),
+                        bytes(i.bytes).c_str(), i.shares, i.shares == 1 ? "share" : "shares",
+                        i.mapped ? "mapping it" : "gone (not mapping it)");
+        }
+    }
+    if (s.streaming) {
+        const ExpertStats &e = s.experts;
+        const uint64_t evaluated = s.tokens_in - std::min(s.tokens_in, s.tokens_cached) + s.tokens_out;
+        std::printf("experts      %.1f%% hits (%llu of %llu used, %llu read on demand, %llu waited on their prefetch); "
+                    "cache %llu of %llu experts (%s)\n",
+                    100.0 * e.hit_rate(), static_cast<unsigned long long>(e.acquired - std::min(e.acquired, e.misses)),
+                    static_cast<unsigned long long>(e.acquired), static_cast<unsigned long long>(e.misses),
+                    static_cast<unsigned long long>(e.late), static_cast<unsigned long long>(e.resident),
+                    static_cast<unsigned long long>(e.capacity), bytes(e.capacity_bytes).c_str());
+        std::printf("             read %s (%s per token), %.2f GB/s while reading; prefetch %llu read, %llu used, "
+                    "%.0f%% of read time hidden; store %llu records read, %llu failed their checksum\n",
+                    bytes(e.bytes_read).c_str(), bytes(evaluated ? e.bytes_read / evaluated : 0).c_str(), e.read_gb_s(),
+                    static_cast<unsigned long long>(e.prefetched), static_cast<unsigned long long>(e.prefetch_used),
+                    100.0 * e.hidden(), static_cast<unsigned long long>(e.store_reads),
+                    static_cast<unsigned long long>(e.store_corrupt));
     }
     for (const Stats::Stream &x : s.streams) {
         if (x.prefilling)

@@ -2,6 +2,7 @@
 // synchronous and not thread-safe, except cancel(), which may be called from another
 // thread while generate() runs. Nothing reconnects behind the caller's back.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -133,6 +134,31 @@ struct MemoryStats {
     uint64_t weights_bytes = 0, cache_bytes = 0, scratch_bytes = 0, device_free = 0, device_total = 0;
     uint64_t device_weights_bytes = 0;
     std::string device;   // the GPU's name, or "cpu"
+    // The drafter's weights (part of weights_bytes); weights whose pages other processes map
+    // too (ds4d's drafter while an importer maps it); the rest, ds4d's alone.
+    uint64_t drafter_bytes = 0, shared_bytes = 0, private_bytes = 0;
+};
+
+// A process that received ds4d's drafter (ds4.fbs DrafterImporter).
+struct DrafterImporter {
+    int32_t pid = 0;
+    uint32_t uid = 0;
+    uint64_t first_unix = 0, last_unix = 0;
+    uint32_t shares = 0;
+    uint64_t bytes = 0;
+    bool mapped = false;  // maps the drafter now
+};
+
+// SSD expert streaming counters since ds4d started (ds4.fbs ExpertStats).
+struct ExpertStats {
+    uint64_t acquired = 0, misses = 0, late = 0, prefetched = 0, prefetch_used = 0, bytes_read = 0;
+    uint64_t store_reads = 0, store_corrupt = 0;
+    double wait_s = 0, io_busy_s = 0;
+    uint64_t resident = 0, capacity = 0, capacity_bytes = 0;
+    double hit_rate() const { return acquired ? 1.0 - double(misses) / double(acquired) : 0.0; }
+    double read_gb_s() const { return io_busy_s > 0 ? double(bytes_read) / io_busy_s / 1e9 : 0.0; }
+    // Read time the steps did not wait for (the prefetch's share).
+    double hidden() const { return io_busy_s > 0 ? std::max(0.0, 1.0 - wait_s / io_busy_s) : 0.0; }
 };
 
 struct Stats {
@@ -169,6 +195,13 @@ struct Stats {
     double spec_solo_seconds = 0;
     uint64_t solo_steps = 0;
     double solo_seconds = 0;
+    // ds4d --drafter sharing its drafter (drafter_offered): its bytes, descriptors passed,
+    // and the latest importing processes, most recent first.
+    bool drafter_offered = false;
+    uint64_t drafter_share_bytes = 0, drafter_shares = 0;
+    std::vector<DrafterImporter> drafter_importers;
+    bool streaming = false;  // ds4d --ssd-streaming: the counters in `experts`
+    ExpertStats experts;
 };
 
 // One entry of ListSessions: stored sessions and named sessions held in memory.

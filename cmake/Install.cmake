@@ -11,7 +11,8 @@ include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
 set(_ds4_programs ds4d ds4 ds4-gateway ds4-convert ds4-make-model ds4-requant ds4-tokenize ds4-logits ds4-bench
-    ds4-bench-quant ds4-bench-daemon ds4-bench-resume ds4-bench-batch ds4-bench-gateway ds4-bench-store ds4-eval-loss)
+    ds4-bench-quant ds4-bench-daemon ds4-bench-resume ds4-bench-batch ds4-bench-gateway ds4-bench-store ds4-eval-loss
+    ds4-expert-store)
 foreach(_p ${_ds4_programs})
   if(TARGET ${_p})
     install(TARGETS ${_p} RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})

@@ -28,6 +28,7 @@ set(_ds4_man_desc_ds4-bench-batch "continuous batching throughput and latency of
 set(_ds4_man_desc_ds4-bench-gateway "per-token overhead of the HTTP front against the socket client")
 set(_ds4_man_desc_ds4-bench-store "session store save/restore bandwidth")
 set(_ds4_man_desc_ds4-eval-loss "mean next-token loss and argmax agreement over token rows")
+set(_ds4_man_desc_ds4-expert-store "list and compact the expert store of SSD expert streaming")
 
 set(_ds4_man_pages)
 foreach(_p ${_ds4_programs})

@@ -63,8 +63,13 @@ std::string BridgeModel::detokenize(std::span<const int32_t> tokens) { return m_
 bool BridgeModel::is_stop(int32_t token) { return m_->is_stop(token); }
 
 MemorySnapshot BridgeModel::memory() {
-    const ds4_bridge_memory_t mem = m_->memory();
+    const ds4_bridge_memory_ex_t ex = m_->memory_ex();
+    const ds4_bridge_memory_t &mem = ex.base;
     MemorySnapshot out;
+    out.drafter_bytes = ex.drafter_weights_bytes;
+    out.drafter_mapped_bytes = ex.drafter_mapped_bytes;
+    out.shared_bytes = ex.shared_bytes;
+    out.private_bytes = ex.private_bytes;
     out.weights_bytes = mem.weights_bytes;
     out.cache_bytes = mem.cache_bytes;
     out.scratch_bytes = mem.scratch_bytes;

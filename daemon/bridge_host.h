@@ -28,6 +28,9 @@ struct MemorySnapshot {
     uint64_t weights_bytes = 0, cache_bytes = 0, scratch_bytes = 0, device_free = 0, device_total = 0;
     uint64_t device_weights_bytes = 0;
     std::string device;
+    // The drafter's weights (in weights_bytes) and the part referenced in place in its file
+    // or memfd; weights mapped from another process's export; the rest (ds4_bridge_memory_ex_t).
+    uint64_t drafter_bytes = 0, drafter_mapped_bytes = 0, shared_bytes = 0, private_bytes = 0;
 };
 
 struct ModelOpenConfig {

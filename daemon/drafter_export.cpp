@@ -5,10 +5,14 @@
 #include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <stdexcept>
 
 #include "ipc/frame.h"
@@ -56,6 +60,10 @@ std::unique_ptr<DrafterExport> DrafterExport::create(const std::string &path) {
     ::close(src);
     if (fcntl(e->fd_, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
         fail("drafter " + path + ": cannot seal the shared memfd");
+    struct stat ms {};
+    if (fstat(e->fd_, &ms) != 0) fail("drafter " + path + ": cannot stat the shared memfd");
+    e->dev_ = uint64_t(ms.st_dev);
+    e->ino_ = uint64_t(ms.st_ino);
     return e;
 }
 
@@ -94,6 +102,63 @@ long DrafterExport::send_share(int sock, const std::vector<uint8_t> &frame) cons
     do n = sendmsg(sock, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
     while (n < 0 && errno == EINTR);
     return long(n);
+}
+
+void DrafterExport::record_share(int32_t pid, uint32_t uid) {
+    ++shares_;
+    const uint64_t now = uint64_t(std::time(nullptr));
+    auto it = std::find_if(importers_.begin(), importers_.end(),
+                           [&](const DrafterImporter &i) { return i.pid == pid && i.uid == uid; });
+    DrafterImporter rec;
+    if (it != importers_.end()) {
+        rec = *it;
+        importers_.erase(it);
+    } else {
+        rec.pid = pid;
+        rec.uid = uid;
+        rec.first_unix = now;
+        if (importers_.size() >= kImportersKept) importers_.erase(importers_.begin());
+    }
+    rec.last_unix = now;
+    rec.shares += 1;
+    rec.bytes = bytes_;
+    importers_.push_back(rec);
+}
+
+namespace {
+
+// Whether /proc/PID/maps has a mapping of the file (dev, ino). Lines read
+// "start-end perms offset major:minor inode [path]", the device in hex.
+bool maps_file(int32_t pid, uint64_t dev, uint64_t ino) {
+    char path[64];
+    std::snprintf(path, sizeof path, "/proc/%d/maps", int(pid));
+    FILE *f = std::fopen(path, "re");
+    if (!f) return false;
+    char line[4096];
+    bool found = false;
+    while (!found && std::fgets(line, sizeof line, f)) {
+        unsigned maj = 0, min = 0;
+        unsigned long long inode = 0;
+        if (std::sscanf(line, "%*s %*s %*s %x:%x %llu", &maj, &min, &inode) == 3)
+            found = inode == ino && makedev(maj, min) == dev;
+        // A line longer than the buffer continues in the next fgets: skip its rest.
+        while (!std::strchr(line, '\n') && std::fgets(line, sizeof line, f)) {
+        }
+    }
+    std::fclose(f);
+    return found;
+}
+
+}  // namespace
+
+DrafterSharing DrafterExport::sharing() const {
+    DrafterSharing s;
+    s.offered = ready_;
+    s.bytes = bytes_;
+    s.shares = shares_;
+    s.importers.assign(importers_.rbegin(), importers_.rend());
+    for (DrafterImporter &i : s.importers) i.mapped = maps_file(i.pid, dev_, ino_);
+    return s;
 }
 
 }  // namespace ds4::daemon

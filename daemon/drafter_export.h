@@ -11,6 +11,23 @@
 
 namespace ds4::daemon {
 
+// A process that received the drafter, by its connection's peer credentials.
+struct DrafterImporter {
+    int32_t pid = 0;
+    uint32_t uid = 0;
+    uint64_t first_unix = 0, last_unix = 0;  // its first and latest share
+    uint32_t shares = 0;                     // descriptors it received
+    uint64_t bytes = 0;
+    bool mapped = false;  // maps the memfd now (filled in by sharing())
+};
+
+struct DrafterSharing {
+    bool offered = false;  // a drafter is shared (ds4d --drafter without --no-share-drafter)
+    uint64_t bytes = 0;
+    uint64_t shares = 0;   // descriptors passed since start
+    std::vector<DrafterImporter> importers;  // most recent first
+};
+
 class DrafterExport {
 public:
     // Copies PATH into a new memfd and seals it (write, shrink, grow, seal). Throws
@@ -35,9 +52,21 @@ public:
     // in order) or -1 with errno set (nothing written, no descriptor passed).
     long send_share(int sock, const std::vector<uint8_t> &frame) const;
 
+    // Records a descriptor passed to the process `pid` of user `uid` (the loop thread's).
+    // The latest kImportersKept processes are kept; an older one is forgotten first.
+    void record_share(int32_t pid, uint32_t uid);
+    // The shares so far, each importer marked by whether it maps the memfd now (its
+    // /proc/PID/maps lists the memfd's device and inode; a pid reused by another program
+    // does not). Reads one small procfs file per importer.
+    DrafterSharing sharing() const;
+    static constexpr size_t kImportersKept = 64;
+
 private:
     DrafterExport() = default;
     int fd_ = -1;
+    uint64_t dev_ = 0, ino_ = 0;  // the memfd's identity, as /proc/PID/maps shows it
+    uint64_t shares_ = 0;
+    std::vector<DrafterImporter> importers_;  // oldest first
     uint64_t bytes_ = 0;
     uint64_t fingerprint_ = 0;
     uint32_t n_vocab_ = 0;

@@ -320,6 +320,17 @@ void Worker::Impl::on(Request &r, StatsParams &p) {
     s.prefill_tok_s = prefill_ns_total ? double(prefill_tokens) * 1e9 / double(prefill_ns_total) : 0.0;
     s.decode_tok_s = decode_ns_total ? double(tokens_out) * 1e9 / double(decode_ns_total) : 0.0;
     s.memory = model->memory();
+    s.drafter = std::move(p.drafter);
+    const bool mapped_elsewhere = std::any_of(s.drafter.importers.begin(), s.drafter.importers.end(),
+                                              [](const DrafterImporter &i) { return i.mapped; });
+    if (mapped_elsewhere) {
+        // ds4d's drafter lives in the memfd it exports: its in-place tensors are the pages
+        // the importers map.
+        s.memory.shared_bytes += s.memory.drafter_mapped_bytes;
+        s.memory.private_bytes -= std::min(s.memory.private_bytes, s.memory.drafter_mapped_bytes);
+    }
+    s.experts = model->model().expert_stats();
+    s.streaming = s.experts.streaming != 0;
     s.saves_failed = saver ? saver->saves_failed() : 0;
     s.steps = steps;
     s.step_rows = step_rows;

@@ -96,7 +96,22 @@ Frame stats_result_frame(uint64_t rid, const ModelSummary &m, const StatsFields 
     auto mi = model_info(fbb, m);
     auto mem = fb::CreateMemoryStats(fbb, s.memory.weights_bytes, s.memory.cache_bytes, s.memory.scratch_bytes,
                                      s.memory.device_free, s.memory.device_total, sv(fbb, s.memory.device),
-                                     s.memory.device_weights_bytes);
+                                     s.memory.device_weights_bytes, s.memory.drafter_bytes, s.memory.shared_bytes,
+                                     s.memory.private_bytes);
+    flatbuffers::Offset<fb::DrafterSharing> sharing = 0;
+    if (s.drafter.offered) {
+        std::vector<flatbuffers::Offset<fb::DrafterImporter>> imp;
+        for (const DrafterImporter &i : s.drafter.importers)
+            imp.push_back(fb::CreateDrafterImporter(fbb, i.pid, i.uid, i.first_unix, i.last_unix, i.shares, i.bytes, i.mapped));
+        sharing = fb::CreateDrafterSharing(fbb, s.drafter.bytes, s.drafter.shares, fbb.CreateVector(imp));
+    }
+    flatbuffers::Offset<fb::ExpertStats> experts = 0;
+    if (s.streaming) {
+        const ds4_bridge_expert_stats_t &e = s.experts;
+        experts = fb::CreateExpertStats(fbb, e.acquired, e.misses, e.late, e.prefetched, e.prefetch_used, e.bytes_read,
+                                        e.store_reads, e.store_corrupt, double(e.wait_ns) * 1e-9,
+                                        double(e.io_busy_ns) * 1e-9, e.resident, e.capacity, e.capacity_bytes);
+    }
     std::vector<flatbuffers::Offset<fb::StreamStats>> st;
     for (const auto &x : s.streams)
         st.push_back(fb::CreateStreamStats(fbb, x.request_id, sv(fbb, x.session), x.prefilling, x.prompt_tokens,
@@ -110,7 +125,7 @@ Frame stats_result_frame(uint64_t rid, const ModelSummary &m, const StatsFields 
                                         streams, s.draft_max, s.spec_trials, s.spec_drafted, s.spec_accepted,
                                         s.spec_fallbacks, s.spec_tokens, s.spec_solo_tokens, s.spec_solo_seconds, s.solo_steps,
                                         s.solo_seconds, s.kv_budget, s.kv_in_use, s.kv_waiting, s.slot_waiting,
-                                        s.kv_refused));
+                                        s.kv_refused, sharing, experts));
 }
 
 Frame session_list_frame(uint64_t rid, const std::vector<SessionListEntry> &entries,

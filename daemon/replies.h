@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "daemon/bridge_host.h"
+#include "daemon/drafter_export.h"
 #include "daemon/sampling.h"
 #include "ipc/protocol.h"
 
@@ -49,6 +50,9 @@ struct StatsFields {
     double spec_solo_seconds = 0;
     uint64_t solo_steps = 0;
     double solo_seconds = 0;
+    DrafterSharing drafter;           // offered = false: none
+    bool streaming = false;           // SSD expert streaming: the counters below
+    ds4_bridge_expert_stats_t experts{};
 };
 
 struct SessionListEntry {

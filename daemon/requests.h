@@ -10,6 +10,7 @@
 #include <variant>
 #include <vector>
 
+#include "daemon/drafter_export.h"
 #include "daemon/sampling.h"
 #include "ipc/protocol.h"
 
@@ -67,6 +68,7 @@ struct DetokenizeParams {
 };
 struct StatsParams {
     uint32_t connections = 0;  // filled in by the loop, which owns the connections
+    DrafterSharing drafter;    // and the drafter export
 };
 struct ListSessionsParams {};
 struct DeleteSessionParams {

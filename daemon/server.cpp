@@ -88,7 +88,7 @@ struct Server::Impl {
     uint64_t last_overload_log = 0; // uv_now() of the last "closed at once" line (rate limit)
     std::unordered_map<uint64_t, std::unique_ptr<Conn>> conns;
     uid_t uid = ::geteuid();
-    const DrafterExport *drafter_export = nullptr;  // null: no drafter, or --no-share-drafter
+    DrafterExport *drafter_export = nullptr;  // null: no drafter, or --no-share-drafter
 
     Impl(const DaemonOptions &o, Worker &w, OutQueue &q, ListenSocket &l) : opt(o), worker(w), out(q), listen(l) {
         limits.max_frame = opt.max_frame;
@@ -387,7 +387,10 @@ struct Server::Impl {
         if (c->inflight.size() >= opt.max_inflight)
             return reply(c, error_frame(rid, fb::ErrorCode::Busy,
                                         std::to_string(c->inflight.size()) + " requests are running on this connection"));
-        if (auto *st = std::get_if<StatsParams>(&pr.body)) st->connections = uint32_t(conns.size());
+        if (auto *st = std::get_if<StatsParams>(&pr.body)) {
+            st->connections = uint32_t(conns.size());
+            if (drafter_export && drafter_export->ready()) st->drafter = drafter_export->sharing();
+        }
         c->inflight.insert(rid);
         worker.submit(Request{c->shared, rid, std::move(pr.body)});
     }
@@ -420,8 +423,13 @@ struct Server::Impl {
                 return reply(c, error_frame(rid, fb::ErrorCode::Busy, "the connection is not reading; ask again"));
             return begin_close(c);
         }
+        struct ucred cred {};
+        socklen_t len = sizeof cred;
+        if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) cred = {};
+        drafter_export->record_share(int32_t(cred.pid), uint32_t(cred.uid));
         if (c->drafter_shares++ == 0)
-            log_line("connection %llu: shared the drafter (%llu bytes, read-only)", static_cast<unsigned long long>(c->id),
+            log_line("connection %llu: shared the drafter with pid %d (%llu bytes, read-only)",
+                     static_cast<unsigned long long>(c->id), int(cred.pid),
                      static_cast<unsigned long long>(drafter_export->bytes()));
         if (size_t(n) < f.size()) reply(c, Frame(f.begin() + n, f.end()));
     }
@@ -540,7 +548,7 @@ Server::Server(const DaemonOptions &opt, Worker &worker, OutQueue &out, ListenSo
     s.listener.data = &s;
 }
 
-void Server::share_drafter(const DrafterExport *e) { impl_->drafter_export = e; }
+void Server::share_drafter(DrafterExport *e) { impl_->drafter_export = e; }
 
 Server::~Server() {
     uv_loop_close(&impl_->loop);

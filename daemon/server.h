@@ -28,7 +28,7 @@ public:
 
     // Answers GetDrafter with this export (borrowed; outlives the server). Without one,
     // GetDrafter is refused.
-    void share_drafter(const DrafterExport *e);
+    void share_drafter(DrafterExport *e);
 
     struct Impl;
 

@@ -539,6 +539,36 @@ struct Server::Impl {
                 line("ds4d_spec_drafted_total", "counter", "Draft tokens proposed.", std::to_string(s.spec_drafted));
                 line("ds4d_spec_accepted_total", "counter", "Draft tokens the model accepted.", std::to_string(s.spec_accepted));
             }
+            line("ds4d_shared_bytes", "gauge", "Weight bytes other processes map too (the shared drafter).",
+                 std::to_string(s.memory.shared_bytes));
+            line("ds4d_private_bytes", "gauge", "Weight, cache and scratch bytes of ds4d alone.",
+                 std::to_string(s.memory.private_bytes));
+            if (s.drafter_offered) {
+                size_t mapped = 0;
+                for (const auto &i : s.drafter_importers) mapped += i.mapped ? 1 : 0;
+                line("ds4d_drafter_shares_total", "counter", "Drafter descriptors ds4d passed (GetDrafter).",
+                     std::to_string(s.drafter_shares));
+                line("ds4d_drafter_importers", "gauge", "Processes mapping ds4d's shared drafter now.", std::to_string(mapped));
+            }
+            if (s.streaming) {   // ds4d --ssd-streaming
+                const cl::ExpertStats &e = s.experts;
+                line("ds4d_expert_acquired_total", "counter", "Routed experts used by steps.", std::to_string(e.acquired));
+                line("ds4d_expert_hits_total", "counter", "Routed experts used without a demand read.",
+                     std::to_string(e.acquired - std::min(e.acquired, e.misses)));
+                line("ds4d_expert_misses_total", "counter", "Routed experts read on demand.", std::to_string(e.misses));
+                line("ds4d_expert_read_bytes_total", "counter", "Bytes of experts read (demand and prefetch).",
+                     std::to_string(e.bytes_read));
+                line("ds4d_expert_io_busy_seconds_total", "counter", "Time with at least one expert read in flight.",
+                     std::to_string(e.io_busy_s));
+                line("ds4d_expert_wait_seconds_total", "counter", "Time steps waited for expert reads.",
+                     std::to_string(e.wait_s));
+                line("ds4d_expert_read_gigabytes_per_second", "gauge", "Expert read rate while reading.",
+                     std::to_string(e.read_gb_s()));
+                line("ds4d_expert_prefetch_hidden_ratio", "gauge", "Share of expert read time the steps did not wait for.",
+                     std::to_string(e.hidden()));
+                line("ds4d_expert_cache_resident", "gauge", "Experts in the cache.", std::to_string(e.resident));
+                line("ds4d_expert_cache_capacity", "gauge", "Experts the cache holds.", std::to_string(e.capacity));
+            }
             line("ds4d_kv_budget_bytes", "gauge", "Session-cache budget (--kv-budget).", std::to_string(s.kv_budget));
             line("ds4d_kv_in_use_bytes", "gauge", "Session-cache bytes held or reserved.", std::to_string(s.kv_in_use));
             line("ds4d_kv_waiting_requests", "gauge", "Requests waiting for session-cache memory or a session slot.",

@@ -973,6 +973,85 @@ TEST_F(DaemonE2E, ClientOfAnotherUidIsRefused) {
     EXPECT_EQ(d.stop(SIGTERM), 0);
 }
 
+// ds4d --ssd-streaming: `ds4 stats` shows the expert counters (hits, misses, bytes read, read
+// GB/s, the prefetch's hidden share); a restarted ds4d reads the experts the first one stored;
+// ds4-expert-store lists the store, refuses to compact it under a running ds4d and compacts
+// it once ds4d has stopped.
+TEST(DaemonStreaming, StatsShowExpertCountersAndTheStoreCompactsWhenIdle) {
+    TempDir d;
+    const std::string model = d.path + "/tiny.gguf", state = d.path + "/state";
+    ASSERT_EQ(run_cmd({DS4_MAKE_MODEL_PATH, "--preset", "tiny", "--quiet", model}, d.path).rc, 0);
+    ds4_bridge_model_info_t info;
+    {
+        ds4::bridge::ModelOptions mo;
+        mo.model_path = model;
+        mo.n_threads = 1;
+        info = ds4::bridge::Model(mo).info();
+    }
+    ASSERT_GT(info.n_expert, info.n_expert_used + 1) << "the tiny model needs routed experts for this test";
+    const uint32_t cache = uint32_t(info.n_expert_used + 1);  // evicts on every layer
+    const std::vector<std::string> flags = {"--state-dir", state, "--ssd-streaming", "--expert-cache-experts",
+                                            std::to_string(cache)};
+    auto decode = [&](const std::string &sock) {
+        Client c(sock, "streaming");
+        GenerateRequest req;
+        req.kind = GenerateRequest::Prompt::Tokens;
+        req.tokens = {5, 17, 99, 3, 250, 41, 7, 300};
+        req.max_tokens = 24;
+        req.ignore_eos = true;
+        const DoneInfo done = c.generate(req);
+        EXPECT_EQ(done.generated_tokens, 24u);
+        return c.stats();
+    };
+    char fp[32];
+    std::snprintf(fp, sizeof fp, "%016llx", (unsigned long long)info.fingerprint);
+    {
+        Daemon dd;
+        ASSERT_EQ(dd.start(DS4D_PATH, model, d.path + "/s.sock", d.path + "/s.log", flags), "");
+        const ds4::client::Stats st = decode(dd.socket);
+        ASSERT_TRUE(st.streaming);
+        const ds4::client::ExpertStats &e = st.experts;
+        EXPECT_GE(e.acquired, 32u * uint64_t(info.n_expert_used)) << "at least one layer's experts per token";
+        EXPECT_GT(e.misses, 0u);
+        EXPECT_LE(e.misses, e.acquired);
+        EXPECT_LE(e.late, e.acquired - e.misses);
+        EXPECT_GT(e.bytes_read, 0u);
+        EXPECT_GT(e.io_busy_s, 0.0);
+        EXPECT_GT(e.read_gb_s(), 0.0);
+        EXPECT_GE(e.hidden(), 0.0);
+        EXPECT_LE(e.hidden(), 1.0);
+        EXPECT_EQ(e.capacity, cache);
+        EXPECT_LE(e.resident, cache);
+        EXPECT_EQ(e.store_corrupt, 0u);
+        const CmdResult cli = run_cmd({DS4_CLI_PATH, "--socket", dd.socket, "stats"}, d.path);
+        EXPECT_EQ(cli.rc, 0) << cli.err;
+        EXPECT_NE(cli.out.find("% hits ("), std::string::npos) << cli.out;
+        EXPECT_NE(cli.out.find("GB/s while reading"), std::string::npos) << cli.out;
+        EXPECT_NE(cli.out.find("of read time hidden"), std::string::npos) << cli.out;
+
+        const CmdResult busy = run_cmd({DS4_EXPERT_STORE_PATH, "--state-dir", state, "compact"}, d.path);
+        EXPECT_EQ(busy.rc, 1);
+        EXPECT_NE(busy.err.find("in use"), std::string::npos) << busy.err;
+        const CmdResult list = run_cmd({DS4_EXPERT_STORE_PATH, "--state-dir", state, "list"}, d.path);
+        EXPECT_EQ(list.rc, 0) << list.err;
+        EXPECT_NE(list.out.find(std::string(fp) + "  "), std::string::npos) << list.out;
+        EXPECT_NE(list.out.find(model + " (present)"), std::string::npos) << list.out;
+        EXPECT_EQ(dd.stop(SIGTERM), 0) << read_file(dd.log);
+    }
+    {
+        Daemon dd;
+        ASSERT_EQ(dd.start(DS4D_PATH, model, d.path + "/s.sock", d.path + "/s2.log", flags), "");
+        const ds4::client::Stats st = decode(dd.socket);
+        EXPECT_GT(st.experts.store_reads, 0u) << "the restarted ds4d reads the stored records";
+        EXPECT_EQ(st.experts.store_corrupt, 0u);
+        EXPECT_EQ(dd.stop(SIGTERM), 0) << read_file(dd.log);
+    }
+    const CmdResult done = run_cmd({DS4_EXPERT_STORE_PATH, "--state-dir", state, "compact"}, d.path);
+    EXPECT_EQ(done.rc, 0) << done.err;
+    EXPECT_NE(done.out.find("1 models kept"), std::string::npos) << done.out;
+    EXPECT_NE(done.out.find("0 removed"), std::string::npos) << done.out;
+}
+
 }  // namespace
 
 #endif  // DS4_E2E

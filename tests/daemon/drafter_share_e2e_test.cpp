@@ -23,11 +23,16 @@ TEST(DrafterShareE2E, NeedsBridgeAndDaemon) {
 #include <sys/mman.h>
 #include <sys/stat.h>
 
+#include <atomic>
+#include <condition_variable>
 #include <filesystem>
+#include <functional>
 #include <map>
+#include <mutex>
 #include <span>
 
 #include "bridge/ds4.hpp"
+#include "client/ds4client.hpp"
 #include "tests/daemon/e2e_support.h"
 #include "tests/daemon/other_user.h"
 
@@ -48,8 +53,10 @@ ds4::bridge::Model open_model(const std::string &import_sock, const std::string 
     return ds4::bridge::Model(mo);
 }
 
-// A greedy turn through spec_trial/commit (as ds4d decodes), n tokens.
-std::vector<int32_t> spec_turn(ds4::bridge::Model &m, const std::string &text, int n) {
+// A greedy turn through spec_trial/commit (as ds4d decodes), n tokens; `after` (if set) is
+// called with the count so far after each trial or step.
+std::vector<int32_t> spec_turn(ds4::bridge::Model &m, const std::string &text, int n,
+                               const std::function<void(size_t)> &after = {}) {
     ds4::bridge::Session s(m, kCtx);
     const std::vector<int32_t> prompt = m.tokenize(text);
     s.sync(prompt);
@@ -64,6 +71,7 @@ std::vector<int32_t> spec_turn(ds4::bridge::Model &m, const std::string &text, i
         int keep = 0;
         while (keep <= t.accepted && (int)out.size() < n) out.push_back(t.argmax[keep++]);
         s.spec_commit(keep);
+        if (after) after(out.size());
     }
     return out;
 }
@@ -182,10 +190,10 @@ protected:
     void SetUp() override {
         if (!daemon || daemon->pid < 0) GTEST_SKIP() << "suite set-up failed";
     }
-    static std::vector<int32_t> turns(ds4::bridge::Model &m) {
+    static std::vector<int32_t> turns(ds4::bridge::Model &m, const std::function<void(size_t)> &after = {}) {
         std::vector<int32_t> out;
         for (const char *p : kPrompts) {
-            const auto t = spec_turn(m, p, 40);
+            const auto t = spec_turn(m, p, 40, after);
             out.insert(out.end(), t.begin(), t.end());
         }
         return out;
@@ -488,6 +496,239 @@ TEST_F(DrafterShareE2E, TheImporterOutlivesTheDaemon) {
     victim.stop(SIGKILL);
     EXPECT_EQ(turns(m), *private_out);
     EXPECT_GT(m.spec_counters().accepted, 0u);
+}
+
+// The daemon is killed with SIGKILL while the importer is in the middle of a generation and
+// restarted on the same socket before it goes on: the importer finishes exactly as a private
+// drafter decodes (the memfd lives while mapped), the restarted daemon exports again, and
+// ds4 stats lists the importers (pid, uid, when, bytes) and whether each maps the drafter
+// now -- by the memfd's inode, so this process mapping the first daemon's memfd does not
+// count for the second's.
+TEST_F(DrafterShareE2E, KilledAndRestartedMidDecodeTheImporterGoesOnAndANewOneImports) {
+    TempDir d;
+    const std::string sock = d.path + "/r.sock";
+    const uint64_t file_bytes = std::filesystem::file_size(kDrafter);
+    Daemon first;
+    ASSERT_EQ(first.start(DS4D_PATH, kModel, sock, d.path + "/r1.log", {"--drafter", kDrafter}), "");
+    ds4::bridge::Model m = open_model(sock, "");
+    ASSERT_TRUE(m.drafter_shared()) << m.drafter_import_note();
+
+    // The importer's memory: the drafter's in-place tensors are shared, the rest private.
+    const ds4_bridge_memory_ex_t mx = m.memory_ex();
+    EXPECT_GT(mx.drafter_mapped_bytes, file_bytes / 2);
+    EXPECT_GE(mx.drafter_weights_bytes, mx.drafter_mapped_bytes);
+    EXPECT_EQ(mx.shared_bytes, mx.drafter_mapped_bytes);
+    EXPECT_EQ(mx.private_bytes + mx.shared_bytes, mx.base.weights_bytes + mx.base.cache_bytes + mx.base.scratch_bytes);
+    {
+        ds4::bridge::Model priv = open_model("", kDrafter);
+        const ds4_bridge_memory_ex_t px = priv.memory_ex();
+        EXPECT_EQ(px.shared_bytes, 0u);
+        EXPECT_EQ(px.drafter_mapped_bytes, mx.drafter_mapped_bytes);
+        // An older caller's shorter struct: only the part it knows is written.
+        struct {
+            ds4_bridge_memory_t base;
+            uint64_t drafter_weights_bytes;
+            uint64_t guard;
+        } shorter;
+        shorter.guard = 0x5a5a5a5a5a5a5a5aull;
+        char err[256];
+        ASSERT_EQ(ds4_bridge_memory_stats_ex(priv.handle(), reinterpret_cast<ds4_bridge_memory_ex_t *>(&shorter),
+                                             sizeof shorter - sizeof shorter.guard, err, sizeof err),
+                  0)
+            << err;
+        EXPECT_EQ(shorter.drafter_weights_bytes, px.drafter_weights_bytes);
+        EXPECT_EQ(shorter.guard, 0x5a5a5a5a5a5a5a5aull);
+        EXPECT_NE(ds4_bridge_memory_stats_ex(priv.handle(), reinterpret_cast<ds4_bridge_memory_ex_t *>(&shorter),
+                                             sizeof(ds4_bridge_memory_t) - 1, err, sizeof err),
+                  0);
+        EXPECT_NE(std::string(err).find("out_size"), std::string::npos) << err;
+    }
+
+    const auto t0 = uint64_t(std::time(nullptr));
+    {
+        ds4::client::Client c(sock, "stats");
+        const ds4::client::Stats st = c.stats();
+        ASSERT_TRUE(st.drafter_offered);
+        EXPECT_EQ(st.drafter_share_bytes, file_bytes);
+        EXPECT_EQ(st.drafter_shares, 1u);
+        ASSERT_EQ(st.drafter_importers.size(), 1u);
+        const auto &i = st.drafter_importers[0];
+        EXPECT_EQ(i.pid, int32_t(getpid()));
+        EXPECT_EQ(i.uid, uint32_t(geteuid()));
+        EXPECT_EQ(i.bytes, file_bytes);
+        EXPECT_EQ(i.shares, 1u);
+        EXPECT_TRUE(i.mapped);
+        EXPECT_LE(i.first_unix, t0);
+        EXPECT_GE(i.first_unix + 120, t0);
+        EXPECT_EQ(st.memory.shared_bytes, mx.drafter_mapped_bytes) << "ds4d's drafter pages are mapped here too";
+        EXPECT_GT(st.memory.private_bytes, 0u);
+        EXPECT_EQ(st.memory.drafter_bytes, mx.drafter_weights_bytes);
+    }
+
+    // Decode in a thread that stops halfway through its first prompt until the daemon has
+    // been killed and restarted.
+    std::mutex mu;
+    std::condition_variable cv;
+    int phase = 0;  // 1: the importer is mid-generation; 2: the daemon was restarted
+    std::vector<int32_t> out;
+    std::thread importer([&] {
+        out = turns(m, [&](size_t produced) {
+            std::unique_lock<std::mutex> lk(mu);
+            if (phase != 0 || produced < 16) return;
+            phase = 1;
+            cv.notify_all();
+            cv.wait(lk, [&] { return phase == 2; });
+        });
+    });
+    Daemon second;
+    {
+        std::unique_lock<std::mutex> lk(mu);
+        ASSERT_TRUE(cv.wait_for(lk, std::chrono::seconds(60), [&] { return phase == 1; }));
+    }
+    EXPECT_EQ(first.stop(SIGKILL), -1000 - SIGKILL);
+    const std::string started = second.start(DS4D_PATH, kModel, sock, d.path + "/r2.log", {"--drafter", kDrafter});
+    {
+        std::lock_guard<std::mutex> lk(mu);
+        phase = 2;
+    }
+    cv.notify_all();
+    importer.join();
+    ASSERT_EQ(started, "");
+    EXPECT_EQ(out, *private_out) << "the importer decoded on after its exporter was killed";
+
+    ds4::client::Client c(sock, "stats");
+    EXPECT_EQ(c.stats().drafter_shares, 0u);
+    EXPECT_TRUE(c.stats().drafter_importers.empty());
+    EXPECT_EQ(c.stats().memory.shared_bytes, 0u) << "nobody maps the new daemon's drafter yet";
+    {
+        ds4::bridge::Model m2 = open_model(sock, "");
+        ASSERT_TRUE(m2.drafter_shared()) << m2.drafter_import_note();
+        EXPECT_EQ(turns(m2), *private_out);
+        const ds4::client::Stats st = c.stats();
+        ASSERT_EQ(st.drafter_importers.size(), 1u);
+        EXPECT_EQ(st.drafter_importers[0].pid, int32_t(getpid()));
+        EXPECT_TRUE(st.drafter_importers[0].mapped);
+        EXPECT_GT(st.memory.shared_bytes, 0u);
+    }
+    // m2 is gone; m still maps the first daemon's memfd, which is not the second's.
+    const ds4::client::Stats st = c.stats();
+    ASSERT_EQ(st.drafter_importers.size(), 1u);
+    EXPECT_FALSE(st.drafter_importers[0].mapped);
+    EXPECT_EQ(st.memory.shared_bytes, 0u);
+    const CmdResult cli = run_cmd({DS4_CLI_PATH, "--socket", sock, "stats"}, d.path);
+    EXPECT_EQ(cli.rc, 0) << cli.err;
+    EXPECT_NE(cli.out.find("1 descriptors to 1 processes, 0 mapping it now"), std::string::npos) << cli.out;
+    EXPECT_NE(cli.out.find("importer pid " + std::to_string(getpid())), std::string::npos) << cli.out;
+    EXPECT_NE(cli.out.find("gone (not mapping it)"), std::string::npos) << cli.out;
+}
+
+// /proc/PID/smaps_rollup's Pss of a process, in kB.
+uint64_t pss_kb(pid_t pid) {
+    std::ifstream f("/proc/" + std::to_string(pid) + "/smaps_rollup");
+    std::string line;
+    while (std::getline(f, line))
+        if (line.rfind("Pss:", 0) == 0) return std::stoull(line.substr(4));
+    return 0;
+}
+
+// The C importer (drafter_importer.c) as a child: its output up to "ready", then it waits
+// for finish().
+struct ImporterProcess {
+    pid_t pid = -1;
+    int in = -1, out = -1;
+    std::map<std::string, std::string> lines;  // first word -> rest
+    explicit ImporterProcess(const std::vector<std::string> &args) {
+        int pin[2], pout[2];
+        if (pipe2(pin, O_CLOEXEC) != 0 || pipe2(pout, O_CLOEXEC) != 0) return;
+        posix_spawn_file_actions_t fa;
+        posix_spawn_file_actions_init(&fa);
+        posix_spawn_file_actions_adddup2(&fa, pin[0], 0);
+        posix_spawn_file_actions_adddup2(&fa, pout[1], 1);
+        std::vector<char *> argv;
+        for (const auto &a : args) argv.push_back(const_cast<char *>(a.c_str()));
+        argv.push_back(nullptr);
+        if (posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), ::environ) != 0) pid = -1;
+        posix_spawn_file_actions_destroy(&fa);
+        close(pin[0]);
+        close(pout[1]);
+        in = pin[1];
+        out = pout[0];
+    }
+    bool wait_ready() {
+        std::string buf;
+        char b[4096];
+        for (;;) {
+            pollfd p{out, POLLIN, 0};
+            if (poll(&p, 1, 60000) <= 0) return false;
+            const ssize_t n = read(out, b, sizeof b);
+            if (n <= 0) return false;
+            buf.append(b, size_t(n));
+            size_t nl;
+            while ((nl = buf.find('\n')) != std::string::npos) {
+                const std::string line = buf.substr(0, nl);
+                buf.erase(0, nl + 1);
+                if (line == "ready") return true;
+                const size_t sp = line.find(' ');
+                lines[line.substr(0, sp)] = sp == std::string::npos ? "" : line.substr(sp + 1);
+            }
+        }
+    }
+    int finish() {
+        if (in >= 0) (void)!write(in, "\n", 1), close(in), in = -1;
+        if (out >= 0) close(out), out = -1;
+        int st = 0;
+        if (pid > 0 && waitpid(pid, &st, 0) != pid) return -1;
+        pid = -1;
+        return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    }
+    ~ImporterProcess() {
+        if (pid > 0) kill(pid, SIGKILL);
+        finish();
+    }
+};
+
+// The figure: ds4d and a C program on the bridge. Importing, the drafter's pages are
+// counted once across the two processes (the sum of their PSS grows by about nothing for the
+// drafter); a private load adds the whole file again. Token-identical output either way.
+TEST_F(DrafterShareE2E, TwoProcessesCountTheDrafterOnce) {
+    TempDir d;
+    Daemon dd;
+    ASSERT_EQ(dd.start(DS4D_PATH, kModel, d.path + "/p.sock", d.path + "/p.log", {"--drafter", kDrafter}), "");
+    const uint64_t drafter_kb = std::filesystem::file_size(kDrafter) / 1024;
+    const std::string text = kPrompts[0];
+    const uint64_t ds4d_before = pss_kb(dd.pid);
+
+    ImporterProcess imp({DS4_IMPORTER_PATH, kModel, "--import", dd.socket, "40", text});
+    ASSERT_TRUE(imp.wait_ready());
+    const uint64_t ds4d_with_importer = pss_kb(dd.pid), importer = pss_kb(imp.pid);
+    EXPECT_EQ(imp.lines["shared"], "1");
+    const std::string imported_tokens = imp.lines["tokens"];
+    std::istringstream mem(imp.lines["memory"]);
+    uint64_t shared_b = 0, private_b = 0, mapped_b = 0;
+    mem >> shared_b >> private_b >> mapped_b;
+    EXPECT_EQ(shared_b, mapped_b);
+    EXPECT_GT(shared_b, 0u);
+    EXPECT_EQ(imp.finish(), 0);
+
+    ImporterProcess priv({DS4_IMPORTER_PATH, kModel, "--private", kDrafter, "40", text});
+    ASSERT_TRUE(priv.wait_ready());
+    const uint64_t ds4d_with_private = pss_kb(dd.pid), private_loader = pss_kb(priv.pid);
+    EXPECT_EQ(priv.lines["shared"], "0");
+    EXPECT_EQ(priv.lines["memory"].rfind("0 ", 0), 0u) << priv.lines["memory"];
+    EXPECT_EQ(priv.lines["tokens"], imported_tokens);
+    EXPECT_FALSE(imported_tokens.empty());
+    EXPECT_EQ(priv.finish(), 0);
+
+    const uint64_t with_import = ds4d_with_importer + importer, with_private = ds4d_with_private + private_loader;
+    std::printf("drafter %llu kB; PSS kB: ds4d alone %llu; ds4d %llu + importer %llu = %llu; ds4d %llu + private "
+                "loader %llu = %llu; difference %lld kB\n",
+                (unsigned long long)drafter_kb, (unsigned long long)ds4d_before, (unsigned long long)ds4d_with_importer,
+                (unsigned long long)importer, (unsigned long long)with_import, (unsigned long long)ds4d_with_private,
+                (unsigned long long)private_loader, (unsigned long long)with_private,
+                (long long)with_private - (long long)with_import);
+    // The importer takes half of ds4d's drafter pages off its PSS; a private loader does not.
+    EXPECT_GE(ds4d_before, ds4d_with_importer + drafter_kb * 4 / 10);
+    EXPECT_GE(with_private, with_import + drafter_kb * 3 / 4);
 }
 
 }  // namespace

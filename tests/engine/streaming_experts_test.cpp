@@ -222,4 +222,112 @@ TEST(ExpertStore, RestartPrewarmsTheHotSet) {
                 (unsigned long long)warm, (unsigned long long)warm_resident, (unsigned long long)cold);
 }
 
+// Compaction of a real store: the trained model's experts and a second model whose GGUF is
+// then deleted; replaced (corrupt) records leave holes, and one more record is damaged after
+// the last run. compact() drops the gone model (entries and data file), rewrites the kept
+// model's data file as exactly its records, drops the damaged record, keeps the use counts
+// and the hot set, and the store then serves the same logits from its records.
+TEST(ExpertStore, CompactionDropsGoneModelsHolesAndCorruptRecords) {
+    TempDir dir;
+    const std::string store = dir.path() + "/experts";
+    auto resident = Model::open(kTrained, {2});
+    const ModelConfig &c = resident->config();
+    const uint64_t all = (uint64_t)c.n_layer * c.n_expert;
+    std::vector<int32_t> toks;
+    for (int i = 0; i < 24; ++i) toks.push_back((i * 104729 + 7) % c.n_vocab);
+    const std::vector<float> want = run_mode(*resident, toks, "decode");
+    auto with_source = [&](const std::string &model, bool cold) {
+        ModelOptions o = streaming(all);
+        o.streaming.cold = cold;
+        o.streaming.open_store = [store, model](uint64_t fp) { return bridge_impl::open_expert_store_link(store, fp, model); };
+        return o;
+    };
+    { auto m = Model::open(kTrained, with_source(kTrained, true)); (void)run_mode(*m, toks, "decode"); }
+
+    // A second model, from a copy of a fixture that is deleted afterwards.
+    const std::string other = dir.path() + "/other.gguf";
+    {
+        const std::vector<uint8_t> bytes = read_file_bytes(converted_gguf("mix", "f32"));
+        std::FILE *f = std::fopen(other.c_str(), "wb");
+        ASSERT_TRUE(f);
+        ASSERT_EQ(std::fwrite(bytes.data(), 1, bytes.size(), f), bytes.size());
+        std::fclose(f);
+        RefFixture fx = load_fixture("mix");
+        auto m = Model::open(other, with_source(other, true));
+        (void)run_mode(*m, fx.tokens, "decode");
+    }
+
+    // Holes: damage the last layer's records and run again (they are replaced at the end).
+    std::unique_ptr<kvstore::ExpertStore> st;
+    ASSERT_TRUE(kvstore::ExpertStore::open(store, resident->fingerprint(), &st));
+    for (int e = 0; e < c.n_expert; ++e) {
+        kvstore::ExpertRecord r;
+        if (st->find(c.n_layer - 1, e, &r)) corrupt_record(st->data_path(), r);
+    }
+    const std::string data_path = st->data_path();
+    st.reset();
+    { auto m = Model::open(kTrained, with_source(kTrained, true)); (void)run_mode(*m, toks, "decode"); }
+    // And one damaged record that nothing has read since.
+    ASSERT_TRUE(kvstore::ExpertStore::open(store, resident->fingerprint(), &st));
+    kvstore::ExpertRecord victim;
+    int victim_expert = -1;
+    for (int e = 0; e < c.n_expert && victim_expert < 0; ++e)
+        if (st->find(0, e, &victim)) victim_expert = e;
+    ASSERT_GE(victim_expert, 0);
+    corrupt_record(data_path, victim);
+    const size_t records_before = st->records();
+    const auto hot_before = st->hot_set(all);
+    const uint64_t top_count = st->use_count(hot_before.front().first, hot_before.front().second);
+
+    // Refused while the store is open.
+    kvstore::ExpertStoreCompactReport rep;
+    const kvstore::Status busy = kvstore::ExpertStore::compact(store, {}, &rep);
+    EXPECT_EQ(busy.code(), kvstore::Code::kBusy) << busy.to_string();
+    st.reset();
+
+    std::vector<kvstore::ExpertStoreModel> models;
+    ASSERT_TRUE(kvstore::ExpertStore::list(store, &models));
+    ASSERT_EQ(models.size(), 2u);
+    for (const auto &m : models) {
+        EXPECT_TRUE(m.source_present) << m.source;
+        if (m.fingerprint == resident->fingerprint()) EXPECT_GT(m.file_bytes, m.record_bytes) << "replaced records left holes";
+    }
+    ASSERT_EQ(std::remove(other.c_str()), 0);
+    ASSERT_TRUE(kvstore::ExpertStore::compact(store, {}, &rep));
+    EXPECT_EQ(rep.models_removed, 1u);
+    EXPECT_EQ(rep.models_kept, 1u);
+    EXPECT_EQ(rep.records_corrupt, 1u);
+    EXPECT_EQ(rep.records_kept, records_before - 1);
+    EXPECT_EQ(rep.files_removed, 1u) << "the gone model's data file";
+    EXPECT_LT(rep.bytes_after, rep.bytes_before);
+    std::printf("compaction: %llu -> %llu bytes, %llu records kept\n", (unsigned long long)rep.bytes_before,
+                (unsigned long long)rep.bytes_after, (unsigned long long)rep.records_kept);
+
+    ASSERT_TRUE(kvstore::ExpertStore::list(store, &models));
+    ASSERT_EQ(models.size(), 1u);
+    EXPECT_EQ(models[0].fingerprint, resident->fingerprint());
+    EXPECT_EQ(models[0].file_bytes, models[0].record_bytes) << "no holes";
+    EXPECT_EQ(models[0].records, records_before - 1);
+
+    ASSERT_TRUE(kvstore::ExpertStore::open(store, resident->fingerprint(), &st));
+    kvstore::ExpertRecord r;
+    EXPECT_FALSE(st->find(0, victim_expert, &r)) << "the corrupt record was dropped";
+    EXPECT_EQ(st->hot_set(all), hot_before) << "use counts kept";
+    EXPECT_EQ(st->use_count(hot_before.front().first, hot_before.front().second), top_count);
+    st.reset();
+    // Served from the compacted records: identical logits, nothing corrupt, the dropped
+    // expert read from the GGUF again.
+    {
+        auto m = Model::open(kTrained, with_source(kTrained, true));
+        const std::vector<float> got = run_mode(*m, toks, "decode");
+        EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)));
+        EXPECT_GT(m->experts().stats().store_reads, 0u);
+        EXPECT_EQ(m->experts().stats().store_corrupt, 0u);
+    }
+    // Nothing left to do a second time.
+    ASSERT_TRUE(kvstore::ExpertStore::compact(store, {}, &rep));
+    EXPECT_EQ(rep.models_removed + rep.records_corrupt + rep.files_removed, 0u);
+    EXPECT_EQ(rep.bytes_after, rep.bytes_before);
+}
+
 }  // namespace

@@ -51,6 +51,13 @@ int main(void) {
     F(ds4_bridge_memory_t, backend);
     F(ds4_bridge_memory_t, device);
 
+    S(ds4_bridge_memory_ex_t);
+    F(ds4_bridge_memory_ex_t, base);
+    F(ds4_bridge_memory_ex_t, drafter_weights_bytes);
+    F(ds4_bridge_memory_ex_t, drafter_mapped_bytes);
+    F(ds4_bridge_memory_ex_t, shared_bytes);
+    F(ds4_bridge_memory_ex_t, private_bytes);
+
     S(ds4_bridge_chat_msg);
     F(ds4_bridge_chat_msg, role);
     F(ds4_bridge_chat_msg, content);

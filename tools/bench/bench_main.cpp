@@ -26,7 +26,7 @@ namespace {
 const char *kUsage =
     "usage: ds4-bench -m MODEL.gguf [--prompt-tokens N] [--gen-tokens N] [--threads N] [--backend auto|cpu|cuda] [--json]\n"
     "                 [--ssd-streaming [--expert-cache-bytes N | --expert-cache-experts N] [--cold]\n"
-    "                  [--expert-store DIR] [--no-prefetch] [--raw-bytes N]]\n"
+    "                  [--expert-store DIR] [--no-prefetch] [--raw-bytes N] [--hit-curve] [--prompt-seed S]]\n"
     "  --prompt-tokens N   tokens prefilled before decoding (default 128)\n"
     "  --gen-tokens N      tokens decoded greedily after the prompt (default 32)\n"
     "  --threads N         engine threads (default: all cores)\n"
@@ -41,7 +41,11 @@ const char *kUsage =
     "  --cold              do not prewarm the cache from the store's hot set\n"
     "  --expert-store DIR  the expert store (re-laid-out experts + use counts) to use\n"
     "  --no-prefetch       no prediction of the next layer's experts\n"
-    "  --hit-curve         print the experts read on demand by each decoded token\n"
+    "  --hit-curve         print the experts read on demand by each decoded token, and the\n"
+    "                      tokens until the cache is steady: the first token from which the\n"
+    "                      mean misses of 8 tokens are within 20% (+1) of the last half's mean\n"
+    "  --prompt-seed S     seed of the random prompt (default 1): a restart measured with\n"
+    "                      another prompt than the run that saved the use counts\n"
     "  --page-out-experts  (without --ssd-streaming) after the prewarm, ask the kernel to\n"
     "                      reclaim the routed experts' pages of the mapping (MADV_PAGEOUT), so\n"
     "                      the run starts with them on disk like a cold streaming cache\n"
@@ -65,6 +69,7 @@ int main(int argc, char **argv) {
     std::string store_dir;
     uint64_t raw_bytes = uint64_t(1) << 30;
     bool page_out = false, hit_curve = false;
+    uint64_t prompt_seed = 1;
     for (int i = 1; i < argc; ++i) {
         std::string a = argv[i];
         auto val = [&]() -> const char * {
@@ -86,6 +91,7 @@ int main(int argc, char **argv) {
         else if (a == "--no-prefetch") so.prefetch = false;
         else if (a == "--page-out-experts") page_out = true;
         else if (a == "--hit-curve") hit_curve = true;
+        else if (a == "--prompt-seed") prompt_seed = std::strtoull(val(), nullptr, 10);
         else if (a == "--expert-store") store_dir = val();
         else if (a == "--raw-bytes") raw_bytes = std::strtoull(val(), nullptr, 10);
         else if (a == "--backend") backend = ds4::tools::backend_arg("ds4-bench", val());
@@ -111,7 +117,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     if (!store_dir.empty())
-        so.open_store = [store_dir](uint64_t fp) { return ds4::bridge_impl::open_expert_store_link(store_dir, fp); };
+        so.open_store = [store_dir, model](uint64_t fp) { return ds4::bridge_impl::open_expert_store_link(store_dir, fp, model); };
     try {
         const double t_open = now();
         ds4::ModelOptions mo = ds4::tools::model_options(threads, backend, json);
@@ -149,7 +155,7 @@ int main(int argc, char **argv) {
             raw_gbs = mib > 0 ? mib * (1 << 20) / 1e9 : 0;
         }
         std::vector<int32_t> toks(prompt);
-        uint64_t r = 88172645463325252ull;
+        uint64_t r = 88172645463325252ull ^ ((prompt_seed - 1) * 0x9e3779b97f4a7c15ull);
         for (auto &t : toks) {
             r ^= r << 13, r ^= r >> 7, r ^= r << 17;
             t = (int32_t)(r % (uint64_t)c.n_vocab);
@@ -227,6 +233,20 @@ int main(int argc, char **argv) {
                 std::printf("misses/token    ");
                 for (uint64_t x : miss_curve) std::printf(" %llu", (unsigned long long)x);
                 std::printf("  (of %d experts a token)\n", c.n_layer * c.n_expert_used);
+                // Steady: the mean of the last half; reached at the first token from which a
+                // window of 8 tokens is within 20% (+1 expert) of it.
+                const size_t n = miss_curve.size(), w = std::min<size_t>(8, n);
+                double steady = 0;
+                for (size_t i = n / 2; i < n; ++i) steady += double(miss_curve[i]);
+                steady = n - n / 2 ? steady / double(n - n / 2) : 0;
+                size_t reached = n;
+                for (size_t i = 0; i + w <= n && reached == n; ++i) {
+                    double m = 0;
+                    for (size_t j = i; j < i + w; ++j) m += double(miss_curve[j]);
+                    if (m / double(w) <= steady * 1.2 + 1) reached = i;
+                }
+                std::printf("steady           %.1f misses/token (mean of the last half), reached after %zu decoded tokens\n",
+                            steady, reached + 1);  // +1: the untimed warm-up token
             }
         }
     } catch (const std::exception &e) {

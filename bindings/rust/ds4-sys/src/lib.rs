@@ -89,6 +89,16 @@ pub struct ds4_bridge_memory_t {
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
+pub struct ds4_bridge_memory_ex_t {
+    pub base: ds4_bridge_memory_t,
+    pub drafter_weights_bytes: u64,
+    pub drafter_mapped_bytes: u64,
+    pub shared_bytes: u64,
+    pub private_bytes: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
 pub struct ds4_bridge_chat_msg {
     pub role: *const c_char,
     pub content: *const c_char,
@@ -241,6 +251,13 @@ extern "C" {
     pub fn ds4_bridge_memory_stats(
         m: *mut ds4_bridge_model,
         out: *mut ds4_bridge_memory_t,
+        err: *mut c_char,
+        errlen: usize,
+    ) -> c_int;
+    pub fn ds4_bridge_memory_stats_ex(
+        m: *mut ds4_bridge_model,
+        out: *mut ds4_bridge_memory_ex_t,
+        out_size: usize,
         err: *mut c_char,
         errlen: usize,
     ) -> c_int;

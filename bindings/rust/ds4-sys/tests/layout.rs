@@ -80,6 +80,10 @@ fn rust_layout() -> BTreeMap<String, usize> {
             device,
         }
     );
+    layout!(
+        m,
+        ds4_bridge_memory_ex_t { base, drafter_weights_bytes, drafter_mapped_bytes, shared_bytes, private_bytes }
+    );
     layout!(m, ds4_bridge_chat_msg { role, content, content_len });
     layout!(
         m,

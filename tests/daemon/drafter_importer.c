@@ -1,0 +1,77 @@
+/* A C program on the bridge for the shared-drafter tests (ARCHITECTURE.md §5, "Shared
+ * drafter"): opens MODEL with its drafter imported from a ds4d socket (--import SOCK) or
+ * loaded from a file (--private DRAFTER), decodes N tokens greedily with speculation after
+ * the prompt TEXT and prints
+ *   shared S            (ds4_bridge_drafter_shared)
+ *   memory SHARED PRIVATE DRAFTER   (ds4_bridge_memory_stats_ex)
+ *   tokens T1 T2 ...
+ *   ready
+ * then waits for a line (or end of file) on stdin before freeing the model, so the caller
+ * can read this process's /proc/PID/smaps_rollup while it holds the drafter. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bridge/ds4_bridge.h"
+
+static int fail(const char *what, const char *err) {
+    fprintf(stderr, "drafter_importer: %s: %s\n", what, err);
+    return 1;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 6 || (strcmp(argv[2], "--import") != 0 && strcmp(argv[2], "--private") != 0)) {
+        fprintf(stderr, "usage: drafter_importer MODEL --import SOCK|--private DRAFTER N TEXT\n");
+        return 2;
+    }
+    char err[512] = {0};
+    ds4_bridge_model_open_options o;
+    ds4_bridge_model_open_options_init(&o);
+    o.model_path = argv[1];
+    o.backend = DS4_BRIDGE_BACKEND_CPU;
+    o.n_threads = 1;
+    if (strcmp(argv[2], "--import") == 0) o.drafter_import = argv[3];
+    else o.drafter_path = argv[3];
+    const int n = atoi(argv[4]);
+    ds4_bridge_model *m = NULL;
+    if (ds4_bridge_model_open(&m, &o, err, sizeof err) != 0) return fail("open", err);
+    printf("shared %d\n", ds4_bridge_drafter_shared(m));
+    ds4_bridge_memory_ex_t mem;
+    if (ds4_bridge_memory_stats_ex(m, &mem, sizeof mem, err, sizeof err) != 0) return fail("memory", err);
+
+    ds4_bridge_session *s = NULL;
+    if (ds4_bridge_session_create(&s, m, 256, err, sizeof err) != 0) return fail("session", err);
+    int32_t prompt[256], out[256], tok[65], arg[65];
+    int np = 0;
+    if (ds4_bridge_tokenize_text(m, argv[5], strlen(argv[5]), prompt, 256, &np, err, sizeof err) != 0)
+        return fail("tokenize", err);
+    if (ds4_bridge_session_sync(s, prompt, np, err, sizeof err) != 0) return fail("sync", err);
+    int got = 0;
+    if (ds4_bridge_session_argmax(s, &out[got++], err, sizeof err) != 0) return fail("argmax", err);
+    while (got < n && got < 200) {
+        int accepted = 0;
+        const int w = ds4_bridge_spec_trial(s, out[got - 1], 0.f, 0, 1.f, 0.f, NULL, n - got, tok, arg, 65, &accepted,
+                                            err, sizeof err);
+        if (w < 0) return fail("trial", err);
+        if (w == 0) {
+            if (ds4_bridge_eval(s, out[got - 1], err, sizeof err) != 0) return fail("eval", err);
+            if (ds4_bridge_session_argmax(s, &out[got++], err, sizeof err) != 0) return fail("argmax", err);
+            continue;
+        }
+        int keep = 0;
+        while (keep <= accepted && got < n) out[got++] = arg[keep++];
+        if (ds4_bridge_spec_commit(s, keep, err, sizeof err) != 0) return fail("commit", err);
+    }
+    if (ds4_bridge_memory_stats_ex(m, &mem, sizeof mem, err, sizeof err) != 0) return fail("memory", err);
+    printf("memory %llu %llu %llu\n", (unsigned long long)mem.shared_bytes, (unsigned long long)mem.private_bytes,
+           (unsigned long long)mem.drafter_mapped_bytes);
+    printf("tokens");
+    for (int i = 0; i < got; ++i) printf(" %d", out[i]);
+    printf("\nready\n");
+    fflush(stdout);
+    char line[16];
+    (void)!fgets(line, sizeof line, stdin);
+    ds4_bridge_session_free(s);
+    ds4_bridge_model_free(m);
+    return 0;
+}
