@@ -2,12 +2,21 @@
 // part, so a pool of N threads runs N-1 workers. Workers spin briefly before sleeping:
 // decode issues thousands of short parallel loops per token and a futex wake each time
 // would cost more than the work.
+//
+// Scheduling is dynamic and never waits for a thread that has not started: a loop is cut
+// into more chunks than threads, every thread (the caller too) claims chunks from one
+// atomic word until none are left, and the caller returns when every chunk is finished.
+// A worker that is descheduled (another process holds its core) or asleep simply claims
+// nothing; only a chunk already claimed is waited for, and then the caller sleeps instead
+// of spinning so the kernel can run the late worker on the caller's core. Which thread runs
+// a chunk varies from call to call; each index of [0, n) is still handled by exactly one
+// call of the body, so bodies that write disjoint outputs give the same bits as one thread.
 #pragma once
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
-#include <mutex>
+#include <exception>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <type_traits>
 #include <vector>
@@ -40,25 +49,35 @@ public:
 
     int size() const { return n_threads_; }
     // Runs fn(begin, end, thread_index) over [0, n) split into contiguous ranges whose
-    // sizes are multiples of `grain` (except the last). Returns when all ranges are done.
-    // Exceptions thrown by fn are rethrown here (the first one).
+    // sizes are multiples of `grain` (except the last); thread_index < size() is unique to
+    // the thread running the range (per-thread scratch). Returns when all ranges are done.
+    // Exceptions thrown by fn are rethrown here (the first one). Not re-entrant: a body
+    // must not call parallel_for on the same pool.
     void parallel_for(int64_t n, int64_t grain, RangeFn fn);
+
+    // At most this many chunks per thread in one loop (tests check uneven splits).
+    static constexpr int kChunksPerThread = 8;
 
 private:
     void worker(int index);
-    void run_share(int index);
+    void run_chunks(uint32_t epoch, int index);
+    void finish_chunk();
 
     int n_threads_;
     std::vector<std::thread> threads_;
-    std::mutex mu_;
-    std::condition_variable cv_;
-    std::atomic<uint64_t> epoch_{0};
-    std::atomic<int> pending_{0};
+    // The current job as one word, so a claim is one compare-and-swap that also checks the
+    // job is still the one the claimer saw: epoch (32 bits) | chunk count (16) | next (16).
+    std::atomic<uint64_t> job_{0};
+    std::atomic<uint32_t> epoch_{0};      // the job word's epoch, for sleeping workers (futex)
+    std::atomic<uint32_t> done_{0};       // chunks of the current job finished (futex)
+    std::atomic<uint32_t> caller_asleep_{0};
+    std::atomic<int> sleepers_{0};
     std::atomic<bool> stop_{false};
-    // current job
+    // The job's description: written before the job word is published and unchanged until
+    // every chunk is done, so a thread that claimed a chunk reads it safely.
     const RangeFn *fn_ = nullptr;
-    int64_t n_ = 0, grain_ = 1;
-    std::atomic<int64_t> next_{0};
+    int64_t n_ = 0, chunk_ = 1;
+    uint32_t n_chunks_ = 0;
     std::exception_ptr error_;
     std::mutex err_mu_;
 };
