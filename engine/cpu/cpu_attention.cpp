@@ -103,6 +103,9 @@ void CpuExecutor::compress(int layer, int which, const CompressorWeights &cw, co
 
 // Lightning indexer: score every compressed entry visible to each query by
 // sum_h w_h * ReLU(q_h . k) and keep the top-k (ties: lower entry index first).
+// The scores of a group of rows are one flat list split over the pool by entries, not by
+// rows: a decode step has one row and, at long context, thousands of entries. Each score is
+// computed exactly as a per-row loop would, so the picks do not depend on the split.
 void CpuExecutor::indexer_topk(int layer, const LayerWeights &L, const Rope &rope, int topk) {
     const ModelConfig &c = c_;
     const int T = R_, IH = c.indexer_heads, Id = c.indexer_dim;
@@ -112,41 +115,58 @@ void CpuExecutor::indexer_topk(int layer, const LayerWeights &L, const Rope &rop
     matmul(mm_, L.i_proj, XN_.data(), T, c.n_embd, iw_.data(), IH);
     const float qscale = 1.f / std::sqrt((float)Id), wscale = 1.f / std::sqrt((float)IH);
     grow(sel_, (size_t)T);  // the inner vectors keep their capacity across steps
-    int64_t most = 1;
-    for (const StepSegment &sg : lay_.segs) most = std::max<int64_t>(most, sg.state->n_entries(layer, 1));
-    pool_.parallel_for(T, cpu_grain(most * IH * Id + 1), [&](int64_t b, int64_t e, int th) {
+    pool_.parallel_for(T, cpu_grain((int64_t)IH * rope.n_pairs * 4), [&](int64_t b, int64_t e, int th) {
         TaskScratch &ts = tasks_[th];
         ts.need_rope(rope.n_pairs);
-        std::vector<IndexScore> &sc = ts.scores;
         for (int64_t t = b; t < e; ++t) {
-            const CpuSessionState &st = state_of_row((int)t);
-            const CpuComp &ics = st.layers[layer].icomp;
-            const int64_t pos = lay_.pos[t];
+            rope.cos_sin(lay_.pos[t], ts.cos.data(), ts.sin.data());
             float *q = iq_.data() + (size_t)t * IH * Id;
-            rope.cos_sin(pos, ts.cos.data(), ts.sin.data());
             for (int h = 0; h < IH; ++h)
                 ops::rope_apply(q + (size_t)h * Id, Id, rope.n_pairs, ts.cos.data(), ts.sin.data(), 1.f);
-            const float *wt = iw_.data() + (size_t)t * IH;
-            const int n_vis = std::min<int>(st.n_entries(layer, 1), (int)((pos + 1) / ics.g.ratio));
-            sc.clear();
-            for (int s = 0; s < n_vis; ++s) {
-                const float *k = ics.entry(s);
-                float score = 0;
-                for (int h = 0; h < IH; ++h) {
-                    const float d = ops::dot(q + (size_t)h * Id, k, Id);
-                    score += (d > 0 ? d * qscale : 0.f) * (wt[h] * wscale);
-                }
-                sc.push_back({score, s});
-            }
-            const size_t k = std::min<size_t>(topk, sc.size());
-            std::partial_sort(sc.begin(), sc.begin() + k, sc.end(), [](const IndexScore &a, const IndexScore &b) {
-                return a.score > b.score || (a.score == b.score && a.idx < b.idx);
-            });
-            std::vector<int> &out = sel_[t];
-            out.resize(k);
-            for (size_t i = 0; i < k; ++i) out[i] = sc[i].idx;
+            float *wt = iw_.data() + (size_t)t * IH;
+            for (int h = 0; h < IH; ++h) wt[h] *= wscale;
         }
     });
+    // Rows in groups of at most kGroupScores scores (a prefill chunk at long context would
+    // otherwise hold rows x entries of them at once).
+    constexpr int64_t kGroupScores = int64_t(1) << 20;
+    grow(ioff_, (size_t)T + 1);
+    for (int t0 = 0; t0 < T;) {
+        int t1 = t0;
+        int64_t total = 0;
+        ioff_[0] = 0;
+        while (t1 < T) {
+            const CpuSessionState &st = state_of_row(t1);
+            const int n_vis = std::min<int>(st.n_entries(layer, 1), (int)((lay_.pos[t1] + 1) / st.layers[layer].icomp.g.ratio));
+            if (t1 > t0 && total + n_vis > kGroupScores) break;
+            total += n_vis;
+            ioff_[++t1 - t0] = total;
+        }
+        grow(iscore_, (size_t)total);
+        pool_.parallel_for(total, cpu_grain((int64_t)IH * Id * 2), [&](int64_t b, int64_t e, int) {
+            int r = (int)(std::upper_bound(ioff_.begin(), ioff_.begin() + (t1 - t0) + 1, b) - ioff_.begin()) - 1;
+            for (int64_t i = b; i < e; ++i) {
+                while (i >= ioff_[r + 1]) ++r;
+                const int t = t0 + r, s = (int)(i - ioff_[r]);
+                iscore_[i] = {ops::indexer_score(iq_.data() + (size_t)t * IH * Id, iw_.data() + (size_t)t * IH, IH, Id,
+                                                 state_of_row(t).layers[layer].icomp.entry(s), qscale),
+                              s};
+            }
+        });
+        pool_.parallel_for(t1 - t0, cpu_grain(ioff_[t1 - t0] / (t1 - t0) * 8 + 1), [&](int64_t b, int64_t e, int) {
+            for (int64_t r = b; r < e; ++r) {
+                IndexScore *first = iscore_.data() + ioff_[r], *last = iscore_.data() + ioff_[r + 1];
+                const size_t k = std::min<size_t>(topk, last - first);
+                std::partial_sort(first, first + k, last, [](const IndexScore &a, const IndexScore &b) {
+                    return a.score > b.score || (a.score == b.score && a.idx < b.idx);
+                });
+                std::vector<int> &out = sel_[t0 + r];
+                out.resize(k);
+                for (size_t i = 0; i < k; ++i) out[i] = first[i].idx;
+            }
+        });
+        t0 = t1;
+    }
 }
 
 void CpuExecutor::attend(int layer, const AttnSpec &spec, const float *sinks, const Rope &rope) {

@@ -25,7 +25,6 @@ struct TaskScratch {
     }
     std::vector<float> f;          // one loop body's working floats
     std::vector<const float *> rows;
-    std::vector<IndexScore> scores;
 };
 
 template <class V>
@@ -79,6 +78,8 @@ private:
     std::vector<float> pred_scores_;
     void predict_next(int layer, ExpertSource &experts);
     std::vector<std::vector<int>> sel_;                         // indexer picks per row
+    std::vector<IndexScore> iscore_;                            // indexer scores of a group of rows
+    std::vector<int64_t> ioff_;                                 // each row's first score in iscore_
     std::vector<std::vector<std::pair<int, float>>> by_expert_; // (row, weight) per expert
     std::vector<uint8_t> xq_ffn_;
     std::vector<TaskScratch> tasks_;

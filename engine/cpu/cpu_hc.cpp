@@ -186,7 +186,8 @@ uint64_t CpuExecutor::scratch_bytes() const {
     for (const auto &v : by_expert_) b += v.capacity() * sizeof(std::pair<int, float>);
     for (const TaskScratch &t : tasks_)
         b += (t.cos.capacity() + t.sin.capacity() + t.f.capacity()) * sizeof(float) +
-             t.rows.capacity() * sizeof(const float *) + t.scores.capacity() * sizeof(IndexScore);
+             t.rows.capacity() * sizeof(const float *);
+    b += iscore_.capacity() * sizeof(IndexScore) + ioff_.capacity() * sizeof(int64_t);
     return b;
 }
 

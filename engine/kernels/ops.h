@@ -10,6 +10,14 @@ void rmsnorm(const float *x, int64_t n, const float *w, float eps, float *out);
 // In-place softmax over n values.
 void softmax(float *x, int64_t n);
 float dot(const float *a, const float *b, int64_t n);
+// The lightning indexer's score of one compressed entry k (dim floats) for one query of
+// `heads` heads (q: heads x dim): sum over h, in order from 0, of max(q_h.k * qscale, 0) * w[h]
+// (each term added by a fused multiply-add). Each q_h.k is summed as 8 lanes (lane l takes
+// elements l, l+8, ... by fused multiply-add from the first product), then
+// ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)): what GCC made of the per-head `dot` loop it replaces,
+// written out so that it does not depend on the compiler. AVX2 for dim % 8 == 0 and
+// heads % 4 == 0, a scalar loop of the same operations otherwise.
+float indexer_score(const float *q, const float *w, int heads, int dim, const float *k, float qscale);
 // y += a * x
 void axpy(float a, const float *x, float *y, int64_t n);
 // Interleaved-pair rotation of the trailing 2*n_pairs channels of x (length head_dim):
