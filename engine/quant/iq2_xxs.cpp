@@ -259,6 +259,29 @@ void dot_cols(const uint8_t *wv, const void *const *xv, int64_t n, float *out) {
         const __m256i sg_lo = _mm256_permute2x128_si256(sg, sg, 0x00), sg_hi = _mm256_permute2x128_si256(sg, sg, 0x11);
         const __m256i sc_lo = _mm256_permute2x128_si256(scv, scv, 0x00), sc_hi = _mm256_permute2x128_si256(scv, scv, 0x11);
         const uint8_t *idx = reinterpret_cast<const uint8_t *>(wb.qs);
+        if constexpr (C == 1) {
+            // Decode (one activation row): each 32-group decoded where it is used, so nothing
+            // of the block is kept in (spilled) arrays. Same integer sums in the same lanes.
+            const int8_t *xq = x[0][b].qs;
+            auto group = [&](int ib, __m256i sgv, __m256i scale, int slot) {
+                const __m256i gv =
+                    _mm256_set_epi64x(grid[idx[8 * ib + 3]], grid[idx[8 * ib + 2]], grid[idx[8 * ib + 1]], grid[idx[8 * ib]]);
+                const __m256i sb = _mm256_shuffle_epi8(sgv, load32(kExpand.c[slot]));
+                const __m256i smv = _mm256_or_si256(_mm256_cmpeq_epi8(_mm256_and_si256(sb, bit), bit), one8);
+                return _mm256_madd_epi16(_mm256_maddubs_epi16(gv, _mm256_sign_epi8(simd::loadu(xq + 32 * ib), smv)), scale);
+            };
+            __m256i sum0 = group(0, sg_lo, _mm256_shuffle_epi32(sc_lo, 0x00), 0);
+            __m256i sum1 = group(1, sg_lo, _mm256_shuffle_epi32(sc_lo, 0x55), 1);
+            sum0 = _mm256_add_epi32(sum0, group(2, sg_hi, _mm256_shuffle_epi32(sc_hi, 0x00), 0));
+            sum1 = _mm256_add_epi32(sum1, group(3, sg_hi, _mm256_shuffle_epi32(sc_hi, 0x55), 1));
+            sum0 = _mm256_add_epi32(sum0, group(4, sg_lo, _mm256_shuffle_epi32(sc_lo, 0xaa), 2));
+            sum1 = _mm256_add_epi32(sum1, group(5, sg_lo, _mm256_shuffle_epi32(sc_lo, 0xff), 3));
+            sum0 = _mm256_add_epi32(sum0, group(6, sg_hi, _mm256_shuffle_epi32(sc_hi, 0xaa), 2));
+            sum1 = _mm256_add_epi32(sum1, group(7, sg_hi, _mm256_shuffle_epi32(sc_hi, 0xff), 3));
+            const float d = 0.125f * x[0][b].d * f16_to_f32_fast(wb.d);
+            acc[0] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_add_epi32(sum0, sum1)), acc[0]);
+            continue;
+        }
         // per 32-group (in natural order): grid magnitudes, sign multipliers (+-1), scale
         __m256i g[8], sm[8], sc[8];
         auto group = [&](int ib, __m256i sgv, __m256i scale, int slot) {

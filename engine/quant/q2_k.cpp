@@ -110,6 +110,30 @@ void dot_cols(const uint8_t *wv, const void *const *xv, int64_t n, float *out) {
         const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i *>(wb.scales));
         const __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc8, 4), m4));
         const __m256i sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(sc8, m4));
+        if constexpr (C == 1) {
+            // Decode (one activation row): quants and scales made where they are used, so the
+            // block is not kept in (spilled) arrays. Same integer sums in the same lanes.
+            const BlockQ8_K &xb = x[0][b];
+            const __m256i pm = _mm256_madd_epi16(mins, simd::loadu(xb.bsums));
+            accm[0] = _mm256_fmadd_ps(_mm256_set1_ps(xb.d * dminw), _mm256_cvtepi32_ps(pm), accm[0]);
+            __m256i sum0 = _mm256_setzero_si256(), sum1 = sum0;
+            for (int h = 0; h < 2; ++h) {
+                const __m256i s = h == 0 ? _mm256_permute2x128_si256(sc16, sc16, 0x00)
+                                         : _mm256_permute2x128_si256(sc16, sc16, 0x11);
+                const __m256i q = simd::loadu(wb.qs + 32 * h);
+                const int8_t *xq = xb.qs + 128 * h;
+                for (int k = 0; k < 4; k += 2) {
+                    const __m256i q0 = _mm256_and_si256(_mm256_srli_epi16(q, 2 * k), m3);
+                    const __m256i q1 = _mm256_and_si256(_mm256_srli_epi16(q, 2 * k + 2), m3);
+                    const __m256i p0 = _mm256_maddubs_epi16(q0, simd::loadu(xq + 32 * k));
+                    const __m256i p1 = _mm256_maddubs_epi16(q1, simd::loadu(xq + 32 * k + 32));
+                    sum0 = _mm256_add_epi32(sum0, _mm256_madd_epi16(p0, _mm256_shuffle_epi8(s, shuf[k])));
+                    sum1 = _mm256_add_epi32(sum1, _mm256_madd_epi16(p1, _mm256_shuffle_epi8(s, shuf[k + 1])));
+                }
+            }
+            acc[0] = _mm256_fmadd_ps(_mm256_set1_ps(xb.d * dw), _mm256_cvtepi32_ps(_mm256_add_epi32(sum0, sum1)), acc[0]);
+            continue;
+        }
         // decoded once: 2-bit quants and the sub-block scale vectors, in dot order
         __m256i q2[8], sc[8];
         for (int h = 0; h < 2; ++h) {
