@@ -23,6 +23,9 @@ void dot_iq2_xxs(const uint8_t *w, const void *const *x, int ncols, int64_t n, f
 // IQ2_XXS and Q2_K dots use AVX-512 variants when the CPU has AVX-512 F/BW/VL/DQ (same
 // results bit for bit; env DS4_NO_AVX512=1 disables them). Tests flip this to compare.
 bool &avx512_enabled();
+// The Q8_0 dot uses AVX-512 VNNI (vpdpbusd) when the CPU has it and AVX-512 is enabled
+// (same results bit for bit; env DS4_NO_VNNI=1 disables it alone). Tests flip this.
+bool &vnni_enabled();
 
 // Instantiates F<1..kMaxCols> behind a runtime column count.
 #define DS4_QUANT_COLS_DISPATCH(F, ...)          \

@@ -78,6 +78,13 @@ bool &avx512_enabled() {
     }();
     return on;
 }
+bool &vnni_enabled() {
+    static bool on = [] {
+        if (const char *e = std::getenv("DS4_NO_VNNI"); e && *e && *e != '0') return false;
+        return avx512_enabled() && __builtin_cpu_supports("avx512vnni");
+    }();
+    return on;
+}
 }  // namespace detail
 
 void dequantize_row(Type t, const void *src, float *dst, int64_t n) {

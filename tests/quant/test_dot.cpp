@@ -252,3 +252,33 @@ TEST(Quant, Avx512PathsMatchAvx2) {
     }
     on = saved;
 }
+
+// The VNNI Q8_0 dot against the AVX2 one (forced by turning VNNI off), bit for bit: decode
+// (one column) and prefill tiles, an odd block count (the tail block), weights of -128.
+TEST(Quant, Q8_0VnniMatchesAvx2) {
+    bool &on = ds4::quant::detail::vnni_enabled();
+    if (!on) GTEST_SKIP() << "no AVX-512 VNNI on this CPU (or DS4_NO_VNNI / DS4_NO_AVX512 set)";
+    std::mt19937 rng(23);
+    for (int64_t n : {32, 64, 32 * 7, 4096 + 32}) {
+        const int64_t nrows = 9, ncols = 9;
+        for (Scale s : {Scale::Normal, Scale::Mixed, Scale::Huge}) {
+            auto w = random_weights(Type::Q8_0, nrows, n, s, rng);
+            w[2] = 0x80;   // a code of -128 in the first block (bytes 0-1 are the scale)
+            const size_t rb = row_size(Type::Q8_0, n), xb = q::vec_dot_row_bytes(Type::Q8_0, n);
+            std::vector<uint8_t> x(xb * ncols);
+            for (int64_t c = 0; c < ncols; ++c) {
+                const auto xf = gaussian(n, c % 2 ? 3.f : 0.2f, rng);
+                q::quantize_activation(Type::Q8_0, xf.data(), &x[c * xb], n);
+            }
+            for (int64_t cols : {int64_t(1), int64_t(4), ncols}) {
+                std::vector<float> a(nrows * cols), b(nrows * cols);
+                on = false;
+                q::vec_dot_tile(Type::Q8_0, w.data(), rb, nrows, x.data(), xb, cols, n, a.data(), nrows);
+                on = true;
+                q::vec_dot_tile(Type::Q8_0, w.data(), rb, nrows, x.data(), xb, cols, n, b.data(), nrows);
+                for (size_t i = 0; i < a.size(); ++i)
+                    ASSERT_EQ(std::memcmp(&a[i], &b[i], 4), 0) << "n " << n << " cols " << cols << " i " << i << ": " << a[i] << " vs " << b[i];
+            }
+        }
+    }
+}
