@@ -47,6 +47,7 @@ void dequant_iq2_xxs(const void *src, float *dst, int64_t n);
 void quant_f16(const float *src, void *dst, int64_t n);
 void quant_bf16(const float *src, void *dst, int64_t n);
 void quant_q8_0(const float *src, void *dst, int64_t n);
+void quant_q8_0_ref(const float *src, void *dst, int64_t n);   // scalar definition of quant_q8_0
 void quant_q8_k(const float *src, void *dst, int64_t n);
 void quant_q2_k(const float *src, void *dst, int64_t n);
 void quant_q4_k(const float *src, void *dst, int64_t n);

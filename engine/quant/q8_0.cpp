@@ -18,8 +18,9 @@ static inline int8_t clamp_round_i8(float v) {
 }
 
 // As GGML: d = amax / 127, q = round(x * (1 / d)); d stored as f16. Non-finite inputs
-// are coded as 0 and do not affect the scale.
-void quant_q8_0(const float *src, void *dst, int64_t n) {
+// are coded as 0 and do not affect the scale. The scalar definition; quant_q8_0 below is
+// its AVX2 form (tests compare the bytes).
+void quant_q8_0_ref(const float *src, void *dst, int64_t n) {
     BlockQ8_0 *y = static_cast<BlockQ8_0 *>(dst);
     for (int64_t b = 0; b < n / kQK8_0; ++b) {
         const float *x = src + b * kQK8_0;
@@ -30,6 +31,51 @@ void quant_q8_0(const float *src, void *dst, int64_t n) {
         const float id = d != 0 ? 1.f / d : 0.f;
         y[b].d = f32_to_f16_fast(d);
         for (int i = 0; i < kQK8_0; ++i) y[b].qs[i] = std::isfinite(x[i]) ? clamp_round_i8(x[i] * id) : 0;
+    }
+}
+
+// Every activation row of a Q8_0 product passes through here (decode: once per matrix
+// input), so it is vectorised: the same amax (a max is exact), the same product x * id,
+// and round-half-away-from-zero written exactly: t = trunc(v), v - t is exact, and |v - t|
+// >= 0.5 steps t away from zero.
+void quant_q8_0(const float *src, void *dst, int64_t n) {
+    BlockQ8_0 *y = static_cast<BlockQ8_0 *>(dst);
+    const __m256 sign = _mm256_set1_ps(-0.f), inf = _mm256_set1_ps(INFINITY), half = _mm256_set1_ps(0.5f),
+                 one = _mm256_set1_ps(1.f), lim = _mm256_set1_ps(127.f), nlim = _mm256_set1_ps(-127.f);
+    for (int64_t b = 0; b < n / kQK8_0; ++b) {
+        const float *x = src + b * kQK8_0;
+        __m256 v[4], fin[4];
+        __m256 mx = _mm256_setzero_ps();
+        for (int k = 0; k < 4; ++k) {
+            v[k] = _mm256_loadu_ps(x + 8 * k);
+            const __m256 a = _mm256_andnot_ps(sign, v[k]);
+            fin[k] = _mm256_cmp_ps(a, inf, _CMP_LT_OQ);   // finite (false for NaN and inf)
+            mx = _mm256_max_ps(mx, _mm256_and_ps(a, fin[k]));
+        }
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        const float amax = _mm_cvtss_f32(m4);
+        const float d = amax / 127.f;
+        const float id = d != 0 ? 1.f / d : 0.f;
+        y[b].d = f32_to_f16_fast(d);
+        const __m256 vid = _mm256_set1_ps(id);
+        __m256i q[4];
+        for (int k = 0; k < 4; ++k) {
+            const __m256 p = _mm256_mul_ps(v[k], vid);
+            const __m256 t = _mm256_round_ps(p, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+            const __m256 up = _mm256_cmp_ps(_mm256_andnot_ps(sign, _mm256_sub_ps(p, t)), half, _CMP_GE_OQ);
+            __m256 r = _mm256_add_ps(t, _mm256_and_ps(up, _mm256_or_ps(_mm256_and_ps(p, sign), one)));
+            r = _mm256_max_ps(_mm256_min_ps(r, lim), nlim);
+            // zero for non-finite inputs and for a NaN product (0 * inf when d is tiny)
+            r = _mm256_and_ps(r, _mm256_and_ps(fin[k], _mm256_cmp_ps(p, p, _CMP_ORD_Q)));
+            q[k] = _mm256_cvttps_epi32(r);
+        }
+        // 32 int32 -> 32 int8 in order: packs work within 128-bit lanes, a permute restores it
+        const __m256i w01 = _mm256_packs_epi32(q[0], q[1]), w23 = _mm256_packs_epi32(q[2], q[3]);
+        const __m256i bytes = _mm256_packs_epi16(w01, w23);
+        const __m256i ordered = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256(reinterpret_cast<__m256i *>(y[b].qs), ordered);
     }
 }
 

@@ -282,3 +282,31 @@ TEST(Quant, Q8_0VnniMatchesAvx2) {
         }
     }
 }
+
+// The AVX2 Q8_0 quantiser (every activation row of a Q8_0 product) against its scalar
+// definition, byte for byte: ordinary rows, exact .5 ties (amax 127 makes the scale 1),
+// non-finite inputs, denormals, all-zero blocks and a scale so small its inverse is inf.
+TEST(Quant, Q8_0QuantizerAvx2EqualsScalarDefinition) {
+    std::mt19937 rng(9);
+    std::vector<float> x;
+    for (float mag : {1e-3f, 0.7f, 30.f, 1e30f}) {
+        const auto g = gaussian(32 * 16, mag, rng);
+        x.insert(x.end(), g.begin(), g.end());
+    }
+    for (int b = 0; b < 8; ++b) {   // ties: amax = 127, so v = x exactly
+        x.push_back(b % 2 ? 127.f : -127.f);
+        for (int i = 1; i < 32; ++i) x.push_back(float(int(rng() % 254) - 127) + (rng() % 2 ? 0.5f : -0.5f));
+    }
+    const float specials[] = {NAN, INFINITY, -INFINITY, 0.f, -0.f, 1e-40f, -1e-42f, 2.5f, -2.5f, 126.5f};
+    for (int b = 0; b < 8; ++b)
+        for (int i = 0; i < 32; ++i) x.push_back(rng() % 3 ? specials[rng() % 10] : float(rng() % 100) * 0.01f);
+    for (int i = 0; i < 32; ++i) x.push_back(i % 2 ? 1e-44f : -3e-45f);   // d denormal or 0, 1/d inf
+    for (int i = 0; i < 32; ++i) x.push_back(0.f);
+    const int64_t n = int64_t(x.size());
+    ASSERT_EQ(n % 32, 0);
+    std::vector<uint8_t> fast(size_t(n / 32) * sizeof(q::BlockQ8_0)), ref(fast.size());
+    ds4::quant::detail::quant_q8_0(x.data(), fast.data(), n);
+    ds4::quant::detail::quant_q8_0_ref(x.data(), ref.data(), n);
+    for (size_t i = 0; i < fast.size(); ++i)
+        ASSERT_EQ(fast[i], ref[i]) << "byte " << i << " (block " << i / sizeof(q::BlockQ8_0) << ")";
+}
