@@ -178,6 +178,8 @@ public:
     std::string token_text(int32_t t) const { return detokenize(std::span<const int32_t>(&t, 1)); }
     int32_t eos() const { return ds4_bridge_token_eos(m_); }
     bool is_stop(int32_t t) const { return ds4_bridge_token_is_stop(m_, t) == 1; }
+    bool is_special(int32_t t) const { return ds4_bridge_token_is_special(m_, t) == 1; }
+    bool has_chat_template() const { return ds4_bridge_model_has_chat_template(m_) == 1; }
 
 private:
     ds4_bridge_model *m_ = nullptr;

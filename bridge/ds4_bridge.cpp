@@ -1127,6 +1127,19 @@ int ds4_bridge_token_is_stop(ds4_bridge_model *m, int32_t token) {
     return m->tok.is_stop(token) ? 1 : 0;
 }
 
+int ds4_bridge_model_has_chat_template(ds4_bridge_model *m) {
+    if (!m) return -1;
+    return m->tok.vocab().chat_template.empty() ? 0 : 1;
+}
+
+int ds4_bridge_token_is_special(ds4_bridge_model *m, int32_t token) {
+    if (!m || token < 0 || token >= m->tok.vocab_size()) return -1;
+    const ds4::tok::TokenType t = m->tok.token_type(token);
+    const bool plain = t == ds4::tok::TokenType::Normal || t == ds4::tok::TokenType::Byte ||
+                       t == ds4::tok::TokenType::Undefined;
+    return plain ? 0 : 1;
+}
+
 struct ds4_bridge_gguf {
     std::unique_ptr<ds4::gguf::Reader> r;
     std::string path;

@@ -322,6 +322,14 @@ DS4_BRIDGE_API int ds4_bridge_render_chat(ds4_bridge_model *m, const ds4_bridge_
                                           char *err, size_t errlen);
 DS4_BRIDGE_API int32_t ds4_bridge_token_eos(ds4_bridge_model *m); /* -1 for NULL */
 DS4_BRIDGE_API int ds4_bridge_token_is_stop(ds4_bridge_model *m, int32_t token); /* 1 / 0; -1 for NULL */
+/* 1 when the GGUF carries a chat template (tokenizer.chat_template): a model made for chat,
+ * whose prompts a host wraps with ds4_bridge_render_chat; 0 for a model of plain text
+ * completion (a host should not wrap its prompts); -1 for NULL. */
+DS4_BRIDGE_API int ds4_bridge_model_has_chat_template(ds4_bridge_model *m);
+/* 1 when token is not plain text: a control, user-defined, unknown or unused token (its
+ * text is markup such as <｜User｜>, never produced by ds4_bridge_tokenize_text); 0 for a
+ * normal or byte token; -1 for NULL or an id outside the vocabulary. */
+DS4_BRIDGE_API int ds4_bridge_token_is_special(ds4_bridge_model *m, int32_t token);
 
 /* --- GGUF identification without opening the engine -------------------------------- */
 typedef struct {

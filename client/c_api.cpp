@@ -2,6 +2,7 @@
 #include "client/ds4client.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -360,31 +361,91 @@ int ds4c_detokenize(ds4c_client *c, const int32_t *tokens, size_t n, char *buf, 
     return DS4C_OK;
 }
 
+namespace {
+
+void fill_stats(const Stats &s, ds4c_stats *out) {
+    out->uptime_s = s.uptime_s;
+    out->sessions = s.sessions;
+    out->connections = s.connections;
+    out->active_requests = s.active_requests;
+    out->queued_requests = s.queued_requests;
+    out->requests_total = s.requests_total;
+    out->tokens_in = s.tokens_in;
+    out->tokens_cached = s.tokens_cached;
+    out->tokens_out = s.tokens_out;
+    out->prefill_tok_s = s.prefill_tok_s;
+    out->decode_tok_s = s.decode_tok_s;
+    out->weights_bytes = s.memory.weights_bytes;
+    out->cache_bytes = s.memory.cache_bytes;
+    out->scratch_bytes = s.memory.scratch_bytes;
+    out->device_free = s.memory.device_free;
+    out->device_total = s.memory.device_total;
+}
+
+}  // namespace
+
 int ds4c_get_stats(ds4c_client *c, ds4c_stats *out, char *err, size_t errlen) {
     if (!check_client(c, err, errlen)) return DS4C_ERR_ARG;
     if (!out) {
         set_err(err, errlen, "ds4c_get_stats: out is NULL");
         return DS4C_ERR_ARG;
     }
-    return guarded(c, err, errlen, [&] {
-        Stats s = c->client->stats();
-        out->uptime_s = s.uptime_s;
-        out->sessions = s.sessions;
-        out->connections = s.connections;
-        out->active_requests = s.active_requests;
-        out->queued_requests = s.queued_requests;
-        out->requests_total = s.requests_total;
-        out->tokens_in = s.tokens_in;
-        out->tokens_cached = s.tokens_cached;
-        out->tokens_out = s.tokens_out;
-        out->prefill_tok_s = s.prefill_tok_s;
-        out->decode_tok_s = s.decode_tok_s;
-        out->weights_bytes = s.memory.weights_bytes;
-        out->cache_bytes = s.memory.cache_bytes;
-        out->scratch_bytes = s.memory.scratch_bytes;
-        out->device_free = s.memory.device_free;
-        out->device_total = s.memory.device_total;
+    return guarded(c, err, errlen, [&] { fill_stats(c->client->stats(), out); });
+}
+
+void ds4c_stats_ex_init(ds4c_stats_ex *x, size_t size) {
+    if (!x || size < sizeof(size_t)) return;
+    std::memset(x, 0, size);
+    x->size = size;
+}
+
+int ds4c_get_stats_ex(ds4c_client *c, ds4c_stats_ex *out, char *err, size_t errlen) {
+    if (!check_client(c, err, errlen)) return DS4C_ERR_ARG;
+    if (!out || out->size < offsetof(ds4c_stats_ex, base) + sizeof(ds4c_stats) || out->size > 65536) {
+        set_err(err, errlen, out ? "ds4c_get_stats_ex: out->size is not set (use ds4c_stats_ex_init)"
+                                 : "ds4c_get_stats_ex: out is NULL");
+        return DS4C_ERR_ARG;
+    }
+    ds4c_stats_ex x;
+    ds4c_stats_ex_init(&x, sizeof x);
+    const int rc = guarded(c, err, errlen, [&] {
+        const Stats s = c->client->stats();
+        fill_stats(s, &x.base);
+        x.saves_failed = s.saves_failed;
+        x.device_weights_bytes = s.memory.device_weights_bytes;
+        copy_str(x.device, sizeof x.device, s.memory.device);
+        x.steps = s.steps;
+        x.step_rows = s.step_rows;
+        x.step_requests = s.step_requests;
+        x.step_seconds = s.step_seconds;
+        x.max_batch = s.max_batch;
+        x.step_tokens = s.step_tokens;
+        x.draft_max = s.draft_max;
+        x.spec_trials = s.spec_trials;
+        x.spec_drafted = s.spec_drafted;
+        x.spec_accepted = s.spec_accepted;
+        x.spec_fallbacks = s.spec_fallbacks;
+        x.spec_tokens = s.spec_tokens;
+        x.spec_solo_tokens = s.spec_solo_tokens;
+        x.spec_solo_seconds = s.spec_solo_seconds;
+        x.solo_steps = s.solo_steps;
+        x.solo_seconds = s.solo_seconds;
+        x.kv_budget = s.kv_budget;
+        x.kv_in_use = s.kv_in_use;
+        x.kv_refused = s.kv_refused;
+        x.kv_waiting = s.kv_waiting;
+        x.slot_waiting = s.slot_waiting;
     });
+    if (rc != DS4C_OK) return rc;
+    const size_t n = std::min(out->size, sizeof x);
+    x.size = n;
+    std::memcpy(out, &x, n);
+    return DS4C_OK;
+}
+
+int ds4c_model_has_chat_template(const ds4c_client *c) {
+    if (!c || !c->client) return -1;
+    return c->client->server_info().model.chat_template ? 1 : 0;
 }
 
 int ds4c_list_sessions(ds4c_client *c, ds4c_session_list **out, char *err, size_t errlen) {

@@ -151,10 +151,20 @@ std::string usage_text() {
            "                         or the context is full)\n"
            "  --no-speculate         decode without ds4d's drafter (--drafter): plain one-token steps\n"
            "  --ids                  (run) print the generated token ids, space-separated, instead of text\n"
-           "  --raw                  (run) plain text completion of PROMPT, without the chat template\n"
-           "  --chat                 (run) wrap PROMPT in the chat template as a user turn (the default)\n"
+           "  --logprobs N           (run) instead of text, one JSON line per generated token: its id, text,\n"
+           "                         log-probability and the N (0..20) most likely tokens with theirs\n"
+           "                         (after --logit-bias and the penalties, over the temperature; not\n"
+           "                         truncated by top-k/top-p/min-p)\n"
+           "  --json                 (run) the answer is one JSON object: ds4d masks every token that would\n"
+           "                         break its syntax and ends the answer when the object closes (closing\n"
+           "                         it early rather than running past --max-tokens, at least 2)\n"
+           "  --raw                  (run) plain text completion: PROMPT is sent as it is. The default for\n"
+           "                         a model whose GGUF has no chat template (tokenizer.chat_template),\n"
+           "                         such as the raw Python model models/ds4-pystd-q8_0.gguf\n"
+           "  --chat                 (run) wrap PROMPT in the chat template as a user turn. The default\n"
+           "                         for a model whose GGUF has a chat template\n"
            "  --think                let the model think before answering (chat template thinking mode;\n"
-           "                         not with --raw)\n"
+           "                         not with --raw, nor on a model without a chat template unless --chat)\n"
            "\n"
            "Global options:\n"
            "  --socket PATH          daemon socket (default $XDG_RUNTIME_DIR/ds4.sock, else\n"
@@ -230,6 +240,10 @@ CliArgs parse_cli(int argc, const char *const *argv) {
             if (a.stops.back().empty()) throw UsageError("--stop needs a non-empty string");
         } else if (arg == "--ids") {
             a.ids = true;
+        } else if (arg == "--json") {
+            a.json = true;
+        } else if (arg == "--logprobs") {
+            a.logprobs = int32_t(parse_u64(arg, value(i, arg), 20));
         } else if (arg == "--ignore-eos") {
             a.ignore_eos = true;
         } else if (arg == "--no-speculate") {
@@ -255,6 +269,9 @@ CliArgs parse_cli(int argc, const char *const *argv) {
         for (size_t i = 0; i < positional.size(); ++i) a.prompt += (i ? " " : "") + positional[i];
         if (a.raw && a.think) throw UsageError("--think needs the chat template; it cannot be combined with --raw");
         if (a.raw && a.chat_template) throw UsageError("--raw and --chat exclude each other");
+        if (a.ids && a.logprobs >= 0) throw UsageError("--ids and --logprobs exclude each other (--logprobs prints the ids too)");
+        if (a.json && a.think) throw UsageError("--json and --think exclude each other (the reasoning is free text)");
+        if (a.json && a.max_tokens < 2) throw UsageError("--json needs --max-tokens of at least 2");
         break;
     case CliArgs::Command::Sessions: {
         const std::string op = positional.empty() ? "list" : positional[0];
@@ -272,8 +289,9 @@ CliArgs parse_cli(int argc, const char *const *argv) {
         break;
     }
     case CliArgs::Command::Chat:
-        if (a.ids || a.raw || a.chat_template)
-            throw UsageError(std::string(a.ids ? "--ids" : a.raw ? "--raw" : "--chat") + " is for run, not chat");
+        if (a.ids || a.raw || a.chat_template || a.logprobs >= 0 || a.json)
+            throw UsageError(std::string(a.ids ? "--ids" : a.raw ? "--raw" : a.chat_template ? "--chat"
+                                         : a.json ? "--json" : "--logprobs") + " is for run, not chat");
         [[fallthrough]];
     case CliArgs::Command::Stats:
     case CliArgs::Command::Help:

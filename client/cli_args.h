@@ -31,10 +31,14 @@ struct CliArgs {
     float presence_penalty = 0.0f;
     std::vector<std::pair<int32_t, float>> logit_bias;  // --logit-bias ID=BIAS (repeatable)
     bool ids = false;
+    bool json = false;              // run --json: the answer is one JSON object (constrained decoding)
+    int32_t logprobs = -1;          // run --logprobs N: per-token JSON lines with N alternatives (-1: off)
     bool ignore_eos = false;        // keep generating past end-of-sequence tokens
     bool no_speculate = false;      // decode without ds4d's drafter
+    // run: --raw sends PROMPT as text, --chat wraps it in the chat template; neither: the
+    // model decides (chat when its GGUF has a chat template, else plain completion).
     bool raw = false;
-    bool chat_template = false;     // --chat: the chat template even for a model without one
+    bool chat_template = false;
     bool think = false;
     std::vector<std::string> stops;
     std::string prompt;             // run: the prompt; tokenize: the text ("-": stdin)

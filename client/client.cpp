@@ -45,6 +45,7 @@ ModelInfo to_model(const fb::ModelInfo *m) {
     out.n_ctx_max = m->n_ctx_max();
     out.n_head = m->n_head();
     out.n_expert = m->n_expert();
+    out.chat_template = m->chat_template();
     return out;
 }
 
@@ -377,7 +378,8 @@ DoneInfo Client::generate(const GenerateRequest &req, const GenerateCallbacks &c
                                        req.repeat_last_n, req.frequency_penalty, req.presence_penalty, bias);
     auto body = fb::CreateGenerate(fbb, req.session, text, tokens, messages, req.add_generation_prompt, req.thinking,
                                    sampling, req.max_tokens, stop_strings, stop_tokens, req.ignore_eos, req.progress,
-                                   req.speculate, req.logprobs, uint8_t(req.top_logprobs));
+                                   req.speculate, req.logprobs, uint8_t(req.top_logprobs),
+                                   req.json_object ? fb::OutputFormat::JsonObject : fb::OutputFormat::Text);
     const uint64_t id = impl_->rid();
     ipc::finish_frame(fbb, id, body);
     impl_->send(fbb);

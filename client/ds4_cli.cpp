@@ -6,12 +6,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <iostream>
+#include <memory>
 #include <string>
+#include <unordered_map>
 
 #include "client/cli_args.h"
 #include "client/ds4client.hpp"
@@ -77,15 +80,113 @@ struct Progress {
     }
 };
 
-// Streams one answer to stdout. Returns the Done info.
-DoneInfo stream_answer(Client &client, const GenerateRequest &req, bool ids, bool *last_newline) {
+// A JSON string of token bytes: valid UTF-8 is kept, control characters are escaped, and a
+// byte outside valid UTF-8 (a token may hold part of a character) becomes U+FFFD, *lossy set.
+std::string json_string(std::string_view s, bool *lossy) {
+    std::string o = "\"";
+    *lossy = false;
+    const auto *p = reinterpret_cast<const unsigned char *>(s.data());
+    for (size_t i = 0; i < s.size();) {
+        const unsigned char c = p[i];
+        size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        bool ok = n > 0 && i + n <= s.size();
+        for (size_t k = 1; ok && k < n; ++k) ok = (p[i + k] & 0xC0) == 0x80;
+        if (ok && n == 2) ok = c >= 0xC2;                                      // overlong
+        if (ok && n == 3) ok = !(c == 0xE0 && p[i + 1] < 0xA0) && !(c == 0xED && p[i + 1] >= 0xA0);
+        if (ok && n == 4) ok = c <= 0xF4 && !(c == 0xF0 && p[i + 1] < 0x90) && !(c == 0xF4 && p[i + 1] >= 0x90);
+        if (!ok) {
+            o += "\xEF\xBF\xBD";
+            *lossy = true;
+            ++i;
+            continue;
+        }
+        if (n == 1) {
+            if (c == '"' || c == '\\') {
+                o += '\\';
+                o += char(c);
+            } else if (c == '\n' || c == '\t' || c == '\r') {
+                o += '\\';
+                o += c == '\n' ? 'n' : c == '\t' ? 't' : 'r';
+            } else if (c < 0x20 || c == 0x7F) {
+                char esc[8];
+                std::snprintf(esc, sizeof esc, "\\u%04x", c);
+                o += esc;
+            } else {
+                o += char(c);
+            }
+        } else {
+            o.append(s.substr(i, n));
+        }
+        i += n;
+    }
+    return o + "\"";
+}
+
+// The bytes of single tokens, for --logprobs, looked up on a second connection (the first one
+// is streaming the answer) and cached.
+class TokenTexts {
+public:
+    explicit TokenTexts(std::string socket) : socket_(std::move(socket)) {}
+    const std::string &get(int32_t t) {
+        auto it = cache_.find(t);
+        if (it != cache_.end()) return it->second;
+        if (!client_) client_ = std::make_unique<Client>(socket_, "ds4-logprobs");
+        return cache_.emplace(t, client_->detokenize(std::span<const int32_t>(&t, 1))).first->second;
+    }
+    // {"token":ID,"text":"...","logprob":X} plus "bytes":[...] when the text is not valid UTF-8.
+    std::string entry(int32_t t, float logprob) {
+        const std::string &b = get(t);
+        bool lossy = false;
+        std::string o = "{\"token\":";
+        o += std::to_string(t);
+        o += ",\"text\":";
+        o += json_string(b, &lossy);
+        char num[48];
+        std::snprintf(num, sizeof num, ",\"logprob\":%.9g", double(logprob));
+        o += num;
+        if (lossy) {
+            o += ",\"bytes\":[";
+            for (size_t i = 0; i < b.size(); ++i) {
+                if (i) o += ',';
+                o += std::to_string(unsigned(static_cast<unsigned char>(b[i])));
+            }
+            o += "]";
+        }
+        return o;
+    }
+
+private:
+    std::string socket_;
+    std::unique_ptr<Client> client_;
+    std::unordered_map<int32_t, std::string> cache_;
+};
+
+enum class Output { Text, Ids, Logprobs };
+
+// Streams one answer to stdout. Returns the Done info. texts: for Output::Logprobs.
+DoneInfo stream_answer(Client &client, const GenerateRequest &req, Output out, bool *last_newline,
+                       TokenTexts *texts = nullptr) {
     Progress progress;
     bool first_id = true;
+    const bool ids = out == Output::Ids;
     GenerateCallbacks cb;
     cb.on_progress = [&](uint32_t cur, uint32_t total) { progress.update(cur, total); };
     cb.on_chunk = [&](const Chunk &c) {
         progress.clear();
-        if (ids) {
+        if (out == Output::Logprobs) {
+            // One JSON line per token: the token, then its most likely alternatives.
+            for (size_t i = 0; i < c.tokens.size() && i < c.logprobs.size(); ++i) {
+                std::string line = texts->entry(c.tokens[i], c.logprobs[i].logprob) + ",\"top\":[";
+                for (size_t k = 0; k < c.logprobs[i].top.size(); ++k) {
+                    if (k) line += ',';
+                    line += texts->entry(c.logprobs[i].top[k].first, c.logprobs[i].top[k].second);
+                    line += '}';
+                }
+                line += "]}\n";
+                std::fwrite(line.data(), 1, line.size(), stdout);
+            }
+            *last_newline = true;
+        } else if (ids) {
             for (int32_t t : c.tokens) {
                 std::fprintf(stdout, first_id ? "%d" : " %d", t);
                 first_id = false;
@@ -193,6 +294,19 @@ std::string latest_save_error(Client &client, const std::string &name) {
 
 int cmd_run(Client &client, const CliArgs &a) {
     GenerateRequest req = base_request(a);
+    // Neither --raw nor --chat: the model says. A model without a chat template (a raw
+    // completion model, e.g. the default Python one) would only continue the template's markup.
+    const ModelInfo &model = client.server_info().model;
+    const bool raw = a.raw || (!a.chat_template && !model.chat_template);
+    if (raw && a.think)
+        throw UsageError(a.raw ? "--think needs the chat template; it cannot be combined with --raw"
+                               : "--think needs the chat template, and " + model.name +
+                                     " has none (a plain completion model); add --chat to use the template anyway");
+    req.json_object = a.json;
+    if (a.logprobs >= 0) {
+        req.logprobs = true;
+        req.top_logprobs = uint32_t(a.logprobs);
+    }
     const std::string prompt = a.prompt == "-" ? read_all_stdin() : a.prompt;
     if (!a.session.empty()) {
         SessionInfo si = client.open_session(a.session);
@@ -200,7 +314,7 @@ int cmd_run(Client &client, const CliArgs &a) {
         if (!si.save_error.empty()) warn_save_error(si.name, si.save_error);
         req.session = si.id;
     }
-    if (a.raw) {
+    if (raw) {
         req.kind = GenerateRequest::Prompt::Text;
         req.text = prompt;
     } else {
@@ -209,8 +323,10 @@ int cmd_run(Client &client, const CliArgs &a) {
     }
     client.set_interrupt_fd(g_sigpipe[0]);
     bool last_newline = false;
-    DoneInfo d = stream_answer(client, req, a.ids, &last_newline);
-    if (a.ids) std::fputc('\n', stdout);
+    TokenTexts texts(a.socket);
+    const Output out = a.logprobs >= 0 ? Output::Logprobs : a.ids ? Output::Ids : Output::Text;
+    DoneInfo d = stream_answer(client, req, out, &last_newline, &texts);
+    if (out == Output::Ids) std::fputc('\n', stdout);
     else if (::isatty(1) && !last_newline) std::fputc('\n', stdout);
     std::fflush(stdout);
     print_summary(d);
@@ -412,6 +528,11 @@ int cmd_chat(Client &client, CliArgs a) {
                      info.model.name.c_str(), info.model.family.c_str(),
                      s.n_tokens ? (", continuing session " + s.name).c_str() : "");
     }
+    if (!client.server_info().model.chat_template)
+        std::fprintf(stderr,
+                     "ds4: warning: %s has no chat template (a plain completion model): it was not trained on "
+                     "conversations, so its answers may make little sense; `ds4 run PROMPT` continues text\n",
+                     client.server_info().model.name.c_str());
     client.set_interrupt_fd(g_sigpipe[0]);
     LineReader reader(tty_in);
     std::string line;
@@ -433,7 +554,7 @@ int cmd_chat(Client &client, CliArgs a) {
         req.kind = GenerateRequest::Prompt::Chat;
         req.messages.push_back({"user", line});
         bool last_newline = false;
-        DoneInfo d = stream_answer(client, req, false, &last_newline);
+        DoneInfo d = stream_answer(client, req, Output::Text, &last_newline);
         if (!last_newline) std::fputc('\n', stdout);
         std::fflush(stdout);
         note_context_full(d, a.session);
@@ -472,8 +593,11 @@ int cmd_stats(Client &client) {
                 m.n_vocab, m.n_ctx_max);
     std::printf("connections  %u\n", s.connections);
     std::printf("sessions     %u\n", s.sessions);
-    std::printf("requests     %llu total, %u active, %u queued\n", static_cast<unsigned long long>(s.requests_total),
-                s.active_requests, s.queued_requests);
+    uint32_t prefilling = 0;
+    for (const Stats::Stream &x : s.streams) prefilling += x.prefilling ? 1 : 0;
+    const uint32_t running = s.active_requests - std::min(s.active_requests, s.queued_requests);
+    std::printf("requests     %llu total; now %u running (%u in prefill), %u waiting to start\n",
+                static_cast<unsigned long long>(s.requests_total), running, prefilling, s.queued_requests);
     std::printf("tokens       %llu in (%llu cached), %llu out\n", static_cast<unsigned long long>(s.tokens_in),
                 static_cast<unsigned long long>(s.tokens_cached), static_cast<unsigned long long>(s.tokens_out));
     std::printf("throughput   prefill %.1f tok/s, decode %.1f tok/s\n", s.prefill_tok_s, s.decode_tok_s);

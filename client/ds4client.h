@@ -175,6 +175,40 @@ int ds4c_detokenize(ds4c_client *c, const int32_t *tokens, size_t n, char *buf, 
                     size_t errlen);
 int ds4c_get_stats(ds4c_client *c, ds4c_stats *out, char *err, size_t errlen);
 
+/* ds4c_stats and the rest of the daemon's figures (ds4.fbs StatsResult says what each means).
+ * Versioned by size: ds4c_stats_ex_init(x, sizeof *x) zeroes the struct and records the size,
+ * and ds4c_get_stats_ex fills only what lies within it, so a caller built against a shorter,
+ * older struct keeps working; fields are only ever appended. */
+typedef struct {
+    size_t size;                   /* set by ds4c_stats_ex_init */
+    ds4c_stats base;
+    uint64_t saves_failed;         /* session saves that failed since ds4d started */
+    uint64_t device_weights_bytes; /* weights held in device memory */
+    char device[64];               /* the GPU's name, or "cpu" */
+    /* continuous batching: forward steps, the rows and requests they carried, their time */
+    uint64_t steps, step_rows, step_requests;
+    double step_seconds;
+    uint32_t max_batch, step_tokens;   /* --max-batch, --step-tokens */
+    /* speculative decoding (ds4d --drafter; draft_max 0: none) */
+    uint32_t draft_max;
+    uint64_t spec_trials, spec_drafted, spec_accepted, spec_fallbacks, spec_tokens;
+    uint64_t spec_solo_tokens;     /* of trials that ran alone in their step: tokens, seconds */
+    double spec_solo_seconds;
+    uint64_t solo_steps;           /* plain one-row steps that ran alone: count, seconds */
+    double solo_seconds;
+    /* session-cache budget (--kv-budget): bytes, requests waiting for memory or a slot, refused */
+    uint64_t kv_budget, kv_in_use, kv_refused;
+    uint32_t kv_waiting, slot_waiting;
+} ds4c_stats_ex;
+
+void ds4c_stats_ex_init(ds4c_stats_ex *x, size_t size);
+/* out->size must come from ds4c_stats_ex_init. */
+int ds4c_get_stats_ex(ds4c_client *c, ds4c_stats_ex *out, char *err, size_t errlen);
+
+/* 1 when the model's GGUF has a chat template (prompts are meant as chat messages), 0 for a
+ * plain completion model (send text as it is), -1 for NULL. */
+int ds4c_model_has_chat_template(const ds4c_client *c);
+
 /* --- persistent named sessions (a daemon with a store; else DS4C_ERR_SERVER, NO_STORE) --- */
 
 /* One stored or live named session. The strings belong to the list they came from. */

@@ -37,6 +37,9 @@ struct ServerError : std::runtime_error {
 struct ModelInfo {
     std::string family, name, backend;
     uint32_t n_layer = 0, n_embd = 0, n_vocab = 0, n_ctx_max = 0, n_head = 0, n_expert = 0;
+    // The model's GGUF has a chat template: prompts are meant as chat messages. false: a
+    // model of plain text completion (ds4 run then sends the prompt as text).
+    bool chat_template = true;
 };
 
 struct ServerInfo {
@@ -96,6 +99,9 @@ struct GenerateRequest {
     std::vector<std::pair<int32_t, float>> logit_bias;  // token id -> bias in [-100, 100]
     bool logprobs = false;      // each chunk's token's log-probability (Chunk::logprobs)
     uint32_t top_logprobs = 0;  // 0..20 alternatives with each (needs logprobs)
+    // Constrained decoding: the output is one JSON object, and the request ends (Stop) when it
+    // closes; ds4d keeps it closable within max_tokens (>= 2) and the context.
+    bool json_object = false;
 };
 
 enum class FinishReason { Stop = 0, StopString, Length, Context, Cancelled };

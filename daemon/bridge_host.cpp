@@ -33,6 +33,7 @@ BridgeModel::BridgeModel(const ModelOpenConfig &cfg) {
     summary_.n_ctx_max = uint32_t(info.n_ctx_max);
     summary_.n_head = uint32_t(info.n_head);
     summary_.n_expert = uint32_t(info.n_expert);
+    summary_.chat_template = m_->has_chat_template();
     if (!cfg.drafter_path.empty()) {
         const ds4_bridge_model_info_t d = m_->drafter_info();
         summary_.has_drafter = true;
@@ -61,6 +62,7 @@ std::string BridgeModel::token_text(int32_t token) { return m_->token_text(token
 std::string BridgeModel::detokenize(std::span<const int32_t> tokens) { return m_->detokenize(tokens); }
 
 bool BridgeModel::is_stop(int32_t token) { return m_->is_stop(token); }
+bool BridgeModel::is_special(int32_t token) { return m_->is_special(token); }
 
 MemorySnapshot BridgeModel::memory() {
     const ds4_bridge_memory_ex_t ex = m_->memory_ex();

@@ -19,6 +19,7 @@ using BridgeFailure = ds4::bridge::BridgeError;
 struct ModelSummary {
     std::string family, name, backend;
     uint32_t n_layer = 0, n_embd = 0, n_vocab = 0, n_ctx_max = 0, n_head = 0, n_expert = 0;
+    bool chat_template = false;         // the GGUF has tokenizer.chat_template
     bool has_drafter = false;           // the drafter's identity (what a shared export announces)
     uint64_t drafter_fingerprint = 0;
     uint32_t drafter_n_vocab = 0;
@@ -60,6 +61,7 @@ public:
     std::string token_text(int32_t token);
     std::string detokenize(std::span<const int32_t> tokens);
     bool is_stop(int32_t token);
+    bool is_special(int32_t token);   // control/markup, not text
     MemorySnapshot memory();
     // Cache bytes of a session of ctx once it has held n tokens (caches grow with use).
     uint64_t cache_bytes_for(uint32_t ctx, uint64_t n);

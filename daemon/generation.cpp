@@ -132,6 +132,11 @@ bool Worker::Impl::deliver(Job &j, int32_t t, Clock::time_point t0, fb::FinishRe
         *why = fb::FinishReason::StopString;
         return false;
     }
+    // The mask let only tokens through that keep the JSON valid; it ends once the object closes.
+    if (j.json && j.json->feed(json_vocab->bytes(t)) && j.json->done()) {
+        *why = fb::FinishReason::Stop;
+        return false;
+    }
     if (out_of_room(j, why)) return false;
     j.pending = t;
     return true;
@@ -151,7 +156,7 @@ bool Worker::Impl::take_token(Job &j) {
         const SamplingControls &c = j.p.controls;
         int32_t t;
         TokenLogprob lp;
-        if (!c.active()) {
+        if (!c.active() && !j.json) {
             t = j.p.temperature == 0.0f ? s->bridge->argmax()
                                         : s->bridge->sample(j.p.temperature, j.p.top_k, j.p.top_p, j.p.min_p, &j.rng);
         } else {
@@ -159,6 +164,15 @@ bool Worker::Impl::take_token(Job &j) {
             // sampler (the same rng use), so only the changed logits change the outcome.
             s->bridge->logits_into(row_scratch, model->vocab());
             if (c.changes_logits()) apply_controls(row_scratch, c, s->history, j.generated_counts);
+            if (j.json) {
+                // out_of_room() above leaves at least one token to take.
+                const size_t by_length = j.p.max_tokens - j.generated, by_context = s->ctx - s->history.size();
+                if (json_vocab->mask(*j.json, std::min(by_length, by_context), row_scratch) == 0) {
+                    // Too few tokens left to close the object (a prompt that nearly fills the context).
+                    finish_job(j, by_length <= by_context ? fb::FinishReason::Length : fb::FinishReason::Context);
+                    return false;
+                }
+            }
             t = j.p.temperature == 0.0f
                     ? row_argmax(row_scratch)
                     : ds4::bridge::sample_logits(row_scratch, j.p.temperature, j.p.top_k, j.p.top_p, j.p.min_p, &j.rng);

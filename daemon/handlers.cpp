@@ -311,14 +311,22 @@ void Worker::Impl::on(Request &r, StatsParams &p) {
     s.uptime_s = std::chrono::duration<double>(Clock::now() - started_at).count();
     s.sessions = uint32_t(sessions.size());
     s.connections = p.connections;
+    // Active: every request ds4d holds; queued: those not running yet (waiting for memory or
+    // their first step). A request in prefill is running.
     s.active_requests = uint32_t(jobs.size());
-    for (auto &j : jobs) s.queued_requests += j->decoding ? 0 : 1;
+    for (auto &j : jobs) s.queued_requests += j->admitted && j->started ? 0 : 1;
+    // Rates over finished and running requests alike: the token counters move with every step.
+    uint64_t prefill_ns = prefill_ns_total, decode_ns = decode_ns_total;
+    for (auto &j : jobs) {
+        prefill_ns += j->prefill_ns;
+        decode_ns += j->decode_ns;
+    }
     s.requests_total = requests_total;
     s.tokens_in = tokens_in;
     s.tokens_cached = tokens_cached;
     s.tokens_out = tokens_out;
-    s.prefill_tok_s = prefill_ns_total ? double(prefill_tokens) * 1e9 / double(prefill_ns_total) : 0.0;
-    s.decode_tok_s = decode_ns_total ? double(tokens_out) * 1e9 / double(decode_ns_total) : 0.0;
+    s.prefill_tok_s = prefill_ns ? double(prefill_tokens) * 1e9 / double(prefill_ns) : 0.0;
+    s.decode_tok_s = decode_ns ? double(tokens_out) * 1e9 / double(decode_ns) : 0.0;
     s.memory = model->memory();
     s.drafter = std::move(p.drafter);
     const bool mapped_elsewhere = std::any_of(s.drafter.importers.begin(), s.drafter.importers.end(),
@@ -426,6 +434,19 @@ void Worker::Impl::on(Request &r, GenerateParams &p) {
     } catch (const BridgeFailure &e) {
         return reply_error(r, fb::ErrorCode::Engine, e.what());
     }
+    if (p.json_object && !json_vocab) {
+        try {
+            std::vector<std::string> bytes(size_t(model->vocab()));
+            std::vector<bool> special(bytes.size());
+            for (size_t t = 0; t < bytes.size(); ++t) {
+                bytes[t] = model->token_text(int32_t(t));
+                special[t] = model->is_special(int32_t(t));
+            }
+            json_vocab = std::make_unique<JsonVocab>(std::move(bytes), special);
+        } catch (const std::exception &e) {
+            return reply_error(r, fb::ErrorCode::NotImplemented, e.what());
+        }
+    }
     std::vector<int32_t> full = s->history;
     full.insert(full.end(), prompt.begin(), prompt.end());
     if (full.empty()) return reply_error(r, fb::ErrorCode::BadRequest, "empty prompt on an empty session");
@@ -457,6 +478,7 @@ void Worker::Impl::on(Request &r, GenerateParams &p) {
     job->rid = r.id;
     job->p = std::move(p);
     job->text = TextStream(job->p.stop_strings);
+    if (job->p.json_object) job->json = std::make_unique<JsonState>();
     std::sort(job->p.stop_tokens.begin(), job->p.stop_tokens.end());
     job->rng = splitmix64(job->p.seed);
     job->base_len = s->history.size();

@@ -24,7 +24,7 @@ flatbuffers::Offset<flatbuffers::String> opt_sv(flatbuffers::FlatBufferBuilder &
 
 flatbuffers::Offset<fb::ModelInfo> model_info(flatbuffers::FlatBufferBuilder &fbb, const ModelSummary &m) {
     return fb::CreateModelInfo(fbb, sv(fbb, m.family), sv(fbb, m.name), m.n_layer, m.n_embd, m.n_vocab, m.n_ctx_max,
-                               m.n_head, m.n_expert, sv(fbb, m.backend));
+                               m.n_head, m.n_expert, sv(fbb, m.backend), m.chat_template);
 }
 
 }  // namespace

@@ -29,6 +29,13 @@ ParseResult request(RequestBody body) {
 
 std::string str(const flatbuffers::String *s) { return s ? s->str() : std::string(); }
 
+// A number as a person writes it (1.5, not std::to_string's 1.500000).
+std::string num(float v) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%g", double(v));
+    return buf;
+}
+
 // The chat template knows these roles; anything else is the client's mistake, refused here
 // before the engine sees it.
 bool known_role(const flatbuffers::String *r) {
@@ -82,13 +89,13 @@ ParseResult parse_generate(const fb::Generate *g, const ParseLimits &lim) {
         c.frequency_penalty = s->frequency_penalty();
         c.presence_penalty = s->presence_penalty();
         if (!std::isfinite(c.repeat_penalty) || c.repeat_penalty <= 0 || c.repeat_penalty > 10)
-            return bad("Generate: repeat_penalty must be in (0, 10], got " + std::to_string(c.repeat_penalty));
+            return bad("Generate: repeat_penalty must be in (0, 10], got " + num(c.repeat_penalty));
         if (c.repeat_last_n < -1)
             return bad("Generate: repeat_last_n must be >= -1 (-1: the whole context), got " + std::to_string(c.repeat_last_n));
         if (!std::isfinite(c.frequency_penalty) || c.frequency_penalty < -2 || c.frequency_penalty > 2)
-            return bad("Generate: frequency_penalty must be in [-2, 2], got " + std::to_string(c.frequency_penalty));
+            return bad("Generate: frequency_penalty must be in [-2, 2], got " + num(c.frequency_penalty));
         if (!std::isfinite(c.presence_penalty) || c.presence_penalty < -2 || c.presence_penalty > 2)
-            return bad("Generate: presence_penalty must be in [-2, 2], got " + std::to_string(c.presence_penalty));
+            return bad("Generate: presence_penalty must be in [-2, 2], got " + num(c.presence_penalty));
         if (const auto *lb = s->logit_bias()) {
             if (lb->size() > lim.max_logit_bias)
                 return bad("Generate: logit_bias has " + std::to_string(lb->size()) + " entries, at most " +
@@ -97,7 +104,7 @@ ParseResult parse_generate(const fb::Generate *g, const ParseLimits &lim) {
                 if (e->token() < 0) return bad("Generate: logit_bias token " + std::to_string(e->token()) + " is negative");
                 if (!std::isfinite(e->bias()) || e->bias() < -100 || e->bias() > 100)
                     return bad("Generate: logit_bias of token " + std::to_string(e->token()) + " must be in [-100, 100], got " +
-                               std::to_string(e->bias()));
+                               num(e->bias()));
                 c.logit_bias.emplace_back(e->token(), e->bias());
             }
             std::sort(c.logit_bias.begin(), c.logit_bias.end());
@@ -113,12 +120,12 @@ ParseResult parse_generate(const fb::Generate *g, const ParseLimits &lim) {
     if (p.controls.top_logprobs > 0 && !p.controls.logprobs)
         return bad("Generate: top_logprobs needs logprobs");
     if (!std::isfinite(p.temperature) || p.temperature < 0 || p.temperature > 100)
-        return bad("Generate: temperature must be in [0, 100], got " + std::to_string(p.temperature));
+        return bad("Generate: temperature must be in [0, 100], got " + num(p.temperature));
     if (p.top_k < 0) return bad("Generate: top_k must be >= 0, got " + std::to_string(p.top_k));
     if (!std::isfinite(p.top_p) || p.top_p < 0 || p.top_p > 1)
-        return bad("Generate: top_p must be in [0, 1], got " + std::to_string(p.top_p));
+        return bad("Generate: top_p must be in [0, 1], got " + num(p.top_p));
     if (!std::isfinite(p.min_p) || p.min_p < 0 || p.min_p > 1)
-        return bad("Generate: min_p must be in [0, 1], got " + std::to_string(p.min_p));
+        return bad("Generate: min_p must be in [0, 1], got " + num(p.min_p));
     p.max_tokens = g->max_tokens();
     if (p.max_tokens > lim.max_tokens)
         return bad("Generate: max_tokens " + std::to_string(p.max_tokens) + " exceeds " + std::to_string(lim.max_tokens));
@@ -136,9 +143,17 @@ ParseResult parse_generate(const fb::Generate *g, const ParseLimits &lim) {
     p.ignore_eos = g->ignore_eos();
     p.progress = g->progress();
     p.speculate = g->speculate();
+    switch (g->output_format()) {
+    case fb::OutputFormat::Text: break;
+    case fb::OutputFormat::JsonObject:
+        p.json_object = true;
+        if (p.max_tokens < 2) return bad("Generate: a JSON object needs max_tokens >= 2, got " + std::to_string(p.max_tokens));
+        break;
+    default: return bad("Generate: unknown output_format " + std::to_string(int(g->output_format())));
+    }
     // The drafter's proposals are verified against the engine's unadjusted distribution, so a
-    // request with sampling controls decodes one plain step at a time.
-    if (p.controls.active()) p.speculate = false;
+    // request with sampling controls or constrained output decodes one plain step at a time.
+    if (p.controls.active() || p.json_object) p.speculate = false;
     return request(std::move(p));
 }
 

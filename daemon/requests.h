@@ -50,6 +50,7 @@ struct GenerateParams {
     bool progress = false;
     bool speculate = true;   // use ds4d's drafter when it has one
     SamplingControls controls;  // bias, penalties, logprobs (daemon/sampling.h)
+    bool json_object = false;   // constrained to one JSON object (daemon/json_constraint.h)
 };
 
 struct OpenSessionParams {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "daemon/bridge_host.h"
+#include "daemon/json_constraint.h"
 #include "daemon/replies.h"
 #include "daemon/scheduler.h"
 #include "daemon/session_saver.h"
@@ -91,6 +92,7 @@ struct Job {
     uint32_t generated = 0;
     uint64_t rng = 0;
     TokenCounts generated_counts;  // for frequency/presence penalties (daemon/sampling.h)
+    std::unique_ptr<JsonState> json;  // output constrained to a JSON object (Generate.output_format)
     TextStream text;
     uint64_t prefill_ns = 0, decode_ns = 0;
     Clock::time_point first_token_at{};
@@ -150,6 +152,7 @@ struct Worker::Impl {
     uint32_t default_ctx = 0;
     std::vector<int32_t> template_prefix;
     std::vector<float> row_scratch;  // a logits row for requests with sampling controls
+    std::unique_ptr<JsonVocab> json_vocab;  // the vocabulary's bytes, made at the first JSON request
     std::unordered_map<uint64_t, std::unique_ptr<LiveSession>> sessions;
     std::unordered_map<std::string, uint64_t> names;
     uint64_t next_session = 1;

@@ -15,6 +15,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <stdexcept>
 #include <thread>
@@ -25,6 +26,7 @@
 #include "gateway/api_key.h"
 #include "gateway/dsml.h"
 #include "gateway/reply.h"
+#include "gateway/response_store.h"
 #include "gateway/translate.h"
 
 namespace ds4::gateway {
@@ -270,25 +272,8 @@ struct Server::Impl {
         }
     }
 
-    // previous_response_id: a response made in a named session, and that session's length
-    // right after it (a later turn makes it stale: branching is not served).
-    struct ResponseState {
-        std::string session;
-        uint32_t n_tokens = 0;
-    };
-    std::mutex resp_mu;
-    std::unordered_map<std::string, ResponseState> responses;
-    std::deque<std::string> response_order;   // oldest first, bounded
-
-    void remember_response(const std::string &id, ResponseState st) {
-        std::lock_guard lk(resp_mu);
-        responses[id] = std::move(st);
-        response_order.push_back(id);
-        while (response_order.size() > 10000) {
-            responses.erase(response_order.front());
-            response_order.pop_front();
-        }
-    }
+    // previous_response_id: the responses this process made (gateway/response_store.h).
+    ResponseStore responses;
 
     void fail_request(Job &job, const Request &req, const ApiError &ae) {
         metrics.count(endpoint_name(req.api), ae.status);
@@ -298,46 +283,87 @@ struct Server::Impl {
     void generate(Job &job, cl::Client &c, const Request &req) {
         const std::string model = model_name(c);
         // The named session: the `session` extension, or the one previous_response_id was in.
+        // previous_response_id continues that session while it is the session's latest turn;
+        // otherwise (an earlier turn: a fork, or a response made without a session) the
+        // conversation is rebuilt from the remembered tokens and runs statelessly (its prefix
+        // reused from ds4d's one-shot pool), or in the new session the request names.
         std::string session = req.session;
-        uint32_t expect_tokens = 0;
+        std::optional<ResponseStore::Turn> prev;
+        std::vector<int32_t> base;   // a fork: the conversation's tokens before this request's
         if (!req.previous_response_id.empty()) {
-            std::lock_guard lk(resp_mu);
-            auto it = responses.find(req.previous_response_id);
-            if (it == responses.end())
+            prev = responses.find(req.previous_response_id);
+            if (!prev)
                 return fail_request(job, req, ApiError(400, "invalid_request_error",
-                    "previous_response_id '" + req.previous_response_id + "' is unknown to this gateway: it continues "
-                    "responses made in a named session (the 'session' extension field), while it runs",
+                    "previous_response_id '" + req.previous_response_id + "' is unknown to this gateway: it remembers "
+                    "the responses it made since it started (the least recently used are forgotten)",
                     "previous_response_id", "previous_response_not_found"));
-            if (!session.empty() && session != it->second.session)
-                return fail_request(job, req, ApiError(400, "invalid_request_error",
-                    "previous_response_id was made in session '" + it->second.session + "', not '" + session + "'", "session"));
-            session = it->second.session;
-            expect_tokens = it->second.n_tokens;
         }
         if (!session.empty() && req.n > 1)
             return fail_request(job, req, ApiError(400, "invalid_request_error",
                 "'n' > 1 cannot continue one named session several ways; leave out 'session' or 'n'", "n"));
         uint64_t sid = 0;
         uint32_t history = 0;
-        if (!session.empty()) {
+        auto open = [&](const std::string &name) -> bool {
             try {
-                const cl::SessionInfo si = c.open_session(session);
+                const cl::SessionInfo si = c.open_session(name);
                 sid = si.id;
                 history = si.n_tokens;
+                return true;
             } catch (const cl::ServerError &e) {
-                return fail_request(job, req, from_server_error(e));
+                fail_request(job, req, from_server_error(e));
+                return false;
             }
-            if (!req.previous_response_id.empty() && history != expect_tokens)
-                return fail_request(job, req, ApiError(400, "invalid_request_error",
-                    "previous_response_id '" + req.previous_response_id + "' is not the latest turn of session '" + session +
-                    "' any more (it holds " + std::to_string(history) + " tokens, the response left " +
-                    std::to_string(expect_tokens) + "); continuing an earlier turn is not supported",
-                    "previous_response_id"));
+        };
+        bool fork = false;
+        if (prev && !prev->session.empty() && (session.empty() || session == prev->session)) {
+            if (!open(prev->session)) return;
+            if (history != prev->session_len) {
+                close_quietly(c, sid);
+                sid = 0;
+                if (!session.empty())
+                    return fail_request(job, req, ApiError(400, "invalid_request_error",
+                        "previous_response_id '" + req.previous_response_id + "' is not the latest turn of session '" +
+                        session + "' (it holds " + std::to_string(history) + " tokens, the response left " +
+                        std::to_string(prev->session_len) + "): continuing it there would drop the later turns. "
+                        "Leave out 'session' to continue from that turn statelessly, or name a new session to fork into",
+                        "previous_response_id"));
+                fork = true;
+            } else {
+                session = prev->session;
+            }
+        } else if (prev) {
+            fork = true;   // a stateless response, or forking into the new session req.session
+        } else if (!session.empty()) {
+            if (!open(session)) return;
         }
+        if (fork) {
+            std::optional<std::vector<int32_t>> h = responses.history(req.previous_response_id);
+            if (!h)
+                return fail_request(job, req, ApiError(400, "invalid_request_error",
+                    "the conversation up to previous_response_id '" + req.previous_response_id + "' is not held by this "
+                    "gateway any more (part of it was forgotten, or it began in a session before this gateway saw it), "
+                    "so it cannot continue from that turn; send the whole conversation as input instead",
+                    "previous_response_id"));
+            base = std::move(*h);
+            history = 0;
+            if (!session.empty()) {
+                if (!open(session)) return;
+                if (history > 0) {
+                    close_quietly(c, sid);
+                    return fail_request(job, req, ApiError(400, "invalid_request_error",
+                        "session '" + session + "' holds " + std::to_string(history) + " tokens already; continuing "
+                        "previous_response_id '" + req.previous_response_id + "' from another session forks it into "
+                        "a new, empty session", "session"));
+                }
+            }
+        }
+        const bool continuation = history > 0 || prev.has_value();
 
         cl::GenerateRequest g;
         g.session = sid;
         uint32_t prompt_tokens = 0;
+        std::vector<int32_t> own_tokens;   // this request's prompt tokens (base excluded)
+        std::vector<int32_t> generated;    // and the tokens it generated (for ResponseStore)
         std::string prefill;   // forced tool call: the opening the output continues
         if (req.raw_prompt) {
             g.kind = cl::GenerateRequest::Prompt::Text;
@@ -349,9 +375,9 @@ struct Server::Impl {
             // A session's later turn continues its conversation: no second BOS, and the tool
             // schemas are in its first turn's system prompt already.
             PromptOptions po = req.prompt_options;
-            if (history > 0) po.tools = Json::array();
+            if (continuation) po.tools = Json::array();
             std::string text = render_prompt(req.messages, po);
-            if (history > 0 && text.rfind(kBos, 0) == 0) text.erase(0, std::strlen(kBos));
+            if (continuation && text.rfind(kBos, 0) == 0) text.erase(0, std::strlen(kBos));
             if (req.force_tool) {
                 if (req.prompt_options.thinking) prefill += kEndThink;
                 prefill += "\n\n";
@@ -363,8 +389,11 @@ struct Server::Impl {
             try {
                 g.tokens = c.tokenize(text, true);
             } catch (const cl::ServerError &e) {
+                if (sid) close_quietly(c, sid);
                 return fail_request(job, req, from_server_error(e));
             }
+            own_tokens = g.tokens;
+            g.tokens.insert(g.tokens.begin(), base.begin(), base.end());
             prompt_tokens = uint32_t(g.tokens.size());
         }
         g.temperature = req.temperature;
@@ -382,6 +411,10 @@ struct Server::Impl {
         g.logit_bias = req.logit_bias;
         g.logprobs = req.logprobs;
         g.top_logprobs = req.top_logprobs;
+        g.json_object = req.json_object;
+        if (g.json_object && g.max_tokens < 2)
+            return fail_request(job, req, ApiError(400, "invalid_request_error",
+                "a JSON answer needs at least 2 tokens; max_tokens is " + std::to_string(g.max_tokens), "max_tokens"));
 
         // n > 1: one daemon request per choice, in turn, each with its own seed; the choices
         // share the answer's id and usage adds up.
@@ -417,6 +450,7 @@ struct Server::Impl {
             if (req.stream && !head.empty()) emit(head);
             cl::GenerateCallbacks cb;
             cb.on_chunk = [&](const cl::Chunk &ch) {
+                if (req.api == Api::Responses) generated.insert(generated.end(), ch.tokens.begin(), ch.tokens.end());
                 // One entry per token, in order; they go out with the text that follows.
                 for (size_t i = 0; i < ch.logprobs.size() && i < ch.tokens.size(); ++i) {
                     TokenLogprobs t;
@@ -467,12 +501,25 @@ struct Server::Impl {
                 else merged["choices"].push_back(body["choices"][0]);
                 if (last && req.n > 1) merged["usage"] = Json::parse(reply.finish(total))["usage"];
             }
-            if (last && sid && req.api == Api::Responses) {
-                try {
-                    const cl::SessionInfo after = c.open_session(session);
-                    remember_response(reply.id(), {session, after.n_tokens});
-                } catch (const cl::ServerError &) {
+            if (last && req.api == Api::Responses && req.store) {
+                // What the conversation gained: ds4d's session appended the prompt, the
+                // generated tokens and the stop token.
+                ResponseStore::Turn t;
+                t.parent = prev ? req.previous_response_id : std::string();
+                t.known_base = prev.has_value() || history == 0;
+                t.tokens = std::move(own_tokens);
+                t.tokens.insert(t.tokens.end(), generated.begin(), generated.end());
+                if (d.stop_token >= 0) t.tokens.push_back(d.stop_token);
+                bool keep = true;
+                if (sid) {
+                    t.session = session;
+                    try {
+                        t.session_len = c.open_session(session).n_tokens;
+                    } catch (const cl::ServerError &) {
+                        keep = false;
+                    }
                 }
+                if (keep) responses.add(reply.id(), std::move(t));
             }
         }
         if (sid) close_quietly(c, sid);

@@ -153,6 +153,34 @@ uint32_t read_top_logprobs(const Json &b) {
     return v ? uint32_t(want_int(*v, "top_logprobs", 0, 20)) : 0;
 }
 
+// A response format: chat's response_format or responses' text.format, {type: text |
+// json_object | json_schema}. json_object is served by ds4d's constrained decoding.
+void read_format(const Json &f, const std::string &name, Request &r) {
+    if (!f.is_object() || !field(f, "type")) bad_request(name, "'" + name + "' must be an object with a type");
+    const std::string type = want_string(f["type"], name + ".type");
+    if (type == "text") return;
+    if (type == "json_object") {
+        r.json_object = true;
+        return;
+    }
+    if (type == "json_schema")
+        throw ApiError(400, "invalid_request_error",
+                       "'" + name + "' of type 'json_schema' is not supported by ds4 (its constrained decoding knows "
+                       "JSON syntax, not schemas); use {\"type\": \"json_object\"} and describe the schema in the prompt",
+                       name, "unsupported_parameter");
+    bad_request(name + ".type", "'" + name + ".type' must be 'text', 'json_object' or 'json_schema', got '" + type + "'");
+}
+
+// JSON output is the whole answer: no reasoning before it, no forced tool call instead of it.
+void check_json_output(const Request &r, const std::string &name) {
+    if (!r.json_object) return;
+    if (r.force_tool)
+        bad_request(name, "'" + name + "' json_object cannot be combined with a tool_choice that forces a tool call");
+    if (r.prompt_options.thinking)
+        bad_request(name, "'" + name + "' json_object cannot be combined with thinking mode (the reasoning is free "
+                    "text before the answer); turn thinking off");
+}
+
 // OpenAI/vLLM/DeepSeek ways of asking for thinking mode.
 void read_thinking(const Json &b, Request &r) {
     if (const Json *v = field(b, "reasoning_effort")) {
@@ -254,9 +282,7 @@ Request parse_chat(const Json &b) {
         if (!so->is_object()) bad_request("stream_options", "'stream_options' must be an object");
         if (const Json *u = field(*so, "include_usage")) r.include_usage = want_bool(*u, "stream_options.include_usage");
     }
-    if (const Json *rf = field(b, "response_format")) {
-        if (!rf->is_object() || !field(*rf, "type") || (*rf)["type"] != "text") not_supported("response_format");
-    }
+    if (const Json *rf = field(b, "response_format")) read_format(*rf, "response_format", r);
     if (const Json *t = field(b, "tools")) {
         if (!t->is_array()) bad_request("tools", "'tools' must be an array");
         for (size_t i = 0; i < t->size(); ++i) {
@@ -360,6 +386,7 @@ Request parse_responses(const Json &b) {
     read_penalties(b, r);
     for (const char *k : {"conversation", "background"})
         if (const Json *v = field(b, k); v && !(v->is_boolean() && !v->get<bool>())) not_supported(k);
+    if (const Json *v = field(b, "store")) r.store = want_bool(*v, "store");
     if (const Json *v = field(b, "previous_response_id")) {
         r.previous_response_id = want_string(*v, "previous_response_id");
         if (r.previous_response_id.empty()) bad_request("previous_response_id", "'previous_response_id' is empty");
@@ -373,8 +400,7 @@ Request parse_responses(const Json &b) {
             if (want_string((*inc)[i], "include[" + std::to_string(i) + "]") == "message.output_text.logprobs") r.logprobs = true;
     }
     if (const Json *t = field(b, "text")) {
-        if (const Json *f = t->is_object() ? field(*t, "format") : nullptr; f && !(f->is_object() && (*f)["type"] == "text"))
-            not_supported("text.format");
+        if (const Json *f = t->is_object() ? field(*t, "format") : nullptr) read_format(*f, "text.format", r);
     }
     r.max_tokens = read_max_tokens(b, "max_output_tokens");
     if (const Json *t = field(b, "tools")) {
@@ -552,9 +578,15 @@ Request parse_request(Api api, std::string_view body) {
     if (!b.is_object()) throw ApiError(400, "invalid_request_error", "the request body must be a JSON object");
     Request r;
     switch (api) {
-    case Api::Chat: r = parse_chat(b); break;
+    case Api::Chat:
+        r = parse_chat(b);
+        check_json_output(r, "response_format");
+        break;
     case Api::Completions: r = parse_completions(b); break;
-    case Api::Responses: r = parse_responses(b); break;
+    case Api::Responses:
+        r = parse_responses(b);
+        check_json_output(r, "text.format");
+        break;
     case Api::Messages: r = parse_messages(b); break;
     }
     if (const Json *m = field(b, "model")) r.model = want_string(*m, "model");

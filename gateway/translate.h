@@ -67,7 +67,11 @@ struct Request {
     // Extension: a named ds4d session; the request's messages are appended to its
     // conversation (its KV state persists between calls and across daemon restarts).
     std::string session;
-    std::string previous_response_id;  // responses: continue the session that response was in
+    std::string previous_response_id;  // responses: continue the conversation of that response
+    bool store = true;              // responses: remember this one for previous_response_id
+    // response_format / text.format {"type": "json_object"}: the answer is one JSON object
+    // (ds4d's constrained decoding, Generate.output_format).
+    bool json_object = false;
 };
 
 // Throws ApiError for a body the API would refuse.

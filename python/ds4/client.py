@@ -66,6 +66,19 @@ class _Stats(C.Structure):
                 ("device_total", C.c_uint64)]
 
 
+class _StatsEx(C.Structure):
+    # ds4c_stats_ex: ds4c_stats plus the batching, speculation and budget figures (size-versioned).
+    _fields_ = [("size", C.c_size_t), ("base", _Stats), ("saves_failed", C.c_uint64),
+                ("device_weights_bytes", C.c_uint64), ("device", C.c_char * 64), ("steps", C.c_uint64),
+                ("step_rows", C.c_uint64), ("step_requests", C.c_uint64), ("step_seconds", C.c_double),
+                ("max_batch", C.c_uint32), ("step_tokens", C.c_uint32), ("draft_max", C.c_uint32),
+                ("spec_trials", C.c_uint64), ("spec_drafted", C.c_uint64), ("spec_accepted", C.c_uint64),
+                ("spec_fallbacks", C.c_uint64), ("spec_tokens", C.c_uint64), ("spec_solo_tokens", C.c_uint64),
+                ("spec_solo_seconds", C.c_double), ("solo_steps", C.c_uint64), ("solo_seconds", C.c_double),
+                ("kv_budget", C.c_uint64), ("kv_in_use", C.c_uint64), ("kv_refused", C.c_uint64),
+                ("kv_waiting", C.c_uint32), ("slot_waiting", C.c_uint32)]
+
+
 class _SessionEntry(C.Structure):
     _fields_ = [("name", C.c_char_p), ("save_error", C.c_char_p), ("n_tokens", C.c_uint32),
                 ("stored_tokens", C.c_uint32), ("bytes", C.c_uint64), ("created_unix", C.c_uint64),
@@ -115,6 +128,9 @@ def _api():
     fn(L, "ds4c_detokenize", C.c_int, P, C.POINTER(C.c_int32), C.c_size_t, C.c_char_p, C.c_size_t,
        C.POINTER(C.c_size_t), *E)
     fn(L, "ds4c_get_stats", C.c_int, P, C.POINTER(_Stats), *E)
+    fn(L, "ds4c_stats_ex_init", None, C.POINTER(_StatsEx), C.c_size_t)
+    fn(L, "ds4c_get_stats_ex", C.c_int, P, C.POINTER(_StatsEx), *E)
+    fn(L, "ds4c_model_has_chat_template", C.c_int, P)
     fn(L, "ds4c_list_sessions", C.c_int, P, C.POINTER(P), *E)
     fn(L, "ds4c_session_list_count", C.c_size_t, P)
     fn(L, "ds4c_session_list_get", C.c_int, P, C.c_size_t, C.POINTER(_SessionEntry))
@@ -139,6 +155,7 @@ class ModelInfo:
     n_expert: int
     default_ctx: int
     protocol_version: int
+    chat_template: bool = True   # the GGUF has a chat template; False: a plain completion model
 
 
 @dataclass
@@ -180,6 +197,31 @@ class Stats:
     scratch_bytes: int
     device_free: int
     device_total: int
+    # ds4c_stats_ex's figures (docs in client/ds4client.h)
+    saves_failed: int = 0
+    device_weights_bytes: int = 0
+    device: str = ""
+    steps: int = 0
+    step_rows: int = 0
+    step_requests: int = 0
+    step_seconds: float = 0.0
+    max_batch: int = 0
+    step_tokens: int = 0
+    draft_max: int = 0
+    spec_trials: int = 0
+    spec_drafted: int = 0
+    spec_accepted: int = 0
+    spec_fallbacks: int = 0
+    spec_tokens: int = 0
+    spec_solo_tokens: int = 0
+    spec_solo_seconds: float = 0.0
+    solo_steps: int = 0
+    solo_seconds: float = 0.0
+    kv_budget: int = 0
+    kv_in_use: int = 0
+    kv_refused: int = 0
+    kv_waiting: int = 0
+    slot_waiting: int = 0
 
 
 @dataclass
@@ -332,7 +374,8 @@ class Client:
         mi = _ModelInfo()
         self._call("ds4c_get_model_info", C.byref(mi))
         return ModelInfo(cstr(mi.family), cstr(mi.name), cstr(mi.backend), mi.n_layer, mi.n_embd, mi.n_vocab,
-                         mi.n_ctx_max, mi.n_head, mi.n_expert, mi.default_ctx, mi.protocol_version)
+                         mi.n_ctx_max, mi.n_head, mi.n_expert, mi.default_ctx, mi.protocol_version,
+                         _api().ds4c_model_has_chat_template(self._h) == 1)
 
     def open_session(self, name: Optional[str] = None, ctx: int = 0) -> int:
         """A session id: name None for an anonymous session of this connection."""
@@ -442,9 +485,12 @@ class Client:
                 raise
 
     def stats(self) -> Stats:
-        s = _Stats()
-        self._call("ds4c_get_stats", C.byref(s))
-        return Stats(*[getattr(s, f) for f, _ in _Stats._fields_])
+        x = _StatsEx()
+        _api().ds4c_stats_ex_init(C.byref(x), C.sizeof(x))
+        self._call("ds4c_get_stats_ex", C.byref(x))
+        extra = {f: getattr(x, f) for f, _ in _StatsEx._fields_ if f not in ("size", "base")}
+        extra["device"] = cstr(x.device)
+        return Stats(*[getattr(x.base, f) for f, _ in _Stats._fields_], **extra)
 
     def sessions(self) -> List[StoredSession]:
         """Stored and live named sessions (needs a daemon with a store)."""

@@ -486,6 +486,12 @@ int main(int argc, char **argv) {
     const int32_t eos = ds4_bridge_token_eos(m);
     CHECK(eos >= 0 && eos < V && ds4_bridge_token_eos(NULL) == -1);
     CHECK(ds4_bridge_token_is_stop(m, eos) == 1 && ds4_bridge_token_is_stop(NULL, eos) == -1);
+    /* The generated model: no chat template; EOS is markup, a byte of text is not. */
+    CHECK(ds4_bridge_model_has_chat_template(m) == 0 && ds4_bridge_model_has_chat_template(NULL) == -1);
+    CHECK(ds4_bridge_token_is_special(m, eos) == 1);
+    CHECK(ds4_bridge_tokenize_text(m, "a", 1, tk, 256, &nt, E) == 0 && nt == 1 && ds4_bridge_token_is_special(m, tk[0]) == 0);
+    CHECK(ds4_bridge_token_is_special(m, -1) == -1 && ds4_bridge_token_is_special(m, V) == -1 &&
+          ds4_bridge_token_is_special(NULL, 0) == -1);
     ds4_bridge_chat_msg msgs[2] = {{"system", "be brief", 8}, {"user", "hi", 2}};
     CHECK(ds4_bridge_render_chat(m, msgs, 2, 1, 0, tk, 256, &nt, E) == 0 && nt > 2);
     ds4_bridge_chat_msg badm = {"robot", "x", 1};

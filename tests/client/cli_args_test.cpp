@@ -9,6 +9,7 @@
 using ds4::client::CliArgs;
 using ds4::client::parse_cli;
 using ds4::client::UsageError;
+using ds4::client::usage_text;
 
 namespace {
 
@@ -110,4 +111,27 @@ TEST(CliArgs, RepetitionControlsAndLogitBias) {
     EXPECT_FLOAT_EQ(c.repeat_penalty, 1.1f);
     EXPECT_EQ(c.logit_bias.size(), 1u);
     EXPECT_THROW(ds4::client::set_sampling_option(c, "presence_penalty", "9"), UsageError);
+}
+
+TEST(CliArgs, LogprobsAndTheTemplateChoice) {
+    EXPECT_EQ(parse({"run", "x"}).logprobs, -1);
+    EXPECT_EQ(parse({"run", "--logprobs", "0", "x"}).logprobs, 0);
+    EXPECT_EQ(parse({"run", "--logprobs", "20", "x"}).logprobs, 20);
+    EXPECT_NE(usage_error({"run", "--logprobs", "21", "x"}).find("--logprobs"), std::string::npos);
+    EXPECT_NE(usage_error({"run", "--logprobs", "-1", "x"}).find("--logprobs"), std::string::npos);
+    EXPECT_NE(usage_error({"run", "--logprobs", "1", "--ids", "x"}).find("--ids"), std::string::npos);
+    EXPECT_NE(usage_error({"chat", "--logprobs", "1"}).find("--logprobs"), std::string::npos);
+    EXPECT_TRUE(parse({"run", "--json", "x"}).json);
+    EXPECT_NE(usage_error({"run", "--json", "--think", "x"}).find("--json"), std::string::npos);
+    EXPECT_NE(usage_error({"run", "--json", "--max-tokens", "1", "x"}).find("--max-tokens"), std::string::npos);
+    EXPECT_NE(usage_error({"chat", "--json"}).find("--json"), std::string::npos);
+    // Neither --raw nor --chat: the model decides at run time.
+    const CliArgs a = parse({"run", "x"});
+    EXPECT_FALSE(a.raw);
+    EXPECT_FALSE(a.chat_template);
+    EXPECT_TRUE(parse({"run", "--chat", "x"}).chat_template);
+    // --help documents both and the model-dependent default.
+    const std::string help = usage_text();
+    for (const char *w : {"--raw", "--chat", "--logprobs N", "chat template"})
+        EXPECT_NE(help.find(w), std::string::npos) << w;
 }

@@ -2,6 +2,7 @@
 // pinned by a test that failed before its fix.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <string>
 
@@ -96,6 +97,130 @@ TEST_F(CliE2E, RawWithThinkIsAUsageError) {
     CmdResult r = run_cmd(cli({"run", "--raw", "--think", "x"}), dir->path);
     EXPECT_EQ(r.rc, 2);
     EXPECT_NE(r.err.find("--think"), std::string::npos) << r.err;
+}
+
+// A model without a chat template (the tiny one; the default model is such a raw model) is
+// completed as plain text unless --chat says otherwise; one with a template gets chat.
+TEST_F(CliE2E, RunUsesTheChatTemplateOnlyWhenTheModelHasOne) {
+    auto ids = [&](std::vector<std::string> args, const std::string &sock) {
+        args.insert(args.begin(), {DS4_CLI_PATH, "--socket", sock, "run", "--ids", "--max-tokens", "8"});
+        args.push_back("def f(x):");
+        CmdResult r = run_cmd(args, dir->path);
+        EXPECT_EQ(r.rc, 0) << r.err;
+        return r.out;
+    };
+    const std::string plain = ids({}, daemon->socket), raw = ids({"--raw"}, daemon->socket),
+                      chat = ids({"--chat"}, daemon->socket);
+    ASSERT_NE(raw, chat) << "the tiny model answers both prompts alike; the test cannot tell them apart";
+    EXPECT_EQ(plain, raw) << "a model without a chat template is completed as plain text";
+    // --think needs the template: on this model only with --chat.
+    CmdResult think = run_cmd(cli({"run", "--think", "--max-tokens", "2", "x"}), dir->path);
+    EXPECT_EQ(think.rc, 2);
+    EXPECT_NE(think.err.find("no"), std::string::npos) << think.err;
+    EXPECT_NE(think.err.find("--chat"), std::string::npos) << think.err;
+    EXPECT_EQ(run_cmd(cli({"run", "--chat", "--think", "--max-tokens", "2", "x"}), dir->path).rc, 0);
+
+    // The scripted fixture model has a chat template: chat by default.
+    TempDir d;
+    const std::string scripted = d.path + "/scripted.gguf";
+    ASSERT_EQ(run_cmd({DS4_MAKE_MODEL_PATH, "--preset", "scripted", "--quiet", scripted}, d.path).rc, 0);
+    Daemon own;
+    ASSERT_EQ(own.start(DS4D_PATH, scripted, d.path + "/ds4.sock", d.path + "/ds4d.log", {}), "");
+    const std::string s_plain = ids({}, own.socket), s_raw = ids({"--raw"}, own.socket),
+                      s_chat = ids({"--chat"}, own.socket);
+    ASSERT_NE(s_raw, s_chat);
+    EXPECT_EQ(s_plain, s_chat) << "a model with a chat template gets chat by default";
+    // The chat warns that a model without a template was not made for it.
+    CmdResult c = run_cmd(cli({"chat", "--max-tokens", "2"}), dir->path, "hi\n");
+    EXPECT_NE(c.err.find("no chat template"), std::string::npos) << c.err;
+}
+
+TEST_F(CliE2E, RunLogprobsPrintsOneJsonLinePerToken) {
+    CmdResult ids = run_cmd(cli({"run", "--raw", "--ids", "--max-tokens", "6", "Hello"}), dir->path);
+    CmdResult lp = run_cmd(cli({"run", "--raw", "--logprobs", "3", "--max-tokens", "6", "Hello"}), dir->path);
+    ASSERT_EQ(ids.rc, 0) << ids.err;
+    ASSERT_EQ(lp.rc, 0) << lp.err;
+    std::vector<std::string> want;
+    for (size_t i = 0; i < ids.out.size();) {
+        const size_t j = ids.out.find_first_of(" \n", i);
+        if (j > i) want.push_back(ids.out.substr(i, j - i));
+        if (j == std::string::npos) break;
+        i = j + 1;
+    }
+    // {"token":ID,"text":"...","logprob":X,"top":[{"token":ID,"text":"...","logprob":X},...]}
+    std::vector<std::string> lines;
+    for (size_t i = 0; i < lp.out.size();) {
+        const size_t j = lp.out.find('\n', i);
+        lines.push_back(lp.out.substr(i, j - i));
+        if (j == std::string::npos) break;
+        i = j + 1;
+    }
+    while (!lines.empty() && lines.back().empty()) lines.pop_back();
+    ASSERT_EQ(lines.size(), want.size()) << lp.out;
+    auto number_after = [](const std::string &l, const std::string &key, size_t from) {
+        const size_t k = l.find("\"" + key + "\":", from);
+        return k == std::string::npos ? std::string() : l.substr(k + key.size() + 3, l.find_first_of(",}]", k + key.size() + 3) - (k + key.size() + 3));
+    };
+    for (size_t i = 0; i < lines.size(); ++i) {
+        const std::string &l = lines[i];
+        EXPECT_EQ(number_after(l, "token", 0), want[i]) << l;
+        const double p = std::stod(number_after(l, "logprob", 0));
+        const size_t top = l.find("\"top\":[");
+        ASSERT_NE(top, std::string::npos) << l;
+        // Three alternatives, most likely first; greedy took the first.
+        std::vector<double> tops;
+        std::vector<std::string> top_ids;
+        for (size_t k = top; (k = l.find("\"token\":", k + 1)) != std::string::npos;) {
+            top_ids.push_back(number_after(l, "token", k));
+            tops.push_back(std::stod(number_after(l, "logprob", k)));
+        }
+        ASSERT_EQ(tops.size(), 3u) << l;
+        EXPECT_EQ(top_ids[0], want[i]) << l;
+        EXPECT_DOUBLE_EQ(tops[0], p) << l;
+        EXPECT_LE(p, 0.0);
+        EXPECT_GE(tops[0], tops[1]);
+        EXPECT_GE(tops[1], tops[2]);
+        EXPECT_LE(std::exp(tops[0]) + std::exp(tops[1]) + std::exp(tops[2]), 1.0 + 1e-5) << l;
+        EXPECT_NE(l.find("\"text\":\""), std::string::npos) << l;
+    }
+    EXPECT_EQ(run_cmd(cli({"run", "--logprobs", "21", "x"}), dir->path).rc, 2);
+    EXPECT_EQ(run_cmd(cli({"run", "--logprobs", "2", "--ids", "x"}), dir->path).rc, 2);
+}
+
+// During a long prefill the request is running, not waiting, and the prefill rate is
+// already measured (both read "1 queued" and "0.0 tok/s" before: the rates counted a request's
+// time only once it finished).
+TEST_F(CliE2E, StatsDuringPrefillShowTheRequestRunning) {
+    TempDir d;
+    Daemon own;
+    ASSERT_EQ(own.start(DS4D_PATH, model_path, d.path + "/ds4.sock", d.path + "/ds4d.log",
+                        {"--ctx", "16384", "--prefill-chunk", "8", "--step-tokens", "8"}),
+              "");
+    std::string prompt;
+    for (int i = 0; i < 1500; ++i) prompt += "w" + std::to_string(i % 97) + " ";
+    pid_t pid = spawn({DS4_CLI_PATH, "--socket", own.socket, "run", "--raw", "--max-tokens", "1", prompt},
+                      d.path + "/run.out", d.path + "/run.err");
+    ASSERT_GT(pid, 0);
+    std::string seen;
+    int rc = -1;
+    const auto deadline = Clock::now() + std::chrono::seconds(60);
+    while (Clock::now() < deadline) {
+        CmdResult st = run_cmd({DS4_CLI_PATH, "--socket", own.socket, "stats"}, d.path);
+        ASSERT_EQ(st.rc, 0) << st.err;
+        // A stream line "request N (one-shot) prefill DONE/TOTAL tokens" with DONE > 0.
+        const size_t line = st.out.find("(one-shot)");
+        const size_t p = line == std::string::npos ? line : st.out.find("prefill ", line);
+        if (p != std::string::npos && st.out.compare(p + 8, 2, "0/") != 0) {
+            seen = st.out;
+            break;
+        }
+        if ((rc = wait_exit(pid, 0)) != -1) break;   // finished before a poll caught it
+    }
+    if (rc == -1) rc = wait_exit(pid, 60000);
+    EXPECT_EQ(rc, 0) << read_file(d.path + "/run.err");
+    if (seen.empty()) GTEST_SKIP() << "the prefill finished before ds4 stats saw it";
+    EXPECT_NE(seen.find("now 1 running (1 in prefill), 0 waiting"), std::string::npos) << seen;
+    EXPECT_EQ(seen.find("prefill 0.0 tok/s"), std::string::npos) << seen;
 }
 
 TEST_F(CliE2E, RefusedConnectionSaysHowToStartDs4d) {

@@ -3,6 +3,8 @@
 // that must convert to the same tensors: sharded files, original DeepSeek names, BF16.
 #include <gtest/gtest.h>
 
+#include <fstream>
+
 #include <filesystem>
 #include <functional>
 
@@ -326,6 +328,30 @@ TEST(Vocabulary, FallbackWhenNoTokenizerJson) {
     EXPECT_EQ(v.bos, 0);
     EXPECT_EQ(v.eos, 1);
     EXPECT_TRUE(v.merges.empty());
+}
+
+// The chat template goes into the GGUF (it is how ds4 tells a chat model from a plain
+// completion one): chat_template.jinja first, else tokenizer_config.json's chat_template.
+TEST(Vocabulary, ChatTemplateIsCopied) {
+    TempDir tmp;
+    RawFile f = read_safetensors(fixture_dir("mix") + "/model.safetensors");
+    const std::string dir = tmp.file("hf");
+    write_model_dir(dir, "mix", f);
+    auto template_of = [&](const std::string &name) {
+        return tok::read_vocab(*gguf::Reader::open(convert_ok(dir, tmp.file(name)))).chat_template;
+    };
+    EXPECT_EQ(template_of("none.gguf"), "") << "no template in the source, none in the GGUF";
+    write_json(dir + "/tokenizer_config.json", nlohmann::json{{"chat_template", "{{ messages }}"}});
+    EXPECT_EQ(template_of("config.gguf"), "{{ messages }}");
+    write_json(dir + "/tokenizer_config.json",
+               nlohmann::json{{"chat_template", nlohmann::json::array({{{"name", "tool_use"}, {"template", "T"}},
+                                                                       {{"name", "default"}, {"template", "D"}}})}});
+    EXPECT_EQ(template_of("list.gguf"), "D");
+    {
+        std::ofstream j(dir + "/chat_template.jinja");
+        j << "{% for m in messages %}{{ m.content }}{% endfor %}";
+    }
+    EXPECT_EQ(template_of("jinja.gguf"), "{% for m in messages %}{{ m.content }}{% endfor %}");
 }
 
 // A fixture grown to a vocabulary that holds a real tokenizer.json: the BPE vocabulary and

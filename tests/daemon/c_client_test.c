@@ -240,6 +240,46 @@ int main(int argc, char **argv) {
     CHECK(st.requests_total >= 4 && st.tokens_out >= 12 && st.weights_bytes > 0, "requests %llu out %llu",
           (unsigned long long)st.requests_total, (unsigned long long)st.tokens_out);
 
+    /* The extended stats: the same figures as ds4c_stats plus batching, speculation, budget. */
+    ds4c_stats_ex sx;
+    ds4c_stats_ex_init(&sx, sizeof sx);
+    CHECK(sx.size == sizeof sx && sx.steps == 0, "init: size %zu", sx.size);
+    CHECK(ds4c_get_stats_ex(c, &sx, err, sizeof err) == DS4C_OK, "%s", err);
+    CHECK(sx.size == sizeof sx, "size after the call: %zu", sx.size);
+    CHECK(sx.base.requests_total >= st.requests_total && sx.base.weights_bytes == st.weights_bytes,
+          "base: requests %llu, weights %llu", (unsigned long long)sx.base.requests_total,
+          (unsigned long long)sx.base.weights_bytes);
+    /* Every generation above ran in forward steps within the daemon's limits. */
+    CHECK(sx.steps > 0 && sx.step_rows >= sx.steps && sx.step_requests >= sx.steps && sx.step_seconds > 0,
+          "steps %llu rows %llu requests %llu", (unsigned long long)sx.steps, (unsigned long long)sx.step_rows,
+          (unsigned long long)sx.step_requests);
+    CHECK(sx.max_batch >= 1 && sx.step_tokens >= 1, "max_batch %u step_tokens %u", sx.max_batch, sx.step_tokens);
+    CHECK(sx.kv_budget > 0 && sx.kv_in_use <= sx.kv_budget, "kv budget %llu in use %llu",
+          (unsigned long long)sx.kv_budget, (unsigned long long)sx.kv_in_use);
+    CHECK(strcmp(sx.device, "cpu") == 0, "device \"%s\"", sx.device);
+    /* An older caller's struct that ends after the budget's first field: nothing written past it. */
+    {
+        unsigned char raw[sizeof(ds4c_stats_ex) + 16];
+        memset(raw, 0xA5, sizeof raw);
+        ds4c_stats_ex *old = (ds4c_stats_ex *)raw;
+        const size_t old_size = offsetof(ds4c_stats_ex, kv_in_use);
+        ds4c_stats_ex_init(old, old_size);
+        CHECK(ds4c_get_stats_ex(c, old, err, sizeof err) == DS4C_OK, "short struct: %s", err);
+        CHECK(old->size == old_size && old->kv_budget == sx.kv_budget && old->max_batch == sx.max_batch,
+              "short struct: size %zu budget %llu", old->size, (unsigned long long)old->kv_budget);
+        size_t untouched = 0;
+        for (size_t i = old_size; i < sizeof raw; ++i) untouched += raw[i] == 0xA5;
+        CHECK(untouched == sizeof raw - old_size, "%zu bytes past the caller's struct were written",
+              sizeof raw - old_size - untouched);
+        ds4c_stats_ex unset;
+        memset(&unset, 0, sizeof unset);
+        CHECK(ds4c_get_stats_ex(c, &unset, err, sizeof err) == DS4C_ERR_ARG, "size 0 accepted");
+        CHECK(ds4c_get_stats_ex(c, NULL, err, sizeof err) == DS4C_ERR_ARG, "NULL accepted");
+    }
+    /* The tiny model's GGUF has no chat template. */
+    CHECK(ds4c_model_has_chat_template(c) == 0, "chat template: %d", ds4c_model_has_chat_template(c));
+    CHECK(ds4c_model_has_chat_template(NULL) == -1, "NULL client");
+
     CHECK(ds4c_reconnect(c, err, sizeof err) == DS4C_OK, "%s", err);
     CHECK(ds4c_get_stats(c, &st, err, sizeof err) == DS4C_OK, "after reconnect: %s", err);
     CHECK(ds4c_cancel(c, 424242, err, sizeof err) == DS4C_OK, "cancel of nothing: %s", err);

@@ -333,6 +333,10 @@ TEST(RequestParse, GenerateRejectsInvalidArguments) {
         EXPECT_EQ(r.kind, ParseResult::Kind::Reject);
         EXPECT_EQ(r.code, fb::ErrorCode::BadRequest);
     }
+    // The bad value as it was given, not std::to_string's six decimals.
+    EXPECT_NE(gen_with(150, 0, 1, 0).message.find("got 150"), std::string::npos) << gen_with(150, 0, 1, 0).message;
+    EXPECT_EQ(gen_with(150, 0, 1, 0).message.find("150.000000"), std::string::npos) << gen_with(150, 0, 1, 0).message;
+    EXPECT_NE(gen_with(0, 0, 1.5f, 0).message.find("got 1.5"), std::string::npos) << gen_with(0, 0, 1.5f, 0).message;
     ParseResult two = parse_built([](auto &fbb) {
         std::vector<int32_t> toks = {1};
         ds4::ipc::finish_frame(fbb, 1, fb::CreateGenerateDirect(fbb, 0, "x", &toks));
@@ -349,6 +353,26 @@ TEST(RequestParse, GenerateRejectsInvalidArguments) {
         ds4::ipc::finish_frame(fbb, 1, fb::CreateGenerateDirect(fbb, 0, "x", nullptr, nullptr, true, false, 0, 5, &stops));
     });
     EXPECT_EQ(empty_stop.code, fb::ErrorCode::BadRequest);
+}
+
+TEST(RequestParse, OutputFormat) {
+    auto gen = [](fb::OutputFormat f, uint32_t max_tokens) {
+        return parse_built([&](auto &fbb) {
+            fb::GenerateBuilder g(fbb);
+            g.add_max_tokens(max_tokens);
+            g.add_output_format(f);
+            g.add_speculate(true);
+            auto body = g.Finish();
+            ds4::ipc::finish_frame(fbb, 1, body);
+        });
+    };
+    ParseResult json = gen(fb::OutputFormat::JsonObject, 16);
+    ASSERT_EQ(json.kind, ParseResult::Kind::Request) << json.message;
+    EXPECT_TRUE(std::get<GenerateParams>(json.body).json_object);
+    EXPECT_FALSE(std::get<GenerateParams>(json.body).speculate) << "constrained requests decode plainly";
+    EXPECT_FALSE(std::get<GenerateParams>(gen(fb::OutputFormat::Text, 16).body).json_object);
+    EXPECT_EQ(gen(fb::OutputFormat::JsonObject, 1).code, fb::ErrorCode::BadRequest);   // "{}" needs 2 tokens
+    EXPECT_EQ(gen(fb::OutputFormat(7), 16).code, fb::ErrorCode::BadRequest);
 }
 
 TEST(RequestParse, RepliesSentAsRequestsAreProtocolErrors) {

@@ -51,6 +51,22 @@ URL="http://127.0.0.1:$(cat "$TMP/port")"
 KEY=$("$BIN/ds4-gateway" --state-dir "$TMP/state" --print-key)
 [ "$(stat -c %a "$TMP/state/http-key")" = 600 ] || fail "key file mode is not 600"
 
+# A second ds4d + gateway on the default model (a raw Python model, no chat template), for the
+# JSON-output tests: what it writes is JSON only because the constraint makes it so.
+DEFAULT_MODEL="$HERE/../../models/ds4-pystd-q8_0.gguf"
+if [ -f "$DEFAULT_MODEL" ]; then
+  "$BIN/ds4d" --model "$DEFAULT_MODEL" --socket "$TMP/d2.sock" --no-store --threads 1 >"$TMP/d2.log" 2>&1 &
+  pids+=($!)
+  for _ in $(seq 100); do [ -S "$TMP/d2.sock" ] && break; sleep 0.1; done
+  [ -S "$TMP/d2.sock" ] || fail "ds4d on the default model did not start"
+  "$BIN/ds4-gateway" --socket "$TMP/d2.sock" --listen 127.0.0.1:0 --port-file "$TMP/port2" --no-auth \
+    --state-dir "$TMP/state2" --timeout 30 >"$TMP/g2.log" 2>&1 &
+  pids+=($!)
+  for _ in $(seq 100); do [ -s "$TMP/port2" ] && break; sleep 0.1; done
+  [ -s "$TMP/port2" ] || fail "the second ds4-gateway did not start"
+  export GW_JSON_URL="http://127.0.0.1:$(cat "$TMP/port2")"
+fi
+
 # The answer's first token id: what the model writes after the raw prompt "Weather?>".
 ANSWER_TOKEN=$("$BIN/ds4" --socket "$TMP/ds4.sock" run --raw --ids --temperature 0 --max-tokens 1 "Weather?>" | tr -d ' \n')
 GW_URL=$URL GW_KEY=$KEY ANSWER_TOKEN=$ANSWER_TOKEN NODE_MODULES_DIR="$NPM_DIR/node_modules" timeout 300 node "$HERE/sdk_test.mjs" || fail "sdk_test.mjs"
@@ -76,7 +92,7 @@ check POST /v1/chat/completions 400 '"code":"invalid_json"' "${AUTH[@]}" -d '{"m
 check POST /v1/chat/completions 400 '"param":"top_logprobs"' "${AUTH[@]}" -d "$CHAT,\"logprobs\":true,\"top_logprobs\":21}"
 check POST /v1/chat/completions 400 '"param":"frequency_penalty"' "${AUTH[@]}" -d "$CHAT,\"frequency_penalty\":3}"
 check POST /v1/chat/completions 400 '"param":"logit_bias"' "${AUTH[@]}" -d "$CHAT,\"logit_bias\":{\"x\":1}}"
-check POST /v1/chat/completions 400 '"code":"unsupported_parameter"' "${AUTH[@]}" -d "$CHAT,\"response_format\":{\"type\":\"json_object\"}}"
+check POST /v1/chat/completions 400 '"code":"unsupported_parameter"' "${AUTH[@]}" -d "$CHAT,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"schema\":{}}}}"
 check POST /v1/chat/completions 400 '"param":"messages"' "${AUTH[@]}" -d '{"model":"m","messages":[]}'
 check POST /v1/messages 400 '"type":"invalid_request_error"' -H "x-api-key: $KEY" -d "$CHAT}"
 check POST /v1/nothing 404 '"code":"unknown_url"' "${AUTH[@]}" -d '{}'

@@ -258,11 +258,86 @@ test('responses: previous_response_id continues its named session', async () => 
     input: [{ type: 'function_call_output', call_id: call.call_id, output: 'sunny' }] });
   assert.equal(r2.output_text, ANSWER);
   assert.ok(r2.usage.input_tokens_details.cached_tokens >= r1.usage.input_tokens);
-  // r1 is no longer the session's latest turn; an unknown id is refused too.
-  await assert.rejects(openai.responses.create({ model: 'ds4', previous_response_id: r1.id, input: 'again' }),
+  // r1 is no longer the session's latest turn: continuing from it forks the conversation
+  // (statelessly), and gives what continuing it did the first time.
+  const toolOutput = [{ type: 'function_call_output', call_id: call.call_id, output: 'sunny' }];
+  const f1 = await openai.responses.create({ model: 'ds4', previous_response_id: r1.id, tools, temperature: 0,
+                                             input: toolOutput });
+  assert.equal(f1.output_text, ANSWER);
+  // Its prompt is r1's whole turn (and its stop token) + the new input.
+  assert.ok(f1.usage.input_tokens >= r1.usage.input_tokens + r1.usage.output_tokens + r2.usage.input_tokens,
+            JSON.stringify([r1.usage, r2.usage, f1.usage]));
+  // The session was not touched: r2 is still its latest turn and continues there.
+  const r3 = await openai.responses.create({ model: 'ds4', previous_response_id: r2.id, temperature: 0, input: 'more?' });
+  assert.ok(r3.usage.input_tokens_details.cached_tokens >= r2.usage.input_tokens, JSON.stringify(r3.usage));
+  // Naming the session explicitly with a stale turn would drop its later turns: refused.
+  await assert.rejects(openai.responses.create({ model: 'ds4', previous_response_id: r1.id, input: 'again',
+                                                 session: 'gw-resp-' + process.pid }),
                        (e) => e.status === 400 && e.param === 'previous_response_id');
+  // A fork into a new named session, which then continues there.
+  const forkName = 'gw-fork-' + process.pid;
+  const f2 = await openai.responses.create({ model: 'ds4', previous_response_id: r1.id, tools, temperature: 0,
+                                             session: forkName, input: toolOutput });
+  assert.equal(f2.output_text, ANSWER);
+  const f3 = await openai.responses.create({ model: 'ds4', previous_response_id: f2.id, temperature: 0, input: 'more?' });
+  assert.ok(f3.usage.input_tokens_details.cached_tokens >= f2.usage.input_tokens, JSON.stringify(f3.usage));
+  await assert.rejects(openai.responses.create({ model: 'ds4', previous_response_id: r1.id, input: 'x', session: forkName }),
+                       (e) => e.status === 400 && e.param === 'session');   // not empty any more
   await assert.rejects(openai.responses.create({ model: 'ds4', previous_response_id: 'resp_unknown', input: 'x' }),
                        (e) => e.status === 400 && e.code === 'previous_response_not_found');
+});
+
+test('responses: previous_response_id without a session (stateless, as OpenAI clients use it)', async () => {
+  const tools = [{ type: 'function', name: 'get_weather', parameters: weatherTool.function.parameters }];
+  const r1 = await openai.responses.create({ model: 'ds4', input: 'Weather in Paris?', tools, temperature: 0 });
+  const call = r1.output.find((o) => o.type === 'function_call');
+  assert.deepEqual(JSON.parse(call.arguments), ARGS);
+  const r2 = await openai.responses.create({ model: 'ds4', previous_response_id: r1.id, tools, temperature: 0,
+    input: [{ type: 'function_call_output', call_id: call.call_id, output: 'sunny' }] });
+  assert.equal(r2.output_text, ANSWER);
+  // The conversation's prefix came from ds4d's one-shot pool, not evaluated again.
+  assert.ok(r2.usage.input_tokens_details.cached_tokens >= r1.usage.input_tokens, JSON.stringify(r2.usage));
+  // store: false is not remembered.
+  const r3 = await openai.responses.create({ model: 'ds4', input: 'x', store: false, max_output_tokens: 2 });
+  await assert.rejects(openai.responses.create({ model: 'ds4', previous_response_id: r3.id, input: 'y' }),
+                       (e) => e.status === 400 && e.code === 'previous_response_not_found');
+});
+
+// On the default model (a raw Python model with no chat template: left alone it writes
+// code), response_format json_object makes every answer one JSON object.
+const jsonClient = process.env.GW_JSON_URL
+  ? new OpenAI({ apiKey: 'none', baseURL: process.env.GW_JSON_URL + '/v1', maxRetries: 0 }) : null;
+const asObject = (text) => {
+  const v = JSON.parse(text);
+  assert.ok(v !== null && typeof v === 'object' && !Array.isArray(v), text);
+  return v;
+};
+test('response_format json_object: the default model answers with JSON.parse-able objects', async () => {
+  if (!jsonClient) { console.log('  (skipped: no default model)'); return; }
+  const messages = [{ role: 'user', content: 'Describe a Python list of three primes as a JSON object.' }];
+  const plain = await jsonClient.chat.completions.create({ model: 'ds4', messages, temperature: 0, max_tokens: 48 });
+  assert.throws(() => asObject(plain.choices[0].message.content), 'the model alone does not write JSON');
+  const r = await jsonClient.chat.completions.create({ model: 'ds4', messages, temperature: 0, max_tokens: 64,
+                                                       response_format: { type: 'json_object' } });
+  asObject(r.choices[0].message.content);
+  // Sampled, streamed, and cut by a small budget: still one whole object.
+  for (const [seed, max_tokens] of [[1, 96], [2, 12], [3, 3]]) {
+    const stream = await jsonClient.chat.completions.create({ model: 'ds4', messages, temperature: 1.0, seed,
+      max_tokens, response_format: { type: 'json_object' }, stream: true });
+    let text = '', finish = null;
+    for await (const chunk of stream) {
+      text += chunk.choices[0]?.delta?.content ?? '';
+      finish = chunk.choices[0]?.finish_reason ?? finish;
+    }
+    asObject(text);
+    assert.ok(finish === 'stop' || finish === 'length', finish);
+  }
+  const resp = await jsonClient.responses.create({ model: 'ds4', input: 'A config file as JSON.', temperature: 0,
+                                                   max_output_tokens: 40, text: { format: { type: 'json_object' } } });
+  asObject(resp.output_text);
+  await assert.rejects(jsonClient.chat.completions.create({ model: 'ds4', messages,
+    response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'object' } } } }),
+    (e) => e.status === 400 && e.code === 'unsupported_parameter');
 });
 
 test('errors through the SDKs', async () => {

@@ -89,16 +89,34 @@ TEST(GatewayTranslate, ResponsesItems) {
     EXPECT_EQ(c.max_tokens, 16u);
 }
 
+TEST(GatewayTranslate, JsonObjectFormat) {
+    const std::string msgs = R"("messages":[{"role":"user","content":"x"}])";
+    EXPECT_TRUE(parse_request(Api::Chat, "{" + msgs + R"(,"response_format":{"type":"json_object"}})").json_object);
+    EXPECT_FALSE(parse_request(Api::Chat, "{" + msgs + R"(,"response_format":{"type":"text"}})").json_object);
+    EXPECT_TRUE(parse_request(Api::Responses, R"({"input":"x","text":{"format":{"type":"json_object"}}})").json_object);
+    // JSON is the whole answer: not after reasoning, not instead of a forced call.
+    EXPECT_EQ(error_of(Api::Chat, "{" + msgs + R"(,"response_format":{"type":"json_object"},"reasoning_effort":"high"})").param,
+              "response_format");
+    EXPECT_EQ(error_of(Api::Chat, "{" + msgs + R"(,"response_format":{"type":"json_object"},"tool_choice":"required",
+        "tools":[{"type":"function","function":{"name":"f"}}]})").param, "response_format");
+    EXPECT_EQ(error_of(Api::Chat, "{" + msgs + R"(,"response_format":{"type":"yaml"}})").param, "response_format.type");
+    EXPECT_EQ(error_of(Api::Chat, "{" + msgs + R"(,"response_format":"json"})").param, "response_format");
+}
+
 TEST(GatewayTranslate, Errors) {
     EXPECT_EQ(error_of(Api::Chat, "{").code, "invalid_json");
     ApiError e = error_of(Api::Chat, R"({"messages":[]})");
     EXPECT_EQ(e.status, 400);
     EXPECT_EQ(e.param, "messages");
-    for (const char *f : {R"("response_format":{"type":"json_object"})"}) {
+    for (const char *f : {R"("response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{}}})"}) {
         ApiError u = error_of(Api::Chat, std::string(R"({"messages":[{"role":"user","content":"x"}],)") + f + "}");
         EXPECT_EQ(u.status, 400) << f;
         EXPECT_EQ(u.code, "unsupported_parameter") << f;
+        EXPECT_NE(std::string(u.what()).find("json_object"), std::string::npos) << u.what();
     }
+    ApiError s = error_of(Api::Responses, R"({"input":"x","text":{"format":{"type":"json_schema","name":"x","schema":{}}}})");
+    EXPECT_EQ(s.param, "text.format");
+    EXPECT_EQ(s.code, "unsupported_parameter");
     // Sampling controls out of range name their field.
     const std::pair<const char *, const char *> bad[] = {
         {R"("top_logprobs":2)", "top_logprobs"},            // without logprobs

@@ -77,6 +77,7 @@ except ds4.ConnectError as e:
 with ds4.Client(sock) as c:
     mi = c.model_info()
     assert mi.n_vocab == m.vocab_size and mi.family == "deepseek4", mi
+    assert mi.chat_template is False, mi   # the tiny generated model has no chat template
     assert c.tokenize("def f(x):") == prompt
     assert c.detokenize(ref) == m.detokenize(ref)
 
@@ -116,6 +117,9 @@ with ds4.Client(sock) as c:
     assert g.done.reason in ("cancelled", "context"), g.done
     st = c.stats()
     assert st.requests_total >= 3 and st.tokens_out >= 16, st
+    # the figures beyond ds4c_stats (ds4c_stats_ex): batching and the session-cache budget
+    assert st.steps > 0 and st.step_rows >= st.steps and st.max_batch >= 1, st
+    assert st.kv_budget > 0 and st.kv_in_use <= st.kv_budget and st.device == "cpu", st
 
     # persistent named sessions
     sid = c.open_session("py-session")

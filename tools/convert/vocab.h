@@ -1,6 +1,8 @@
 // The tokenizer.ggml.* part of a converted or generated GGUF: the model's own BPE
 // vocabulary when tokenizer.json is there, else a byte-level fallback of n_vocab tokens,
-// plus the BOS/EOS ids config.json names. The tokenizer code itself is engine/tokenizer's.
+// plus the BOS/EOS ids config.json names and the chat template (chat_template.jinja, else
+// tokenizer_config.json's chat_template) when the model has one: its presence is what tells
+// ds4 a chat model from a plain completion model (ds4 run's default). The tokenizer code itself is engine/tokenizer's.
 #pragma once
 #include <string>
 #include <vector>

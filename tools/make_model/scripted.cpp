@@ -73,6 +73,8 @@ ModelConfig scripted_config() {
 
 tok::Vocab scripted_vocab(int n_vocab) {
     tok::Vocab v = tok::fallback_vocab(n_vocab);
+    // A chat model (it follows the DeepSeek-V4 chat format), so clients default to chat for it.
+    v.chat_template = "{# DeepSeek-V4 chat format, rendered by ds4's engine (engine/tokenizer/chat_template.h) #}";
     for (size_t i = 0; i < kAdded.size(); ++i) {
         v.tokens[259 + i] = kAdded[i];
         v.types[259 + i] = static_cast<int32_t>(tok::TokenType::UserDefined);

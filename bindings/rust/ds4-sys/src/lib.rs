@@ -509,6 +509,8 @@ extern "C" {
     ) -> c_int;
     pub fn ds4_bridge_token_eos(m: *mut ds4_bridge_model) -> i32;
     pub fn ds4_bridge_token_is_stop(m: *mut ds4_bridge_model, token: i32) -> c_int;
+    pub fn ds4_bridge_model_has_chat_template(m: *mut ds4_bridge_model) -> c_int;
+    pub fn ds4_bridge_token_is_special(m: *mut ds4_bridge_model, token: i32) -> c_int;
 
     // --- GGUF identification ---
     pub fn ds4_bridge_gguf_open(
