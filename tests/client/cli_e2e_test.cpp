@@ -194,10 +194,10 @@ TEST_F(CliE2E, StatsDuringPrefillShowTheRequestRunning) {
     TempDir d;
     Daemon own;
     ASSERT_EQ(own.start(DS4D_PATH, model_path, d.path + "/ds4.sock", d.path + "/ds4d.log",
-                        {"--ctx", "16384", "--prefill-chunk", "8", "--step-tokens", "8"}),
+                        {"--ctx", "4096", "--prefill-chunk", "8", "--max-batch", "1", "--step-tokens", "9"}),
               "");
     std::string prompt;
-    for (int i = 0; i < 1500; ++i) prompt += "w" + std::to_string(i % 97) + " ";
+    for (int i = 0; i < 800; ++i) prompt += "w" + std::to_string(i % 97) + " ";   // ~3,400 tokens
     pid_t pid = spawn({DS4_CLI_PATH, "--socket", own.socket, "run", "--raw", "--max-tokens", "1", prompt},
                       d.path + "/run.out", d.path + "/run.err");
     ASSERT_GT(pid, 0);
