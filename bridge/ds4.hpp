@@ -86,6 +86,16 @@ public:
         detail::Err e;
         if (ds4_bridge_model_boot_prewarm(m_, e.buf, sizeof e.buf) != 0) e.raise("boot prewarm");
     }
+    // progress(done, total) in weight bytes, on this thread (ds4_bridge_model_boot_prewarm_cb).
+    void boot_prewarm(const std::function<void(uint64_t, uint64_t)> &progress) {
+        detail::Err e;
+        auto tramp = [](void *ud, uint64_t done, uint64_t total) {
+            (*static_cast<const std::function<void(uint64_t, uint64_t)> *>(ud))(done, total);
+        };
+        if (ds4_bridge_model_boot_prewarm_cb(m_, tramp, const_cast<std::function<void(uint64_t, uint64_t)> *>(&progress),
+                                             e.buf, sizeof e.buf) != 0)
+            e.raise("boot prewarm");
+    }
     int vocab_size() const { return ds4_bridge_model_vocab_size(m_); }
     bool drafter_shared() const { return ds4_bridge_drafter_shared(m_) == 1; }
     // Why drafter_import was not used ("" when it was, or was not asked for).

@@ -424,9 +424,15 @@ int ds4_bridge_model_open(ds4_bridge_model **out, const ds4_bridge_model_open_op
 }
 
 int ds4_bridge_model_boot_prewarm(ds4_bridge_model *m, char *err, size_t errlen) {
+    return ds4_bridge_model_boot_prewarm_cb(m, nullptr, nullptr, err, errlen);
+}
+
+int ds4_bridge_model_boot_prewarm_cb(ds4_bridge_model *m, ds4_bridge_load_fn progress, void *ud, char *err,
+                                     size_t errlen) {
     NEED(m, "model is NULL");
     return guarded(err, errlen, [&] {
-        m->model->prewarm();
+        if (progress) m->model->prewarm([&](uint64_t done, uint64_t total) { progress(ud, done, total); });
+        else m->model->prewarm();
         // One dummy forward allocates the kernels' scratch and faults in code paths.
         ds4::Session s(*m->model, *m->ex, 4);
         const int32_t t = m->tok.bos() >= 0 && m->tok.bos() < m->model->config().n_vocab ? m->tok.bos() : 0;

@@ -134,6 +134,12 @@ DS4_BRIDGE_API int ds4_bridge_model_open(ds4_bridge_model **out, const ds4_bridg
 /* Touches every weight page and runs one dummy forward (done by _open unless deferred, and
  * then a failure fails the open). */
 DS4_BRIDGE_API int ds4_bridge_model_boot_prewarm(ds4_bridge_model *m, char *err, size_t errlen);
+/* The same, reporting the weight bytes touched so far and their total (about every 64 MiB and
+ * once at the end, on the calling thread; the callback must not re-enter the bridge), so a host
+ * can show a large model's loading. progress may be NULL. */
+typedef void (*ds4_bridge_load_fn)(void *ud, uint64_t done_bytes, uint64_t total_bytes);
+DS4_BRIDGE_API int ds4_bridge_model_boot_prewarm_cb(ds4_bridge_model *m, ds4_bridge_load_fn progress, void *ud,
+                                                    char *err, size_t errlen);
 DS4_BRIDGE_API void ds4_bridge_model_free(ds4_bridge_model *m);
 /* 1 when the drafter was imported from another process, 0 when loaded privately or absent. */
 DS4_BRIDGE_API int ds4_bridge_drafter_shared(ds4_bridge_model *m);

@@ -21,8 +21,11 @@ BridgeModel::BridgeModel(const ModelOpenConfig &cfg) {
     o.ssd_streaming_cache_experts = cfg.expert_cache_experts;
     o.ssd_streaming_cache_bytes = cfg.expert_cache_bytes;
     o.ssd_streaming_store_dir = cfg.expert_store_dir;
-    o.defer_boot_prewarm = false;  // open touches the weights and runs one dummy forward
+    // The open touches the weights and runs one dummy forward; with a progress callback that
+    // happens right after it, reporting as it goes.
+    o.defer_boot_prewarm = bool(cfg.on_prewarm);
     m_ = std::make_unique<ds4::bridge::Model>(o);
+    if (cfg.on_prewarm) m_->boot_prewarm(cfg.on_prewarm);
     const ds4_bridge_model_info_t info = m_->info();
     summary_.family = fixed_str(info.family, sizeof info.family);
     summary_.name = fixed_str(info.name, sizeof info.name);

@@ -2,6 +2,7 @@
 // plus the summaries the daemon reports. Everything here runs on the worker thread.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <stdexcept>
@@ -45,6 +46,8 @@ struct ModelOpenConfig {
     uint32_t expert_cache_experts = 0;
     uint64_t expert_cache_bytes = 0;
     std::string expert_store_dir;  // empty: no store, experts read from the GGUF
+    // Called while the weights are prewarmed (bytes touched, total), e.g. to show progress.
+    std::function<void(uint64_t done, uint64_t total)> on_prewarm;
 };
 
 class BridgeModel {

@@ -2,6 +2,7 @@
 // activated, starts serving the socket systemd passed and tells it READY=1).
 #include <signal.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -140,6 +141,17 @@ int main(int argc, char **argv) {
         wc.max_checkpoints = opt.max_checkpoints;
         wc.prefix_min = opt.prefix_min;
 
+        // On a terminal, show the weights being read in (a large model takes minutes); the
+        // journal and log files get the log lines only.
+        if (::isatty(2) && !stderr_is_journal()) {
+            wc.model.on_prewarm = [](uint64_t done, uint64_t total) {
+                std::fprintf(stderr, "\r\033[Kds4d: reading the weights: %.2f of %.2f GiB (%.0f%%)",
+                             double(done) / double(1ull << 30), double(total) / double(1ull << 30),
+                             total ? 100.0 * double(done) / double(total) : 100.0);
+                if (done >= total) std::fputs("\r\033[K", stderr);
+                std::fflush(stderr);
+            };
+        }
         OutQueue out;
         Worker worker(wc, out);
         log_line("loading %s", opt.model_path.c_str());

@@ -94,16 +94,30 @@ std::unique_ptr<Executor> Model::make_executor(int n_threads) const {
     return backend_->make_executor(n_threads < 0 ? default_threads_ : n_threads);
 }
 
-void Model::prewarm() const {
+void Model::prewarm(const std::function<void(uint64_t done, uint64_t total)> &progress) const {
+    auto wanted = [&](const gguf::TensorInfo &t) {
+        return t.data && !(streaming_ && t.name.find("_exps.") != std::string::npos);   // experts: read by the source
+    };
+    uint64_t total = 0, done = 0, reported = 0;
+    for (const auto &t : reader_->tensors())
+        if (wanted(t)) total += t.nbytes;
+    constexpr uint64_t kStep = uint64_t(64) << 20;
     volatile uint64_t sink = 0;
     for (const auto &t : reader_->tensors()) {
-        if (!t.data) continue;
-        if (streaming_ && t.name.find("_exps.") != std::string::npos) continue;  // read by the source
+        if (!wanted(t)) continue;
         uint64_t s = 0;
-        for (uint64_t off = 0; off < t.nbytes; off += 4096) s += t.data[off];
+        for (uint64_t off = 0; off < t.nbytes; off += 4096) {
+            s += t.data[off];
+            if (progress && done + off >= reported + kStep) {
+                reported = done + off;
+                progress(reported, total);
+            }
+        }
+        done += t.nbytes;
         sink = sink + s;
     }
     (void)sink;
+    if (progress) progress(total, total);
     experts_->prewarm();
 }
 

@@ -56,8 +56,9 @@ public:
     const std::string &path() const { return path_; }
     // Touches every weight page once so the first request does not pay for page faults;
     // with SSD streaming, every page but the routed experts', and then the expert source's
-    // own prewarm (the persisted hot set).
-    void prewarm() const;
+    // own prewarm (the persisted hot set). progress (optional) gets the bytes touched so far and
+    // the total, about every 64 MiB and once at the end.
+    void prewarm(const std::function<void(uint64_t done, uint64_t total)> &progress = {}) const;
     bool streams_experts() const { return streaming_; }
 
 private:

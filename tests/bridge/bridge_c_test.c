@@ -89,6 +89,21 @@ static void write_file(const char *p, const unsigned char *b, long n) {
     fclose(f);
 }
 
+struct load_seen {
+    int calls;
+    uint64_t done, total;
+    int rising;
+};
+
+static void on_load(void *ud, uint64_t done, uint64_t total) {
+    struct load_seen *s = (struct load_seen *)ud;
+    if (s->calls && (done < s->done || total != s->total)) s->rising = 0;
+    if (done > total) s->rising = 0;
+    s->calls++;
+    s->done = done;
+    s->total = total;
+}
+
 int main(int argc, char **argv) {
     if (argc != 4) {
         fprintf(stderr, "usage: bridge_c_test MODEL OTHER_MODEL SCRATCH_DIR\n");
@@ -155,6 +170,14 @@ int main(int argc, char **argv) {
     CHECK(m != NULL);
     CHECK(ds4_bridge_model_boot_prewarm(m, E) == 0);
     CHECK_ERR(ds4_bridge_model_boot_prewarm(NULL, err, errlen), "NULL");
+    {
+        /* With progress: rising byte counts ending at the total, once per call at least. */
+        struct load_seen ls = {0, 0, 0, 1};
+        CHECK(ds4_bridge_model_boot_prewarm_cb(m, on_load, &ls, E) == 0);
+        CHECK(ls.calls >= 1 && ls.rising && ls.total > 0 && ls.done == ls.total);
+        CHECK(ds4_bridge_model_boot_prewarm_cb(m, NULL, NULL, E) == 0);
+        CHECK_ERR(ds4_bridge_model_boot_prewarm_cb(NULL, on_load, &ls, err, errlen), "NULL");
+    }
     CHECK(ds4_bridge_drafter_shared(m) == 0);
     {
         ds4_bridge_expert_stats_t es;

@@ -32,6 +32,7 @@ pub struct ds4_bridge_gguf {
 }
 
 pub type ds4_bridge_prefill_fn = Option<unsafe extern "C" fn(ud: *mut c_void, current: i32, total: i32)>;
+pub type ds4_bridge_load_fn = Option<unsafe extern "C" fn(ud: *mut c_void, done_bytes: u64, total_bytes: u64)>;
 
 pub const DS4_BRIDGE_BACKEND_CUDA: i32 = 0;
 pub const DS4_BRIDGE_BACKEND_CPU: i32 = 2;
@@ -233,6 +234,13 @@ extern "C" {
         errlen: usize,
     ) -> c_int;
     pub fn ds4_bridge_model_boot_prewarm(m: *mut ds4_bridge_model, err: *mut c_char, errlen: usize) -> c_int;
+    pub fn ds4_bridge_model_boot_prewarm_cb(
+        m: *mut ds4_bridge_model,
+        progress: ds4_bridge_load_fn,
+        ud: *mut c_void,
+        err: *mut c_char,
+        errlen: usize,
+    ) -> c_int;
     pub fn ds4_bridge_model_free(m: *mut ds4_bridge_model);
     pub fn ds4_bridge_drafter_shared(m: *mut ds4_bridge_model) -> c_int;
     pub fn ds4_bridge_drafter_info(
