@@ -7,7 +7,6 @@ namespace ds4::daemon {
 namespace {
 
 constexpr uint8_t kMaxSpaces = 32;      // whitespace run outside strings: a model cannot idle forever
-constexpr size_t kMaxDepth = 128;       // nesting of objects and arrays
 constexpr uint8_t kMaxIntDigits = 64;   // integer part (with the exponent cap: |x| < 1e164)
 constexpr uint8_t kMaxExpDigits = 2;
 
@@ -23,14 +22,14 @@ bool JsonState::feed(std::string_view bytes) {
     return true;
 }
 
-void JsonState::end_value() { mode_ = stack_.empty() ? Mode::Done : Mode::AfterValue; }
+void JsonState::end_value() { mode_ = depth_ == 0 ? Mode::Done : Mode::AfterValue; }
 
 bool JsonState::value_start(unsigned char c) {
     switch (c) {
     case '{':
     case '[':
-        if (stack_.size() >= kMaxDepth) return false;
-        stack_.push_back(char(c));
+        if (depth_ >= kMaxDepth) return false;
+        push(char(c));
         mode_ = c == '{' ? Mode::ObjKeyOrEnd : Mode::ArrValueOrEnd;
         return true;
     case '"':
@@ -56,13 +55,13 @@ bool JsonState::value_start(unsigned char c) {
 }
 
 bool JsonState::after_value(unsigned char c) {
-    const char top = stack_.back();
+    const char top = this->top();
     if (c == ',') {
         mode_ = top == '{' ? Mode::ObjKey : Mode::Value;
         return true;
     }
     if ((c == '}' && top == '{') || (c == ']' && top == '[')) {
-        stack_.pop_back();
+        --depth_;
         end_value();
         return true;
     }
@@ -91,7 +90,7 @@ bool JsonState::feed(unsigned char c) {
     switch (mode_) {
     case Mode::Start:   // the answer starts with the object itself
         if (c != '{') return false;
-        stack_.push_back('{');
+        push('{');
         mode_ = Mode::ObjKeyOrEnd;
         return true;
     case Mode::ObjKeyOrEnd:
@@ -212,7 +211,7 @@ bool JsonState::feed(unsigned char c) {
 }
 
 size_t JsonState::min_close() const {
-    const size_t d = stack_.size();   // one closing bracket per open container
+    const size_t d = depth_;   // one closing bracket per open container
     const size_t string_end = key_ ? 3 : 1;   // `":0` after a key, `"` after a value
     switch (mode_) {
     case Mode::Start: return 2;                      // {}
@@ -242,6 +241,11 @@ JsonVocab::JsonVocab(std::vector<std::string> token_bytes, const std::vector<boo
         const unsigned char first = static_cast<unsigned char>(bytes_[t][0]);
         by_first_[first].push_back(int32_t(t));
         if (bytes_[t].size() == 1) single[first] = true;
+        // From inside a string, back inside it with nothing pending: changes nothing.
+        JsonState s;
+        s.feed(std::string_view("{\"", 2));
+        const bool plain = s.feed(bytes_[t]) && s.in_plain_string();
+        (plain ? plain_ : not_plain_).push_back(int32_t(t));
     }
     // min_close() counts one token per byte along the shortest closing paths.
     std::string need = "{}[]\":0,rueals";
@@ -256,21 +260,30 @@ JsonVocab::JsonVocab(std::vector<std::string> token_bytes, const std::vector<boo
 size_t JsonVocab::mask(const JsonState &state, size_t tokens_left, std::span<float> row) const {
     std::vector<char> ok(row.size(), 0);
     size_t allowed = 0;
-    if (tokens_left > 0 && !state.done()) {
+    auto test = [&](int32_t t, const JsonState &from, size_t skip) {
+        if (size_t(t) >= row.size()) return;
+        JsonState s = from;
+        if (!s.feed(std::string_view(bytes_[size_t(t)]).substr(skip))) return;
+        if (s.min_close() > tokens_left - 1) return;   // could no longer close in time
+        ok[size_t(t)] = 1;
+        ++allowed;
+    };
+    if (tokens_left > 0 && state.in_plain_string()) {
+        // Most of a vocabulary is string content: it leaves the state (and its cost) as it is.
+        if (state.min_close() <= tokens_left - 1)
+            for (int32_t t : plain_)
+                if (size_t(t) < row.size()) {
+                    ok[size_t(t)] = 1;
+                    ++allowed;
+                }
+        for (int32_t t : not_plain_) test(t, state, 0);
+    } else if (tokens_left > 0 && !state.done()) {
         for (int b = 0; b < 256; ++b) {
             const std::vector<int32_t> &group = by_first_[size_t(b)];
             if (group.empty()) continue;
             JsonState first = state;
             if (!first.feed(static_cast<unsigned char>(b))) continue;   // the whole group is out
-            for (int32_t t : group) {
-                if (size_t(t) >= row.size()) continue;
-                JsonState s = first;
-                const std::string &tb = bytes_[size_t(t)];
-                if (!s.feed(std::string_view(tb).substr(1))) continue;
-                if (s.min_close() > tokens_left - 1) continue;   // could no longer close in time
-                ok[size_t(t)] = 1;
-                ++allowed;
-            }
+            for (int32_t t : group) test(t, first, 1);
         }
     }
     for (size_t t = 0; t < row.size(); ++t)

@@ -19,10 +19,12 @@
 
 namespace ds4::daemon {
 
-// The state of a JSON text being written, one byte at a time. Copyable and small while the
-// nesting is shallow (the stack is a short string).
+// The state of a JSON text being written, one byte at a time. Trivially copyable.
 class JsonState {
 public:
+    // Inside a string with nothing pending: a token of plain string bytes (JsonVocab::plain)
+    // leaves the state as it is.
+    bool in_plain_string() const { return mode_ == Mode::String; }
     // False (state unchanged only in the sense that it must be discarded) when c cannot come next.
     bool feed(unsigned char c);
     bool feed(std::string_view bytes);
@@ -58,7 +60,18 @@ private:
     uint8_t spaces_ = 0;          // consecutive whitespace outside strings (capped)
     uint8_t digits_ = 0;          // Int: digits so far; Exp: exponent digits so far (both capped,
                                   // so a number stays within a double's range for any parser)
-    std::string stack_;           // '{' / '[' per open container
+    // The open containers, one bit each (1: an array), so the state is a few trivially copied
+    // bytes: the mask copies it once per candidate token.
+    uint64_t arrays_[2] = {0, 0};
+    uint8_t depth_ = 0;
+    static constexpr size_t kMaxDepth = 128;
+    void push(char c) {
+        const uint64_t bit = uint64_t(1) << (depth_ & 63);
+        if (c == '[') arrays_[depth_ >> 6] |= bit;
+        else arrays_[depth_ >> 6] &= ~bit;
+        ++depth_;
+    }
+    char top() const { return (arrays_[(depth_ - 1) >> 6] >> ((depth_ - 1) & 63)) & 1 ? '[' : '{'; }
 };
 
 // The vocabulary as bytes, grouped by first byte so a state's mask tests only the tokens whose
@@ -77,6 +90,8 @@ public:
 
 private:
     std::vector<std::string> bytes_;
+    std::vector<int32_t> plain_;      // tokens of string content only: no '"', '\\', control bytes; whole UTF-8
+    std::vector<int32_t> not_plain_;  // the other allowed-ever tokens
     std::vector<std::vector<int32_t>> by_first_;   // [256]: tokens whose bytes start with that byte
 };
 
