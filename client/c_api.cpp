@@ -200,6 +200,7 @@ bool read_controls(const ds4c_sampling_controls *in, GenerateRequest &req, char 
     for (size_t i = 0; i < x.n_logit_bias; ++i) req.logit_bias.emplace_back(x.logit_bias_tokens[i], x.logit_bias_values[i]);
     req.logprobs = x.logprobs != 0;
     req.top_logprobs = x.top_logprobs;
+    req.json_object = x.json_object != 0;
     return true;
 }
 

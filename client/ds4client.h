@@ -146,6 +146,9 @@ typedef struct {
     size_t n_logit_bias;
     int32_t logprobs;              /* nonzero: each token's log-probability */
     uint32_t top_logprobs;         /* 0..20 alternatives with each */
+    /* appended: nonzero makes the output one JSON object (constrained decoding; the request
+     * ends with DS4C_FINISH_STOP when it closes; max_tokens >= 2) */
+    int32_t json_object;
 } ds4c_sampling_controls;
 
 /* One generated token's log-probability and its top alternatives (most likely first):

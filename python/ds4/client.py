@@ -89,7 +89,8 @@ class _Controls(C.Structure):
     _fields_ = [("size", C.c_size_t), ("repeat_penalty", C.c_float), ("repeat_last_n", C.c_int32),
                 ("frequency_penalty", C.c_float), ("presence_penalty", C.c_float),
                 ("logit_bias_tokens", C.POINTER(C.c_int32)), ("logit_bias_values", C.POINTER(C.c_float)),
-                ("n_logit_bias", C.c_size_t), ("logprobs", C.c_int32), ("top_logprobs", C.c_uint32)]
+                ("n_logit_bias", C.c_size_t), ("logprobs", C.c_int32), ("top_logprobs", C.c_uint32),
+                ("json_object", C.c_int32)]
 
 
 class _TokenLogprob(C.Structure):
@@ -392,12 +393,14 @@ class Client:
                  seed: Optional[int] = None, stop: Sequence[str] = (), stop_tokens: Sequence[int] = (),
                  thinking: bool = False, ignore_eos: bool = False, repeat_penalty: float = 1.0,
                  repeat_last_n: int = 64, frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
-                 logit_bias: Optional[dict] = None, logprobs: bool = False, top_logprobs: int = 0) -> Generation:
+                 logit_bias: Optional[dict] = None, logprobs: bool = False, top_logprobs: int = 0,
+                 json_object: bool = False) -> Generation:
         """Streams a generation. Exactly one of prompt (plain text completion), tokens, or
         messages ([{"role": "user", "content": "..."}], the chat template) is given.
         seed None: a random seed. repeat_penalty over the last repeat_last_n tokens of context
         (llama.cpp), frequency/presence penalties over the generated tokens (OpenAI), logit_bias
-        {token id: bias}; logprobs fills each Chunk's logprobs (top_logprobs alternatives)."""
+        {token id: bias}; logprobs fills each Chunk's logprobs (top_logprobs alternatives);
+        json_object: the output is one JSON object (constrained decoding)."""
         if self._h is None:
             raise Ds4Error("the client is closed")
         if self._busy:
@@ -442,6 +445,7 @@ class Client:
         x.repeat_penalty, x.repeat_last_n = repeat_penalty, repeat_last_n
         x.frequency_penalty, x.presence_penalty = frequency_penalty, presence_penalty
         x.logprobs, x.top_logprobs = int(logprobs), top_logprobs
+        x.json_object = int(json_object)
         if logit_bias:
             ids = (C.c_int32 * len(logit_bias))(*logit_bias.keys())
             vals = (C.c_float * len(logit_bias))(*logit_bias.values())

@@ -115,6 +115,11 @@ with ds4.Client(sock) as c:
     assert first.tokens
     g.close()
     assert g.done.reason in ("cancelled", "context"), g.done
+    # constrained decoding: one JSON object, whatever the (random) model would write
+    import json
+    for seed in (1, 2, 3):
+        text = c.complete("x", max_tokens=24, temperature=1.0, seed=seed, json_object=True)
+        assert isinstance(json.loads(text), dict), text
     st = c.stats()
     assert st.requests_total >= 3 and st.tokens_out >= 16, st
     # the figures beyond ds4c_stats (ds4c_stats_ex): batching and the session-cache budget
