@@ -7,6 +7,7 @@
 // classes (their inline members and the engine's would share symbols).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <stdexcept>
 #include <string>
