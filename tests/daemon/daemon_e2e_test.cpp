@@ -759,10 +759,11 @@ TEST_F(DaemonE2E, CliRunTokenizeStatsAndExitCodes) {
     EXPECT_NE(st.out.find("model"), std::string::npos);
     EXPECT_NE(st.out.find(std::string(model->info().name)), std::string::npos);
 
-    // The default chat path: the prompt rendered as a user turn.
+    // The chat path: the prompt rendered as a user turn (--chat: the tiny model has no chat
+    // template, so run's default for it is plain completion).
     Ref rc = fresh();
     RefOut want_chat = ref_generate(rc, model->render_chat({{"user", "hi"}}), 6, false);
-    CmdResult chat_run = run_cmd(cli({"--socket", sock(), "run", "--max-tokens", "6", "hi"}), dir->path);
+    CmdResult chat_run = run_cmd(cli({"--socket", sock(), "run", "--chat", "--max-tokens", "6", "hi"}), dir->path);
     ASSERT_EQ(chat_run.rc, 0) << chat_run.err;
     EXPECT_EQ(chat_run.out, model->detokenize(want_chat.tokens));
     CmdResult chat = run_cmd(cli({"--socket", sock(), "chat", "--max-tokens", "6"}), dir->path, "hi\n/exit\n");
@@ -798,10 +799,10 @@ TEST_F(DaemonE2E, CliRunWithSessionAppendsToTheConversation) {
         for (size_t i = 0; i < v.size(); ++i) s += (i ? " " : "") + std::to_string(v[i]);
         return s + "\n";
     };
-    CmdResult a = run_cmd(cli({"--socket", sock(), "run", "--session", "cli-conv", "--ids", "--max-tokens", "5", "one"}), dir->path);
+    CmdResult a = run_cmd(cli({"--socket", sock(), "run", "--chat", "--session", "cli-conv", "--ids", "--max-tokens", "5", "one"}), dir->path);
     ASSERT_EQ(a.rc, 0) << a.err;
     EXPECT_EQ(a.out, ids(w1.tokens));
-    CmdResult b = run_cmd(cli({"--socket", sock(), "run", "--session", "cli-conv", "--ids", "--max-tokens", "5", "two"}), dir->path);
+    CmdResult b = run_cmd(cli({"--socket", sock(), "run", "--chat", "--session", "cli-conv", "--ids", "--max-tokens", "5", "two"}), dir->path);
     ASSERT_EQ(b.rc, 0) << b.err;
     EXPECT_EQ(b.out, ids(w2.tokens));
 }

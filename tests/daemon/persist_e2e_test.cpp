@@ -708,7 +708,8 @@ TEST_F(PersistE2E, ReopeningASessionTheBudgetEvictedSaysSo) {
         args.insert(args.begin(), {DS4_CLI_PATH, "--socket", d.socket});
         return run_cmd(args, dir->path);
     };
-    CmdResult r = ds4({"run", "--session", "a", "--max-tokens", "2", "hi"});
+    // --chat: the turn's size (the chat template around "hi") is what makes storing a evict b.
+    CmdResult r = ds4({"run", "--chat", "--session", "a", "--max-tokens", "2", "hi"});
     EXPECT_EQ(r.rc, 0) << r.err;
     EXPECT_NE(r.err.find("ds4: warning: stored session 'a' was evicted on "), std::string::npos) << r.err;
     EXPECT_NE(r.err.find("session a starts again, empty"), std::string::npos) << r.err;
