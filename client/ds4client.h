@@ -202,6 +202,13 @@ typedef struct {
     /* session-cache budget (--kv-budget): bytes, requests waiting for memory or a slot, refused */
     uint64_t kv_budget, kv_in_use, kv_refused;
     uint32_t kv_waiting, slot_waiting;
+    /* memory split: the drafter's weights, weights other processes map too, ds4d's alone */
+    uint64_t drafter_bytes, shared_bytes, private_bytes;
+    /* SSD expert streaming (ds4d --ssd-streaming; streaming 0: none): counters since start */
+    int32_t streaming;
+    uint64_t expert_acquired, expert_misses, expert_late, expert_prefetched, expert_prefetch_used;
+    uint64_t expert_bytes_read, expert_resident, expert_capacity;
+    double expert_wait_s, expert_io_busy_s;
 } ds4c_stats_ex;
 
 void ds4c_stats_ex_init(ds4c_stats_ex *x, size_t size);

@@ -76,7 +76,12 @@ class _StatsEx(C.Structure):
                 ("spec_fallbacks", C.c_uint64), ("spec_tokens", C.c_uint64), ("spec_solo_tokens", C.c_uint64),
                 ("spec_solo_seconds", C.c_double), ("solo_steps", C.c_uint64), ("solo_seconds", C.c_double),
                 ("kv_budget", C.c_uint64), ("kv_in_use", C.c_uint64), ("kv_refused", C.c_uint64),
-                ("kv_waiting", C.c_uint32), ("slot_waiting", C.c_uint32)]
+                ("kv_waiting", C.c_uint32), ("slot_waiting", C.c_uint32),
+                ("drafter_bytes", C.c_uint64), ("shared_bytes", C.c_uint64), ("private_bytes", C.c_uint64),
+                ("streaming", C.c_int32), ("expert_acquired", C.c_uint64), ("expert_misses", C.c_uint64),
+                ("expert_late", C.c_uint64), ("expert_prefetched", C.c_uint64), ("expert_prefetch_used", C.c_uint64),
+                ("expert_bytes_read", C.c_uint64), ("expert_resident", C.c_uint64), ("expert_capacity", C.c_uint64),
+                ("expert_wait_s", C.c_double), ("expert_io_busy_s", C.c_double)]
 
 
 class _SessionEntry(C.Structure):
@@ -223,6 +228,20 @@ class Stats:
     kv_refused: int = 0
     kv_waiting: int = 0
     slot_waiting: int = 0
+    drafter_bytes: int = 0
+    shared_bytes: int = 0
+    private_bytes: int = 0
+    streaming: int = 0
+    expert_acquired: int = 0
+    expert_misses: int = 0
+    expert_late: int = 0
+    expert_prefetched: int = 0
+    expert_prefetch_used: int = 0
+    expert_bytes_read: int = 0
+    expert_resident: int = 0
+    expert_capacity: int = 0
+    expert_wait_s: float = 0.0
+    expert_io_busy_s: float = 0.0
 
 
 @dataclass

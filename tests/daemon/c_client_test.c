@@ -257,6 +257,11 @@ int main(int argc, char **argv) {
     CHECK(sx.kv_budget > 0 && sx.kv_in_use <= sx.kv_budget, "kv budget %llu in use %llu",
           (unsigned long long)sx.kv_budget, (unsigned long long)sx.kv_in_use);
     CHECK(strcmp(sx.device, "cpu") == 0, "device \"%s\"", sx.device);
+    /* No drafter, no other process, no streaming: everything is ds4d's own. */
+    CHECK(sx.drafter_bytes == 0 && sx.shared_bytes == 0 && sx.private_bytes >= sx.base.weights_bytes &&
+              sx.streaming == 0 && sx.expert_acquired == 0,
+          "drafter %llu shared %llu private %llu streaming %d", (unsigned long long)sx.drafter_bytes,
+          (unsigned long long)sx.shared_bytes, (unsigned long long)sx.private_bytes, sx.streaming);
     /* An older caller's struct that ends after the budget's first field: nothing written past it. */
     {
         unsigned char raw[sizeof(ds4c_stats_ex) + 16];
