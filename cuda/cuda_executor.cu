@@ -21,6 +21,7 @@
 
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_buffer.h"
+#include "cuda/cuda_expert_cache.h"
 #include "cuda/cuda_kernels.h"
 #include "cuda/cuda_profile.h"
 #include "cuda/cuda_state.h"
@@ -368,12 +369,9 @@ public:
         stats_.weight_bytes += (uint64_t)used_.size() * (gv.bytes() + uv.bytes() + dv.bytes());
     }
 
-    void routed_experts(int layer, const LayerWeights &L, ExpertSource &experts) override {
-        PROFILE("routed_experts");
-        if (device_moe(L) && dynamic_cast<ResidentExperts *>(&experts)) return routed_experts_on_device(layer, L);
-        fetch_routes(layer);
-        const int D = c_.n_embd, E = c_.n_expert, K = c_.n_expert_used;
-        // Group rows by expert on the host: each expert's weights are read once per step.
+    // Groups the fetched routes by expert on the host: used_ (ascending), off_, h_rows_, h_rw_.
+    void group_on_host() {
+        const int E = c_.n_expert, K = c_.n_expert_used;
         by_e_.assign(E, {});
         for (int t = 0; t < R_; ++t)
             for (int k = 0; k < K; ++k) by_e_[h_ids_[(size_t)t * K + k]].push_back(t * K + k);
@@ -388,6 +386,15 @@ public:
             for (int tk : by_e_[e]) h_rows_.push_back(tk / K), h_rw_.push_back(h_wts_[tk]);
         }
         off_.push_back((int)h_rows_.size());
+    }
+
+    void routed_experts(int layer, const LayerWeights &L, ExpertSource &experts) override {
+        PROFILE("routed_experts");
+        if (auto *vc = dynamic_cast<DeviceExpertCache *>(&experts)) return routed_experts_streamed(layer, L, *vc);
+        if (device_moe(L) && dynamic_cast<ResidentExperts *>(&experts)) return routed_experts_on_device(layer, L);
+        fetch_routes(layer);
+        const int D = c_.n_embd, K = c_.n_expert_used;
+        group_on_host();
         const bool tc = (int64_t)R_ * K > kDeviceMoePairs;
         if (tc && tiled_moe(L) && dynamic_cast<ResidentExperts *>(&experts)) return routed_experts_tiled(layer, L);
         views_.resize(used_.size());
@@ -395,24 +402,144 @@ public:
         const int *rows = to_device(rows_buf_, h_rows_, s_, stage_);
         const float *rw = to_device(rw_buf_, h_rw_, s_, stage_);
         DS4_CUDA_CHECK(cudaMemsetAsync(A_.get(), 0, sizeof(float) * R_ * D, s_));
-        for (size_t u = 0; u < used_.size(); ++u) {
-            const ExpertView &v = views_[u];
-            const int m = off_[u + 1] - off_[u];
-            float *eout = eout_.need((size_t)std::max(m, R_) * D);
-            const gguf::Type at = act_type(v.gate.type);
-            if (!f32_act_ && at != gguf::Type::F32 && act_type(v.up.type) == at) {
-                // a row's quantised form depends on that row only: gather XN's
-                uint64_t qrow = 0;
-                const uint8_t *xq = quantised(v.gate.type, XN_.get(), R_, D, D, &qrow);
-                uint8_t *eq = ein_q_.need((size_t)m * qrow);
-                gather_bytes(s_, xq, qrow, rows + off_[u], eq, m);
-                ffn(v.gate, v.up, v.down, nullptr, eq, qrow, m, eout, c_.swiglu_limit[layer], tc);
+        for (size_t u = 0; u < used_.size(); ++u) expert_pairs(layer, (int)u, views_[u], rows, rw, tc);
+    }
+
+    // The pairs of the host-grouped expert used_[u] through its weights v, added into A.
+    void expert_pairs(int layer, int u, const ExpertView &v, const int *rows, const float *rw, bool tc) {
+        const int D = c_.n_embd, m = off_[u + 1] - off_[u];
+        float *eout = eout_.need((size_t)std::max(m, R_) * D);
+        const gguf::Type at = act_type(v.gate.type);
+        if (!f32_act_ && at != gguf::Type::F32 && act_type(v.up.type) == at) {
+            // a row's quantised form depends on that row only: gather XN's
+            uint64_t qrow = 0;
+            const uint8_t *xq = quantised(v.gate.type, XN_.get(), R_, D, D, &qrow);
+            uint8_t *eq = ein_q_.need((size_t)m * qrow);
+            gather_bytes(s_, xq, qrow, rows + off_[u], eq, m);
+            ffn(v.gate, v.up, v.down, nullptr, eq, qrow, m, eout, c_.swiglu_limit[layer], tc);
+        } else {
+            float *ein = ein_.need((size_t)m * D);
+            gather_rows(s_, XN_.get(), D, rows + off_[u], ein, m);
+            ffn(v.gate, v.up, v.down, ein, nullptr, 0, m, eout, c_.swiglu_limit[layer], tc);
+        }
+        scatter_add_rows(s_, eout, D, rows + off_[u], rw + off_[u], A_.get(), m);
+    }
+
+    // The next layer's likely experts from this layer's MoE input (hash-routed layers: exactly,
+    // from the tokens) into h_pred_; a device guess is copied back with the routes.
+    void predict_next(int layer, const LayerWeights &N) {
+        const int E = c_.n_expert, K = c_.n_expert_used;
+        h_pred_.resize((size_t)R_ * K);
+        if (c_.is_hash(layer + 1)) {
+            for (int t = 0; t < R_; ++t)
+                for (int k = 0; k < K; ++k) h_pred_[(size_t)t * K + k] = N.tid2eid[(size_t)h_tokens_[t] * K + k];
+            return;
+        }
+        float *lg = pred_lg_.need((size_t)R_ * E);
+        mm(N.gate_inp, XN_.get(), R_, c_.n_embd, lg, E);
+        int *ids = pred_ids_.need((size_t)R_ * K);
+        cuda::route(s_, lg, E, K, nullptr, tokens_, dw_.device(N.probs_b.data()), c_.expert_scale, ids,
+                    pred_w_.need((size_t)R_ * K), R_);
+        DS4_CUDA_CHECK(cudaMemcpyAsync(h_pred_.data(), ids, h_pred_.size() * sizeof(int), cudaMemcpyDeviceToHost, s_));
+    }
+
+    // Routed experts from the VRAM expert cache (SSD streaming). The routes come to the host
+    // (the cache must know which experts to have), the layer's experts are taken in groups of
+    // at most the cache's slots, and each group runs the kernels the resident path runs for
+    // this step -- device-grouped, expert tiles or one expert at a time -- with the slots in
+    // place of the stacked tensors, so the logits are the resident path's bit for bit. Then
+    // the next layer's predicted experts are read and uploaded while this layer's kernels run.
+    void routed_experts_streamed(int layer, const LayerWeights &L, DeviceExpertCache &vc) {
+        const int D = c_.n_embd, E = c_.n_expert, K = c_.n_expert_used, P = R_ * K;
+        vc_ = &vc;
+        const LayerWeights *N = vc.predictor(layer);
+        const bool had_routes = ids_on_host_;
+        if (N) predict_next(layer, *N);
+        fetch_routes(layer);
+        if (N && had_routes) DS4_CUDA_CHECK(cudaStreamSynchronize(s_));   // the guess's copy
+        group_on_host();
+        const WeightView &gv = L.gate_exps.first, &uv = L.up_exps.first, &dv = L.down_exps.first;
+        const int64_t F = gv.out;
+        const float lim = c_.swiglu_limit[layer];
+        const int U = (int)used_.size(), C = (int)vc.max_acquire();
+        const uint64_t sb = vc.slot_bytes();
+        const uint8_t *pg = vc.arena() + vc.piece_offset(0), *pu = vc.arena() + vc.piece_offset(1),
+                      *pd = vc.arena() + vc.piece_offset(2);
+        const bool dev = device_moe(L), tc = (int64_t)P > kDeviceMoePairs, tiled = !dev && tc && tiled_moe(L);
+        h_slot_.resize(U);
+        uint64_t qrow = 0, hrow = 0;
+        const uint8_t *xq = nullptr;
+        uint8_t *hq = nullptr;
+        float *h = nullptr, *u = nullptr, *y = nullptr;
+        const int *rows = nullptr, *pos = nullptr;
+        const float *rw = nullptr;
+        MoeGroups g{};
+        if (dev || tiled) {
+            xq = quantised(gv.type, XN_.get(), R_, D, D, &qrow);
+            hrow = act_row_bytes(dv.type, F);
+            hq = hq_.need((size_t)P * hrow);
+            h = g_.need((size_t)P * F), y = eout_.need((size_t)P * D);
+        }
+        if (dev) {
+            g = {moe_n_used_.need(1), moe_used_.need(P), moe_off_.need(P + 1), moe_prow_.need(P), moe_pw_.need(P), moe_err_.get()};
+            moe_group(s_, ids_.get(), wts_.get(), P, K, E, g);
+        } else if (tiled) {
+            u = u_.need((size_t)P * F);
+            h_ppos_.assign((size_t)R_ * K, 0);
+            std::vector<int> fill(R_, 0);
+            for (int p = 0; p < P; ++p) h_ppos_[(size_t)h_rows_[p] * K + fill[h_rows_[p]]++] = p;
+            rows = to_device(rows_buf_, h_rows_, s_, stage_);
+            rw = to_device(rw_buf_, h_rw_, s_, stage_);
+            pos = to_device(ppos_buf_, h_ppos_, s_, stage_);
+        } else {
+            rows = to_device(rows_buf_, h_rows_, s_, stage_);
+            rw = to_device(rw_buf_, h_rw_, s_, stage_);
+            DS4_CUDA_CHECK(cudaMemsetAsync(A_.get(), 0, sizeof(float) * R_ * D, s_));
+        }
+        for (int u0 = 0; u0 < U; u0 += C) {
+            const int n = std::min(C, U - u0), p0 = off_[u0], p1 = off_[u0 + n];
+            vc.acquire_slots(layer, std::span<const int>(used_).subspan(u0, n), s_, h_slot_.data() + u0);
+            if (dev) {
+                h_slot_of_.assign(E, 0);
+                for (int i = u0; i < u0 + n; ++i) h_slot_of_[used_[i]] = h_slot_[i];
+                ExpertMats m{pg, pu, pd, sb, sb, sb, gv.row_bytes, uv.row_bytes, dv.row_bytes, gv.type, uv.type, dv.type};
+                m.slot = to_device(slot_buf_, h_slot_of_, s_, stage_);
+                moe_gate_up(s_, m, D, F, xq, qrow, g, n, R_ == 1, h, lim, u0);
+                quantize_act(s_, dv.type, h + (size_t)p0 * F, p1 - p0, F, F, hq + (size_t)p0 * hrow, hrow);
+                moe_down(s_, m, F, D, hq, hrow, g, n, R_ == 1, y, u0);
+            } else if (tiled) {
+                h_tiles_.clear();
+                for (int i = u0; i < u0 + n; ++i)
+                    for (int p = off_[i]; p < off_[i + 1]; p += kMmaTilePairs)
+                        h_tiles_.push_back({h_slot_[i], p, std::min(kMmaTilePairs, off_[i + 1] - p)});
+                const MmaTile *tiles = to_device(tiles_buf_, h_tiles_, s_, stage_);
+                const int nt = (int)h_tiles_.size();
+                matmul_q_mma_tiles(s_, gv.type, pg, sb, D, F, gv.row_bytes, xq, qrow, rows, tiles, nt, h, F);
+                matmul_q_mma_tiles(s_, uv.type, pu, sb, D, F, uv.row_bytes, xq, qrow, rows, tiles, nt, u, F);
+                swiglu(s_, h + (size_t)p0 * F, u + (size_t)p0 * F, (int64_t)(p1 - p0) * F, lim);
+                quantize_act(s_, dv.type, h + (size_t)p0 * F, p1 - p0, F, F, hq + (size_t)p0 * hrow, hrow);
+                matmul_q_mma_tiles(s_, dv.type, pd, sb, F, D, dv.row_bytes, hq, hrow, nullptr, tiles, nt, y, D);
             } else {
-                float *ein = ein_.need((size_t)m * D);
-                gather_rows(s_, XN_.get(), D, rows + off_[u], ein, m);
-                ffn(v.gate, v.up, v.down, ein, nullptr, 0, m, eout, c_.swiglu_limit[layer], tc);
+                for (int i = u0; i < u0 + n; ++i) {
+                    const uint8_t *sp = vc.arena() + (uint64_t)h_slot_[i] * sb;
+                    ExpertView v{gv, uv, dv};
+                    v.gate.data = sp + vc.piece_offset(0), v.up.data = sp + vc.piece_offset(1), v.down.data = sp + vc.piece_offset(2);
+                    expert_pairs(layer, i, v, rows, rw, tc);
+                }
             }
-            scatter_add_rows(s_, eout, D, rows + off_[u], rw + off_[u], A_.get(), m);
+            vc.done(s_);
+        }
+        if (dev) moe_combine(s_, y, D, P, g, A_.get(), R_);
+        else if (tiled) moe_combine_pos(s_, y, D, pos, rw, K, A_.get(), R_);
+        if (dev || tiled) stats_.weight_bytes += (uint64_t)U * (gv.bytes() + uv.bytes() + dv.bytes());
+        if (N) {
+            pred_mark_.assign(E, 0);
+            for (int e : h_pred_)
+                if (e >= 0 && e < E) pred_mark_[e] = 1;
+            pred_list_.clear();
+            for (int e = 0; e < E; ++e)
+                if (pred_mark_[e]) pred_list_.push_back(e);
+            vc.prefetch(layer + 1, pred_list_);
         }
     }
 
@@ -468,7 +595,7 @@ public:
                                              &g_, &u_, &head_, &logits_, &rw_buf_})
             b += v->bytes();
         for (const QuantIn &q : qin_) b += q.buf.bytes();
-        return b + xq_tmp_.bytes() + ein_q_.bytes();
+        return b + xq_tmp_.bytes() + ein_q_.bytes() + hq_.bytes() + pred_lg_.bytes();
     }
 
 private:
@@ -508,7 +635,7 @@ private:
         if (f32_act_ || act_type(w.type) == gguf::Type::F32) {
             const std::string pname = profile_.on() ? mm_name(w) : std::string();
             OpProfile::Scope prof_mm(&profile_, pname.c_str(), s_, n_tok > 1, w.bytes());
-            cuda::matmul(s_, w.type, dw_.device(w.data), w.in, w.out, w.row_bytes, x, n_tok, xs, y, ys);
+            cuda::matmul(s_, w.type, wdev(w.data), w.in, w.out, w.row_bytes, x, n_tok, xs, y, ys);
             stats_.weight_bytes += w.bytes();
             return;
         }
@@ -516,13 +643,16 @@ private:
         const uint8_t *xq = quantised(w.type, x, n_tok, xs, w.in, &qrow);
         mmq(w, xq, qrow, n_tok, y, ys, tensor_cores);
     }
+    // Device address of a weight: a VRAM expert slot as it is, anything else through the
+    // placed tensors.
+    const void *wdev(const uint8_t *p) const { return vc_ && vc_->contains(p) ? p : dw_.device(p); }
     static std::string mm_name(const WeightView &w) {
         return "  matmul " + std::string(gguf::type_name(w.type)) + " " + std::to_string(w.in) + "x" + std::to_string(w.out);
     }
     void mmq(const WeightView &w, const uint8_t *xq, uint64_t qrow, int64_t n_tok, float *y, int64_t ys, bool tensor_cores = true) {
         const std::string pname = profile_.on() ? mm_name(w) : std::string();
         OpProfile::Scope prof_mm(&profile_, pname.c_str(), s_, n_tok > 1, w.bytes());
-        matmul_q(s_, w.type, dw_.device(w.data), w.in, w.out, w.row_bytes, xq, qrow, n_tok, y, ys, tensor_cores);
+        matmul_q(s_, w.type, wdev(w.data), w.in, w.out, w.row_bytes, xq, qrow, n_tok, y, ys, tensor_cores);
         stats_.weight_bytes += w.bytes();
     }
 
@@ -606,13 +736,20 @@ private:
     DeviceBuffer<int> ppos_buf_;
     std::vector<std::vector<int>> by_e_;
     std::vector<ExpertView> views_;
+    // SSD streaming (routed_experts_streamed)
+    const DeviceExpertCache *vc_ = nullptr;
+    DeviceBuffer<uint8_t> hq_;
+    DeviceBuffer<float> pred_lg_, pred_w_;
+    DeviceBuffer<int> pred_ids_, slot_buf_;
+    std::vector<int> h_slot_, h_slot_of_, h_pred_, pred_list_;
+    std::vector<uint8_t> pred_mark_;
 };
 
 class CudaBackend final : public Backend {
 public:
     CudaBackend(const ModelConfig &c, const gguf::Reader &r, const ModelWeights &w, const Rope &main, const Rope &comp,
-                const std::function<void(uint64_t, uint64_t)> &progress)
-        : c_(c), dw_(r, w, progress) {
+                const std::function<void(uint64_t, uint64_t)> &progress, bool stream_experts)
+        : c_(c), dw_(r, w, progress, stream_experts) {
         dw_.place(main.inv_freq.data(), main.inv_freq.size() * sizeof(float));
         dw_.place(comp.inv_freq.data(), comp.inv_freq.size() * sizeof(float));
         init_quant_tables();
@@ -656,18 +793,20 @@ bool cuda_device_available(std::string *why) {
 
 std::unique_ptr<Backend> make_cuda_backend(const ModelConfig &c, const gguf::Reader &r, const ModelWeights &w,
                                            const Rope &rope_main, const Rope &rope_compress,
-                                           const std::function<void(uint64_t, uint64_t)> &progress) {
+                                           const std::function<void(uint64_t, uint64_t)> &progress, bool stream_experts) {
     std::string why;
     if (!cuda_device_available(&why)) fail("CUDA backend: no usable GPU (" + why + ")");
     size_t fr = 0, tot = 0;
     DS4_CUDA_CHECK(cudaMemGetInfo(&fr, &tot));
     // Weights plus a margin for caches, scratch and the CUDA context's own needs.
-    const uint64_t need = r.total_tensor_bytes() + w.owned_bytes, margin = 512ull << 20;
+    uint64_t need = r.total_tensor_bytes() + w.owned_bytes;
+    const uint64_t margin = 512ull << 20;
+    if (stream_experts) need -= DeviceWeights::routed_expert_bytes(r);
     if (need + margin > fr)
         failf("CUDA backend: the model needs %.2f GiB of VRAM for its weights (+%.2f GiB working margin), %.2f GiB of "
               "%.2f GiB are free",
               need / 1073741824.0, margin / 1073741824.0, fr / 1073741824.0, tot / 1073741824.0);
-    return std::make_unique<CudaBackend>(c, r, w, rope_main, rope_compress, progress);
+    return std::make_unique<CudaBackend>(c, r, w, rope_main, rope_compress, progress, stream_experts);
 }
 
 }  // namespace ds4::cuda

@@ -131,21 +131,23 @@ struct MoeGroups {
     float *pw;
     int *err;
 };
-// A layer's stacked expert tensors on the device: expert e's matrix starts e * eb_* bytes in.
+// A layer's stacked expert tensors on the device: expert e's matrix starts e * eb_* bytes in
+// -- or, with slot (the VRAM expert cache: device table expert -> slot), slot[e] * eb_*.
 struct ExpertMats {
     const uint8_t *gate, *up, *down;
     uint64_t eb_gate, eb_up, eb_down, rb_gate, rb_up, rb_down;
     gguf::Type type_gate, type_up, type_down;
+    const int *slot = nullptr;
 };
 bool moe_type_supported(gguf::Type t);
 void moe_group(cudaStream_t s, const int *ids, const float *wts, int P, int K, int E, const MoeGroups &g);
 // h[pair][F] = clamped SwiGLU of the pair's expert gate/up on its row of xq (quantised for
-// the gate type); blocks for max_used experts, those past n_used exit.
+// the gate type); blocks for max_used experts from the u0-th used one, those past n_used exit.
 void moe_gate_up(cudaStream_t s, const ExpertMats &m, int64_t in, int64_t F, const uint8_t *xq, uint64_t qrow,
-                 const MoeGroups &g, int max_used, bool one_row, float *h, float lim);
+                 const MoeGroups &g, int max_used, bool one_row, float *h, float lim, int u0 = 0);
 // y[pair][D] = the pair's expert down on hq's row of the same pair.
 void moe_down(cudaStream_t s, const ExpertMats &m, int64_t in, int64_t D, const uint8_t *hq, uint64_t qrow,
-              const MoeGroups &g, int max_used, bool one_row, float *y);
+              const MoeGroups &g, int max_used, bool one_row, float *y, int u0 = 0);
 // Tensor-core expert products for steps with many routed pairs (grouped on the host): tile i
 // multiplies expert tiles[i].e's matrix (w + e * expert_bytes) with the activation rows of
 // pairs [p0, p0 + np) -- row rowidx[p] of xq, or row p when rowidx is null -- into y[p].

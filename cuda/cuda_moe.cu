@@ -68,9 +68,10 @@ template <int T, int NT>
 __global__ void __launch_bounds__(32 * kWarps, NT == 1 ? 6 : 4)
     moe_gate_up_kernel(const uint8_t *__restrict__ gate, const uint8_t *__restrict__ up, uint64_t eb_g, uint64_t eb_u,
                        uint64_t rb_g, uint64_t rb_u, int64_t in, int64_t F, const uint8_t *__restrict__ xq, uint64_t qrow,
-                       MoeGroups g, float *__restrict__ h, float lim, const uint64_t *__restrict__ grid_g) {
+                       MoeGroups g, float *__restrict__ h, float lim, const uint64_t *__restrict__ grid_g,
+                       const int *__restrict__ slot, int u0) {
     using Fm = Fmt<T>;
-    const int u = blockIdx.y;
+    const int u = u0 + blockIdx.y;
     if (u >= *g.n_used) return;   // uniform per block
     __shared__ uint64_t grid_s[T == 16 ? 256 : 1];
     if (T == 16) {
@@ -80,7 +81,7 @@ __global__ void __launch_bounds__(32 * kWarps, NT == 1 ? 6 : 4)
     const int lane = threadIdx.x & 31;
     const int64_t o = (int64_t)blockIdx.x * kWarps + (threadIdx.x >> 5);
     if (o >= F) return;
-    const int e = g.used[u], p0 = g.off[u], p1 = g.off[u + 1];
+    const int e = slot ? slot[g.used[u]] : g.used[u], p0 = g.off[u], p1 = g.off[u + 1];
     const uint8_t *grow = gate + (uint64_t)e * eb_g + (uint64_t)o * rb_g;
     const uint8_t *urow = up + (uint64_t)e * eb_u + (uint64_t)o * rb_u;
     const int64_t nblk = in / Fm::kQK, chunks = in >> 3;
@@ -121,9 +122,9 @@ template <int T, int NT>
 __global__ void __launch_bounds__(32 * kWarps, NT == 1 ? 6 : 4)
     moe_down_kernel(const uint8_t *__restrict__ down, uint64_t eb, uint64_t rb, int64_t in, int64_t D,
                     const uint8_t *__restrict__ hq, uint64_t qrow, MoeGroups g, float *__restrict__ y,
-                    const uint64_t *__restrict__ grid_g) {
+                    const uint64_t *__restrict__ grid_g, const int *__restrict__ slot, int u0) {
     using Fm = Fmt<T>;
-    const int u = blockIdx.y;
+    const int u = u0 + blockIdx.y;
     if (u >= *g.n_used) return;
     __shared__ uint64_t grid_s[T == 16 ? 256 : 1];
     if (T == 16) {
@@ -133,7 +134,7 @@ __global__ void __launch_bounds__(32 * kWarps, NT == 1 ? 6 : 4)
     const int lane = threadIdx.x & 31;
     const int64_t o = (int64_t)blockIdx.x * kWarps + (threadIdx.x >> 5);
     if (o >= D) return;
-    const int e = g.used[u], p0 = g.off[u], p1 = g.off[u + 1];
+    const int e = slot ? slot[g.used[u]] : g.used[u], p0 = g.off[u], p1 = g.off[u + 1];
     const uint8_t *row = down + (uint64_t)e * eb + (uint64_t)o * rb;
     const int64_t nblk = in / Fm::kQK, chunks = in >> 3;
     for (int j0 = p0; j0 < p1; j0 += NT) {
@@ -183,25 +184,25 @@ __global__ void moe_combine_pos_kernel(const float *__restrict__ y, int D, const
 
 template <int T>
 void launch_gate_up(cudaStream_t s, const ExpertMats &m, int64_t in, int64_t F, const uint8_t *xq, uint64_t qrow,
-                    const MoeGroups &g, int max_used, bool one_row, float *h, float lim) {
+                    const MoeGroups &g, int max_used, bool one_row, float *h, float lim, int u0) {
     const dim3 grid((unsigned)((F + kWarps - 1) / kWarps), (unsigned)max_used);
     if (one_row)
         moe_gate_up_kernel<T, 1><<<grid, 32 * kWarps, 0, s>>>(m.gate, m.up, m.eb_gate, m.eb_up, m.rb_gate, m.rb_up, in, F, xq,
-                                                              qrow, g, h, lim, g_grid_addr);
+                                                              qrow, g, h, lim, g_grid_addr, m.slot, u0);
     else
         moe_gate_up_kernel<T, 8><<<grid, 32 * kWarps, 0, s>>>(m.gate, m.up, m.eb_gate, m.eb_up, m.rb_gate, m.rb_up, in, F, xq,
-                                                              qrow, g, h, lim, g_grid_addr);
+                                                              qrow, g, h, lim, g_grid_addr, m.slot, u0);
     DS4_CUDA_LAUNCHED();
 }
 
 template <int T>
 void launch_down(cudaStream_t s, const ExpertMats &m, int64_t in, int64_t D, const uint8_t *hq, uint64_t qrow,
-                 const MoeGroups &g, int max_used, bool one_row, float *y) {
+                 const MoeGroups &g, int max_used, bool one_row, float *y, int u0) {
     const dim3 grid((unsigned)((D + kWarps - 1) / kWarps), (unsigned)max_used);
     if (one_row)
-        moe_down_kernel<T, 1><<<grid, 32 * kWarps, 0, s>>>(m.down, m.eb_down, m.rb_down, in, D, hq, qrow, g, y, g_grid_addr);
+        moe_down_kernel<T, 1><<<grid, 32 * kWarps, 0, s>>>(m.down, m.eb_down, m.rb_down, in, D, hq, qrow, g, y, g_grid_addr, m.slot, u0);
     else
-        moe_down_kernel<T, 8><<<grid, 32 * kWarps, 0, s>>>(m.down, m.eb_down, m.rb_down, in, D, hq, qrow, g, y, g_grid_addr);
+        moe_down_kernel<T, 8><<<grid, 32 * kWarps, 0, s>>>(m.down, m.eb_down, m.rb_down, in, D, hq, qrow, g, y, g_grid_addr, m.slot, u0);
     DS4_CUDA_LAUNCHED();
 }
 
@@ -229,14 +230,14 @@ void moe_group(cudaStream_t s, const int *ids, const float *wts, int P, int K, i
 }
 
 void moe_gate_up(cudaStream_t s, const ExpertMats &m, int64_t in, int64_t F, const uint8_t *xq, uint64_t qrow,
-                 const MoeGroups &g, int max_used, bool one_row, float *h, float lim) {
+                 const MoeGroups &g, int max_used, bool one_row, float *h, float lim, int u0) {
     if (m.type_gate != m.type_up) fail("CUDA backend: device-grouped experts need gate and up of one type");
-    by_type(m.type_gate, "gate/up", [&](auto T) { launch_gate_up<T()>(s, m, in, F, xq, qrow, g, max_used, one_row, h, lim); });
+    by_type(m.type_gate, "gate/up", [&](auto T) { launch_gate_up<T()>(s, m, in, F, xq, qrow, g, max_used, one_row, h, lim, u0); });
 }
 
 void moe_down(cudaStream_t s, const ExpertMats &m, int64_t in, int64_t D, const uint8_t *hq, uint64_t qrow,
-              const MoeGroups &g, int max_used, bool one_row, float *y) {
-    by_type(m.type_down, "down", [&](auto T) { launch_down<T()>(s, m, in, D, hq, qrow, g, max_used, one_row, y); });
+              const MoeGroups &g, int max_used, bool one_row, float *y, int u0) {
+    by_type(m.type_down, "down", [&](auto T) { launch_down<T()>(s, m, in, D, hq, qrow, g, max_used, one_row, y, u0); });
 }
 
 void moe_combine(cudaStream_t s, const float *y, int D, int P, const MoeGroups &g, float *A, int rows) {

@@ -4,12 +4,22 @@
 
 namespace ds4::cuda {
 
+bool DeviceWeights::is_routed_expert(const gguf::TensorInfo &t) { return t.name.find("_exps.") != std::string::npos; }
+
+uint64_t DeviceWeights::routed_expert_bytes(const gguf::Reader &r) {
+    uint64_t n = 0;
+    for (const gguf::TensorInfo &t : r.tensors())
+        if (is_routed_expert(t)) n += t.nbytes;
+    return n;
+}
+
 DeviceWeights::DeviceWeights(const gguf::Reader &r, const ModelWeights &w,
-                             const std::function<void(uint64_t, uint64_t)> &progress) {
+                             const std::function<void(uint64_t, uint64_t)> &progress, bool skip_experts) {
     try {
-        const uint64_t total = r.total_tensor_bytes();
+        const uint64_t total = r.total_tensor_bytes() - (skip_experts ? routed_expert_bytes(r) : 0);
         uint64_t done = 0, shown = 0;
         for (const gguf::TensorInfo &t : r.tensors()) {
+            if (skip_experts && is_routed_expert(t)) continue;
             if (t.data && t.nbytes) place(t.data, t.nbytes);
             done += t.nbytes;
             if (progress && (done - shown >= (1ull << 30) || done == total)) progress(shown = done, total);

@@ -15,7 +15,12 @@ namespace ds4::cuda {
 
 class DeviceWeights {
 public:
-    DeviceWeights(const gguf::Reader &r, const ModelWeights &w, const std::function<void(uint64_t, uint64_t)> &progress = {});
+    // skip_experts: the routed experts (`*_exps` tensors) stay on the host (SSD streaming:
+    // the VRAM expert cache holds them); a pointer into them does not translate.
+    DeviceWeights(const gguf::Reader &r, const ModelWeights &w, const std::function<void(uint64_t, uint64_t)> &progress = {},
+                  bool skip_experts = false);
+    static bool is_routed_expert(const gguf::TensorInfo &t);
+    static uint64_t routed_expert_bytes(const gguf::Reader &r);
     // Places one more host range (e.g. rope tables) and makes it translatable.
     void place(const void *host, uint64_t n);
     ~DeviceWeights();

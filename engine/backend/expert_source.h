@@ -38,6 +38,9 @@ struct ExpertSourceStats {
     uint64_t resident = 0;         // experts in the cache now
     uint64_t capacity = 0;         // experts the cache holds (0: unbounded, every expert resident)
     uint64_t capacity_bytes = 0;   // bytes of the cache
+    // A two-tier source (the CUDA VRAM cache over a RAM cache): the lower tier's reads from
+    // disk and its size; the fields above are then the upper tier's (bytes_read: uploaded).
+    uint64_t host_misses = 0, host_bytes_read = 0, host_capacity_bytes = 0;
 };
 
 class ExpertSource {

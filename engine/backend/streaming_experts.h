@@ -61,11 +61,15 @@ struct ExpertStreamingOptions {
     bool cold = false;              // start with an empty cache (no prewarm of the hot set)
     uint64_t cache_experts = 0;     // budget in experts, or
     uint64_t cache_bytes = 0;       // in bytes (both 0: kDefaultCacheBytes)
+    // With the CUDA backend the budget above is VRAM and the RAM tier the VRAM slots are
+    // filled from holds this many bytes (0: kDefaultHostTierBytes).
+    uint64_t host_cache_bytes = 0;
     bool prefetch = true;
     unsigned queue_depth = 64;      // reads in flight per batch
     std::shared_ptr<ExpertStoreLink> store;  // optional, or made by open_store(model fingerprint)
     std::function<std::shared_ptr<ExpertStoreLink>(uint64_t fingerprint)> open_store;
     static constexpr uint64_t kDefaultCacheBytes = uint64_t(4) << 30;
+    static constexpr uint64_t kDefaultHostTierBytes = uint64_t(2) << 30;
 };
 
 class StreamingExperts final : public ExpertSource {

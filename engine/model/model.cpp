@@ -61,7 +61,8 @@ std::unique_ptr<Model> Model::open(const std::string &path, const ModelOptions &
     }
     if (kind == BackendKind::Cuda) {
 #ifdef DS4_HAVE_CUDA
-        m->backend_ = cuda::make_cuda_backend(m->cfg_, *m->reader_, m->w_, m->rope_main_, m->rope_compress_, opt.progress);
+        m->backend_ = cuda::make_cuda_backend(m->cfg_, *m->reader_, m->w_, m->rope_main_, m->rope_compress_, opt.progress,
+                                              opt.streaming.enabled);
 #else
         fail("this build of ds4 has no CUDA backend (configure with a CUDA compiler, DS4_CUDA=ON)");
 #endif
@@ -70,10 +71,21 @@ std::unique_ptr<Model> Model::open(const std::string &path, const ModelOptions &
     }
     m->fingerprint_ = compute_fingerprint(*m->reader_);
     if (opt.streaming.enabled) {
-        if (kind == BackendKind::Cuda) fail("SSD expert streaming is not implemented for the CUDA backend yet");
         ExpertStreamingOptions so = opt.streaming;
         if (!so.store && so.open_store) so.store = so.open_store(m->fingerprint_);
-        m->experts_ = std::make_unique<StreamingExperts>(m->w_, m->cfg_, *m->reader_, so);
+        if (kind == BackendKind::Cuda) {
+#ifdef DS4_HAVE_CUDA
+            // The budget is VRAM; RAM holds a tier of host_cache_bytes the slots are filled from.
+            ExpertStreamingOptions host = so;
+            host.cache_experts = 0;
+            host.cache_bytes = so.host_cache_bytes ? so.host_cache_bytes : ExpertStreamingOptions::kDefaultHostTierBytes;
+            m->experts_ = cuda::make_device_expert_cache(m->cfg_, m->w_,
+                                                         std::make_unique<StreamingExperts>(m->w_, m->cfg_, *m->reader_, host),
+                                                         so.cache_experts, so.cache_bytes, so.prefetch);
+#endif
+        } else {
+            m->experts_ = std::make_unique<StreamingExperts>(m->w_, m->cfg_, *m->reader_, so);
+        }
         m->streaming_ = true;
     } else {
         m->experts_ = std::make_unique<ResidentExperts>(m->w_);

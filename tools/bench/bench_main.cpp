@@ -37,7 +37,8 @@ const char *kUsage =
     "                      cache instead of used from the mapping; reports hit rate, bytes\n"
     "                      read, read GB/s and the disk's raw O_DIRECT read GB/s measured on\n"
     "                      the model file in the same run (--raw-bytes, default 1 GiB)\n"
-    "  --expert-cache-bytes N | --expert-cache-experts N   the cache budget (default 4 GiB)\n"
+    "  --expert-cache-bytes N | --expert-cache-experts N   the cache budget (default 4 GiB);\n"
+    "                      with --backend cuda it is VRAM, filled from a RAM tier of 2 GiB\n"
     "  --cold              do not prewarm the cache from the store's hot set\n"
     "  --expert-store DIR  the expert store (re-laid-out experts + use counts) to use\n"
     "  --no-prefetch       no prediction of the next layer's experts\n"
@@ -196,10 +197,11 @@ int main(int argc, char **argv) {
                         "\"prefill_tok_s\":%.3f,\"decode_tok_s\":%.3f,\"bytes_per_token\":%.0f,\"achieved_gb_s\":%.3f,"
                         "\"machine_read_gb_s\":%.3f,\"fraction_of_bandwidth\":%.4f,\"ssd_streaming\":%s,\"hit_rate\":%.4f,"
                         "\"expert_bytes_per_token\":%.0f,\"read_gb_s\":%.3f,\"read_hidden\":%.4f,\"disk_raw_gb_s\":%.3f,"
-                        "\"cache_bytes\":%llu}\n",
+                        "\"cache_bytes\":%llu,\"host_tier_bytes\":%llu,\"host_read_bytes_per_token\":%.0f}\n",
                         model.c_str(), m->backend().name().c_str(), n_threads, open_s, prompt, gen, prompt / prefill_s, dec_tps, bytes_per_tok,
                         achieved / 1e9, bw / 1e9, achieved / bw, so.enabled ? "true" : "false", hit, n_dec > 0 ? rd_bytes / n_dec : 0.0,
-                        read_gbs, hidden, raw_gbs, (unsigned long long)e1.capacity_bytes);
+                        read_gbs, hidden, raw_gbs, (unsigned long long)e1.capacity_bytes, (unsigned long long)e1.host_capacity_bytes,
+                        n_dec > 0 ? double(e1.host_bytes_read - e0.host_bytes_read) / n_dec : 0.0);
         } else {
             std::printf("model            %s\n                 %s\n", model.c_str(), c.summary().c_str());
             std::printf("backend          %s\n", m->backend().name().c_str());
@@ -226,6 +228,10 @@ int main(int argc, char **argv) {
                         100 * hidden);
             std::printf("expert reads     %.3f GB/token, %.2f GB/s while reading, %.2f GB/s over the decode\n",
                         n_dec > 0 ? rd_bytes / n_dec / 1e9 : 0.0, read_gbs, rd_bytes / decode_s / 1e9);
+            if (e1.host_capacity_bytes)   // the VRAM tier over a RAM tier (CUDA): the reads above are uploads
+                std::printf("RAM tier         %.2f GB; %.3f GB/token read from disk over the decode (%llu experts)\n",
+                            e1.host_capacity_bytes / 1e9, n_dec > 0 ? double(e1.host_bytes_read - e0.host_bytes_read) / n_dec / 1e9 : 0.0,
+                            (unsigned long long)(e1.host_misses - e0.host_misses));
             std::printf("disk raw read    %.2f GB/s (O_DIRECT, 16 x 4 MiB in flight, measured now)\n", raw_gbs);
             std::printf("store            %llu records read, %llu failed their checksum\n", (unsigned long long)e1.store_reads,
                         (unsigned long long)e1.store_corrupt);
