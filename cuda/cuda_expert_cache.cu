@@ -221,6 +221,7 @@ void DeviceExpertCache::acquire_slots(int layer, std::span<const int> ids, cudaS
     for (size_t i : miss_at) {
         const int s = take_slot();
         if (s < 0) {
+            for (const auto &[e, t] : todo) slot_of_[slots_[t].key] = -1, slots_[t].key = -1;
             for (int h : held) --slots_[h].pins;
             held.clear();
             failf("VRAM expert cache: no free slot for %zu experts (other executors hold the rest of %zu)", ids.size(), capacity_);

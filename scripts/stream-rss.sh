@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # ds4d's memory and decode speed on one model, SSD expert streaming vs the mapped path, in
-# one run: starts ds4d each way on a private socket, generates N tokens with `ds4 run`, and
-# prints the daemon's peak RSS (VmHWM), its RSS split (anonymous / file pages) at the end,
-# and the decode tok/s `ds4 stats` reports.
+# one run: starts ds4d each way on a private socket, has ds4-bench-batch (one client, token
+# ids, so any tokenizer does) generate TOKENS tokens after an 8-token prompt, and prints the
+# daemon's peak RSS (VmHWM), its RSS split (anonymous / file pages) at the end, the client's
+# decode tok/s and what `ds4 stats` reports.
 #
 #   scripts/stream-rss.sh MODEL.gguf [BIN_DIR] [TOKENS] [CACHE_BYTES]
 #
-# BIN_DIR (default build/bin) holds ds4d and ds4. TOKENS: tokens to generate (default 8).
+# BIN_DIR (default build/bin) holds ds4d, ds4 and ds4-bench-batch. TOKENS: tokens to generate (default 8).
 # CACHE_BYTES: the streaming expert cache (default 2 GiB). Set MODES="stream" (or "mmap") to
 # run one of the two.
 set -euo pipefail
@@ -34,10 +35,12 @@ run_one() {   # label, ds4d options...
     t1=$(date +%s.%N)
     local rss_open
     rss_open=$(awk '/^VmRSS/ {print $2}' /proc/$pid/status)
-    "$bin/ds4" --socket "$sock" run --max-tokens "$tokens" --ignore-eos "The quick brown fox" >/dev/null
-    local st
+    local gen st
+    gen=$("$bin/ds4-bench-batch" --socket "$sock" --clients 1 --tokens "$tokens" --prompt-tokens 8 --ttft-busy 1 \
+        --ttft-prompt 4 2>&1)
     st=$("$bin/ds4" --socket "$sock" stats)
     echo "== $label (ds4d $*)"
+    echo "$gen" | grep -E 'clients:' | head -2
     echo "open + prewarm    $(echo "$t1 - $t0" | bc) s; RSS after it ${rss_open} kB"
     awk '/^(VmHWM|VmRSS|RssAnon|RssFile)/ {printf "%-17s %s %s\n", $1, $2, $3}' /proc/$pid/status
     echo "$st" | grep -iE 'tok/s|expert|hit|read' | head -12
