@@ -1,47 +1,163 @@
 #include "cuda/cuda_weights.h"
 
+#include <cstdio>
+#include <cstring>
+
 #include "cuda/cuda_check.h"
+#include "cuda/cuda_vmm.h"
 
 namespace ds4::cuda {
 
-DeviceWeights::DeviceWeights(const gguf::Reader &r, const ModelWeights &w,
-                             const std::function<void(uint64_t, uint64_t)> &progress) {
+namespace {
+
+// FNV-1a over 8-byte words (the derived ranges are small: norms, rope tables).
+struct LayoutHash {
+    uint64_t h = 1469598103934665603ull;
+    void word(uint64_t v) { h = (h ^ v) * 1099511628211ull; }
+    void bytes(const uint8_t *p, uint64_t n) {
+        uint64_t i = 0;
+        for (; i + 8 <= n; i += 8) {
+            uint64_t v;
+            std::memcpy(&v, p + i, 8);
+            word(v);
+        }
+        uint64_t tail = 0;
+        if (i < n) std::memcpy(&tail, p + i, size_t(n - i));
+        word(tail);
+    }
+};
+
+}  // namespace
+
+DeviceWeights::DeviceWeights(const gguf::Reader &r, const ModelWeights &w, const std::vector<HostRange> &extra,
+                             const DeviceShareOptions &share, const std::function<void(uint64_t, uint64_t)> &progress) {
+    // Every range in a fixed order: the file's tensors, then what the binding made, then extra.
+    std::vector<Planned> plan;
+    uint64_t off = 0;
+    auto add = [&](const void *p, uint64_t n, bool derived) {
+        if (!p || !n) return;
+        plan.push_back({static_cast<const uint8_t *>(p), n, off, derived});
+        off = (off + n + kAlign - 1) / kAlign * kAlign;
+    };
+    for (const gguf::TensorInfo &t : r.tensors()) add(t.data, t.nbytes, false);
+    auto vec = [&](const std::vector<float> &v) { add(v.data(), v.size() * sizeof(float), true); };
+    vec(w.output_norm), vec(w.output_hc_base), vec(w.output_hc_scale);
+    for (const LayerWeights &L : w.layers) {
+        for (const std::vector<float> *v : {&L.attn_norm, &L.ffn_norm, &L.hc_attn_base, &L.hc_attn_scale, &L.hc_ffn_base,
+                                            &L.hc_ffn_scale, &L.q_a_norm, &L.kv_norm, &L.sinks, &L.probs_b,
+                                            &L.comp.ape, &L.comp.norm, &L.icomp.ape, &L.icomp.norm})
+            vec(*v);
+    }
+    for (const HostRange &e : extra) add(e.p, e.n, true);
+    const uint64_t total = off;
+
+    // Both sides of a share compute this from the same file and the same binding; a library
+    // that binds differently gets another hash and is refused.
+    LayoutHash lh;
+    lh.word(plan.size());
+    lh.word(total);
+    for (const Planned &p : plan) {
+        lh.word(p.n), lh.word(p.offset), lh.word(p.derived);
+        if (p.derived) lh.bytes(p.host, p.n);
+    }
+
     try {
-        const uint64_t total = r.total_tensor_bytes();
-        uint64_t done = 0, shown = 0;
-        for (const gguf::TensorInfo &t : r.tensors()) {
-            if (t.data && t.nbytes) place(t.data, t.nbytes);
-            done += t.nbytes;
-            if (progress && (done - shown >= (1ull << 30) || done == total)) progress(shown = done, total);
+        if (share.import_fd >= 0) {
+            if (place_imported(plan, total, lh.h, share)) {
+                if (progress) progress(total, total);
+                return;
+            }
+            std::fprintf(stderr, "ds4: CUDA: the shared device weights were not imported (%s); uploading them privately\n",
+                         share_.why.c_str());
+        } else if (share.exportable) {
+            if (place_exported(plan, total, lh.h, progress)) return;
+            std::fprintf(stderr, "ds4: CUDA: device weights not exportable (%s); uploading them privately\n",
+                         share_.why.c_str());
         }
-        auto vec = [&](const std::vector<float> &v) {
-            if (!v.empty()) place(v.data(), v.size() * sizeof(float));
-        };
-        vec(w.output_norm), vec(w.output_hc_base), vec(w.output_hc_scale);
-        for (const LayerWeights &L : w.layers) {
-            for (const std::vector<float> *v : {&L.attn_norm, &L.ffn_norm, &L.hc_attn_base, &L.hc_attn_scale, &L.hc_ffn_base,
-                                                &L.hc_ffn_scale, &L.q_a_norm, &L.kv_norm, &L.sinks, &L.probs_b,
-                                                &L.comp.ape, &L.comp.norm, &L.icomp.ape, &L.icomp.norm})
-                vec(*v);
-        }
+        place_private(plan, progress);
     } catch (...) {
-        for (void *p : allocs_) cudaFree(p);
+        free_all();
         throw;
     }
 }
 
-DeviceWeights::~DeviceWeights() {
-    for (void *p : allocs_) cudaFree(p);
+void DeviceWeights::place_private(const std::vector<Planned> &plan, const std::function<void(uint64_t, uint64_t)> &progress) {
+    uint64_t total = 0, done = 0, shown = 0;
+    for (const Planned &p : plan) total += p.n;
+    for (const Planned &p : plan) {
+        void *dev = nullptr;
+        DS4_CUDA_CHECK(cudaMalloc(&dev, p.n));
+        allocs_.push_back(dev);
+        DS4_CUDA_CHECK(cudaMemcpy(dev, p.host, p.n, cudaMemcpyHostToDevice));
+        ranges_[p.host] = {p.n, dev};
+        bytes_ += p.n;
+        done += p.n;
+        if (progress && (done - shown >= (1ull << 30) || done == total)) progress(shown = done, total);
+    }
 }
 
-void DeviceWeights::place(const void *host, uint64_t n) {
-    void *dev = nullptr;
-    DS4_CUDA_CHECK(cudaMalloc(&dev, n));
-    allocs_.push_back(dev);
-    DS4_CUDA_CHECK(cudaMemcpy(dev, host, n, cudaMemcpyHostToDevice));
-    ranges_[static_cast<const uint8_t *>(host)] = {n, dev};
-    bytes_ += n;
+bool DeviceWeights::place_exported(const std::vector<Planned> &plan, uint64_t total, uint64_t hash,
+                                   const std::function<void(uint64_t, uint64_t)> &progress) {
+    std::string why;
+    std::unique_ptr<VmmAllocation> a = VmmAllocation::create(total, &why);
+    DeviceWeightsLayout L;
+    if (a && !current_device_uuid(L.uuid)) a.reset(), why = "cannot read this GPU's UUID";
+    int fd = a ? a->export_fd(&why) : -1;
+    if (fd < 0) {
+        share_.why = why;
+        return false;
+    }
+    uint8_t *base = static_cast<uint8_t *>(a->ptr());
+    uint64_t done = 0, shown = 0;
+    for (const Planned &p : plan) {
+        DS4_CUDA_CHECK(cudaMemcpy(base + p.offset, p.host, p.n, cudaMemcpyHostToDevice));
+        ranges_[p.host] = {p.n, base + p.offset};
+        done = p.offset + p.n;
+        if (progress && done - shown >= (1ull << 30)) progress(shown = done, total);
+    }
+    if (progress) progress(total, total);
+    L.bytes = a->bytes();
+    L.granularity = a->granularity();
+    L.layout_hash = hash;
+    bytes_ = a->bytes();
+    share_.export_fd = fd;
+    share_.layout = L;
+    vmm_ = std::move(a);
+    return true;
 }
+
+bool DeviceWeights::place_imported(const std::vector<Planned> &plan, uint64_t total, uint64_t hash,
+                                   const DeviceShareOptions &s) {
+    const DeviceWeightsLayout &L = s.import_layout;
+    if (L.layout_hash != hash) {
+        share_.why = "the exporter placed its weights differently (layout hash " + std::to_string(L.layout_hash) +
+                     ", this library's " + std::to_string(hash) + ")";
+        return false;
+    }
+    if (L.bytes < total) {
+        share_.why = "the exported allocation has " + std::to_string(L.bytes) + " bytes, the weights need " +
+                     std::to_string(total);
+        return false;
+    }
+    std::unique_ptr<VmmAllocation> a = VmmAllocation::import(s.import_fd, L, &share_.why);
+    if (!a) return false;
+    uint8_t *base = static_cast<uint8_t *>(a->ptr());
+    for (const Planned &p : plan) ranges_[p.host] = {p.n, base + p.offset};
+    share_.imported = true;
+    share_.read_only = a->read_only();
+    share_.layout = L;
+    vmm_ = std::move(a);
+    return true;
+}
+
+void DeviceWeights::free_all() {
+    for (void *p : allocs_) cudaFree(p);
+    allocs_.clear();
+    vmm_.reset();
+    ranges_.clear();
+}
+
+DeviceWeights::~DeviceWeights() { free_all(); }
 
 const void *DeviceWeights::device(const void *p) const {
     if (!p) return nullptr;

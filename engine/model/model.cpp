@@ -61,7 +61,8 @@ std::unique_ptr<Model> Model::open(const std::string &path, const ModelOptions &
     }
     if (kind == BackendKind::Cuda) {
 #ifdef DS4_HAVE_CUDA
-        m->backend_ = cuda::make_cuda_backend(m->cfg_, *m->reader_, m->w_, m->rope_main_, m->rope_compress_, opt.progress);
+        m->backend_ = cuda::make_cuda_backend(m->cfg_, *m->reader_, m->w_, m->rope_main_, m->rope_compress_, opt.progress,
+                                                 opt.device_share);
 #else
         fail("this build of ds4 has no CUDA backend (configure with a CUDA compiler, DS4_CUDA=ON)");
 #endif

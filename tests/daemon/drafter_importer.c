@@ -1,13 +1,16 @@
 /* A C program on the bridge for the shared-drafter tests (ARCHITECTURE.md §5, "Shared
  * drafter"): opens MODEL with its drafter imported from a ds4d socket (--import SOCK) or
- * loaded from a file (--private DRAFTER), decodes N tokens greedily with speculation after
- * the prompt TEXT and prints
+ * loaded from a file (--private DRAFTER) on BACKEND (cpu, the default, or cuda), decodes N
+ * tokens greedily with speculation after the prompt TEXT and prints
  *   shared S            (ds4_bridge_drafter_shared)
+ *   device ON_DEVICE IMPORTED READ_ONLY BYTES   (ds4_bridge_drafter_device; why on stderr)
  *   memory SHARED PRIVATE DRAFTER   (ds4_bridge_memory_stats_ex)
+ *   devmem FREE TOTAL   (the GPU's free and total bytes after decoding; 0 0 on the CPU)
  *   tokens T1 T2 ...
  *   ready
  * then waits for a line (or end of file) on stdin before freeing the model, so the caller
- * can read this process's /proc/PID/smaps_rollup while it holds the drafter. */
+ * can read this process's /proc/PID/smaps_rollup (or the GPU's free memory) while it holds
+ * the drafter. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,15 +23,16 @@ static int fail(const char *what, const char *err) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 6 || (strcmp(argv[2], "--import") != 0 && strcmp(argv[2], "--private") != 0)) {
-        fprintf(stderr, "usage: drafter_importer MODEL --import SOCK|--private DRAFTER N TEXT\n");
+    if ((argc != 6 && argc != 7) || (strcmp(argv[2], "--import") != 0 && strcmp(argv[2], "--private") != 0) ||
+        (argc == 7 && strcmp(argv[6], "cpu") != 0 && strcmp(argv[6], "cuda") != 0)) {
+        fprintf(stderr, "usage: drafter_importer MODEL --import SOCK|--private DRAFTER N TEXT [cpu|cuda]\n");
         return 2;
     }
     char err[512] = {0};
     ds4_bridge_model_open_options o;
     ds4_bridge_model_open_options_init(&o);
     o.model_path = argv[1];
-    o.backend = DS4_BRIDGE_BACKEND_CPU;
+    o.backend = argc == 7 && strcmp(argv[6], "cuda") == 0 ? DS4_BRIDGE_BACKEND_CUDA : DS4_BRIDGE_BACKEND_CPU;
     o.n_threads = 1;
     if (strcmp(argv[2], "--import") == 0) o.drafter_import = argv[3];
     else o.drafter_path = argv[3];
@@ -36,6 +40,10 @@ int main(int argc, char **argv) {
     ds4_bridge_model *m = NULL;
     if (ds4_bridge_model_open(&m, &o, err, sizeof err) != 0) return fail("open", err);
     printf("shared %d\n", ds4_bridge_drafter_shared(m));
+    ds4_bridge_drafter_device_t dev;
+    if (ds4_bridge_drafter_device(m, &dev, sizeof dev, err, sizeof err) != 0) return fail("drafter device", err);
+    printf("device %d %d %d %llu\n", dev.on_device, dev.imported, dev.read_only, (unsigned long long)dev.bytes);
+    if (dev.why[0]) fprintf(stderr, "drafter_importer: device weights: %s\n", dev.why);
     ds4_bridge_memory_ex_t mem;
     if (ds4_bridge_memory_stats_ex(m, &mem, sizeof mem, err, sizeof err) != 0) return fail("memory", err);
 
@@ -65,6 +73,7 @@ int main(int argc, char **argv) {
     if (ds4_bridge_memory_stats_ex(m, &mem, sizeof mem, err, sizeof err) != 0) return fail("memory", err);
     printf("memory %llu %llu %llu\n", (unsigned long long)mem.shared_bytes, (unsigned long long)mem.private_bytes,
            (unsigned long long)mem.drafter_mapped_bytes);
+    printf("devmem %llu %llu\n", (unsigned long long)mem.base.device_free, (unsigned long long)mem.base.device_total);
     printf("tokens");
     for (int i = 0; i < got; ++i) printf(" %d", out[i]);
     printf("\nready\n");
