@@ -11,7 +11,7 @@
 #
 # BUILD_DIR (default build-cuda) is a DS4_CUDA=ON build with bin/ds4d, bin/ds4,
 # bin/ds4-drafter-importer, bin/ds4-make-model, lib/libds4.so.3 and
-# tests/cuda/cuda_drafter_share_tests; LIB_DIR (optional) holds shared libraries the machine
+# bin/cuda_drafter_share_tests; LIB_DIR (optional) holds shared libraries the machine
 # lacks (libuv, liblmdb, liburing, libedit and what they need), put on LD_LIBRARY_PATH.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,7 +19,7 @@ BUILD=$(cd "${1:-build-cuda}" && pwd)
 LIBS=${2:-}
 BIN=$BUILD/bin
 export LD_LIBRARY_PATH="$BUILD/lib${LIBS:+:$(cd "$LIBS" && pwd)}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-for f in "$BIN/ds4d" "$BIN/ds4" "$BIN/ds4-drafter-importer" "$BIN/ds4-make-model" "$BUILD/tests/cuda/cuda_drafter_share_tests"; do
+for f in "$BIN/ds4d" "$BIN/ds4" "$BIN/ds4-drafter-importer" "$BIN/ds4-make-model" "$BIN/cuda_drafter_share_tests"; do
     [ -x "$f" ] || { echo "missing $f (build it with DS4_CUDA=ON)"; exit 1; }
 done
 missing=$(ldd "$BIN/ds4d" "$BIN/ds4" "$BIN/ds4-drafter-importer" "$BUILD/lib/libds4.so.3" | grep 'not found' || true)
@@ -27,7 +27,7 @@ missing=$(ldd "$BIN/ds4d" "$BIN/ds4" "$BIN/ds4-drafter-importer" "$BUILD/lib/lib
 
 echo "=== 1. GPU tests"
 DS4_SOURCE_DIR=$PWD DS4D_PATH=$BIN/ds4d DS4_IMPORTER_PATH=$BIN/ds4-drafter-importer \
-    DS4_MAKE_MODEL_BIN=$BIN/ds4-make-model "$BUILD/tests/cuda/cuda_drafter_share_tests"
+    DS4_MAKE_MODEL_BIN=$BIN/ds4-make-model "$BIN/cuda_drafter_share_tests"
 
 echo "=== 2. nvidia-smi: two processes decoding speculatively"
 W=$(mktemp -d /tmp/ds4-drafter-share-XXXXXX)

@@ -249,6 +249,21 @@ TEST_F(DrafterShareE2E, ADrafterOfAnotherVocabularyIsRefused) {
     EXPECT_EQ(turns(m), *private_out) << "the private drafter is used";
 }
 
+// GetDrafter asking for the device weights (an importer on a GPU) from a ds4d whose drafter
+// runs on the CPU: the file alone, one descriptor, no device descriptor (the GPU half is
+// tests/cuda/drafter_share_gpu_test.cpp).
+TEST_F(DrafterShareE2E, DeviceRequestOfACpuDaemonGetsTheFileOnly) {
+    FdConn c(daemon->socket);
+    ASSERT_TRUE(c.send(hello_frame()) && c.next_with_fds());
+    ASSERT_TRUE(c.send(frame([](auto &fbb) { ds4::ipc::finish_frame(fbb, 2, fb::CreateGetDrafter(fbb, true)); })));
+    const fb::Envelope *e = c.next_with_fds();
+    ASSERT_NE(e, nullptr);
+    const auto *s = e->body_as_DrafterShare();
+    ASSERT_NE(s, nullptr);
+    EXPECT_EQ(s->device(), nullptr);
+    EXPECT_EQ(c.fds.size(), 1u);
+}
+
 // An exporter that lies: answers Hello, then GetDrafter with the given descriptor and fd.
 struct FakeExporter {
     std::string path;
