@@ -10,8 +10,10 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -131,6 +133,8 @@ TEST_F(DrafterShareGpu, DeviceMemoryHoldsTheDrafterOnce) {
     const std::string shared_tokens = imp.lines["tokens"];
     EXPECT_EQ(imp.finish(), 0);
 
+    // The importer's context is gone once the driver has taken its memory back.
+    for (int i = 0; i < 50 && gpu_free() + (64ull << 20) < f1; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
     const uint64_t f1b = gpu_free();
     ImporterProcess priv({kImporter, target, "--private", drafter, "32", "abc", "cuda"});
     ASSERT_TRUE(priv.wait_ready());
@@ -231,6 +235,7 @@ TEST_F(DrafterShareGpu, ForeignDeviceDescriptorFallsBackToAnUpload) {
     const DeviceLine di = device_line(imp.lines["device"]);
     const std::string shared = imp.lines["shared"];
     const int rc = imp.finish();
+    shutdown(lfd, SHUT_RDWR);   // an importer that never connected must not leave accept() waiting
     relay.join();
     close(lfd);
     ASSERT_TRUE(ready);
