@@ -3,7 +3,8 @@
 // and passes its POSIX handle with the memfd; a second process on the bridge
 // (ds4-drafter-importer, drafter_import, backend cuda) maps that device memory instead of
 // uploading. Checked: ds4_bridge_drafter_shared = 1 and the device weights imported; greedy
-// speculative output token-identical to a private drafter on the GPU; the GPU's used memory
+// speculative output token-identical to a private drafter on the GPU, also after ds4d is
+// killed (the allocation lives while the importer maps it); the GPU's used memory
 // (cudaMemGetInfo) grows by the drafter's device bytes once across the two processes, not
 // twice; and an exporter whose device descriptor does not fit (another GPU's UUID) makes the
 // importer upload privately, with the reason, and decode the same tokens. Skipped without a GPU.
@@ -93,6 +94,10 @@ TEST_F(DrafterShareGpu, ImportedDeviceWeightsDecodeLikeAPrivateDrafter) {
     EXPECT_GT(di.bytes, 0u);
     std::printf("imported %llu device bytes, mapped %s\n", di.bytes, di.read_only ? "read-only" : "read-write");
     const std::string shared_tokens = imp.lines["tokens"];
+    // The imported device memory outlives the exporter: kill -9 ds4d, decode again.
+    EXPECT_EQ(dd.stop(SIGKILL), -1000 - SIGKILL);
+    ASSERT_TRUE(imp.again());
+    EXPECT_EQ(imp.lines["tokens"], shared_tokens) << "after ds4d was killed";
     EXPECT_EQ(imp.finish(), 0);
 
     ImporterProcess priv({kImporter, kModel, "--private", kDrafter, "40", kText, "cuda"});

@@ -10,7 +10,7 @@
  *   ready
  * then waits for a line (or end of file) on stdin before freeing the model, so the caller
  * can read this process's /proc/PID/smaps_rollup (or the GPU's free memory) while it holds
- * the drafter. */
+ * the drafter. The line "again" decodes once more (tokens, ready) and waits again. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +20,38 @@
 static int fail(const char *what, const char *err) {
     fprintf(stderr, "drafter_importer: %s: %s\n", what, err);
     return 1;
+}
+
+/* Greedy speculative decoding of up to n (<= 200) tokens after TEXT into out; the count, or
+ * -1 after printing the failure. */
+static int decode(ds4_bridge_model *m, const char *text, int n, int32_t *out, char *err, size_t errlen) {
+    ds4_bridge_session *s = NULL;
+    if (ds4_bridge_session_create(&s, m, 256, err, errlen) != 0) return fail("session", err), -1;
+    int32_t prompt[256], tok[65], arg[65];
+    int np = 0, got = 0;
+    if (ds4_bridge_tokenize_text(m, text, strlen(text), prompt, 256, &np, err, errlen) != 0) goto failed;
+    if (ds4_bridge_session_sync(s, prompt, np, err, errlen) != 0) goto failed;
+    if (ds4_bridge_session_argmax(s, &out[got++], err, errlen) != 0) goto failed;
+    while (got < n && got < 200) {
+        int accepted = 0;
+        const int w = ds4_bridge_spec_trial(s, out[got - 1], 0.f, 0, 1.f, 0.f, NULL, n - got, tok, arg, 65, &accepted,
+                                            err, errlen);
+        if (w < 0) goto failed;
+        if (w == 0) {
+            if (ds4_bridge_eval(s, out[got - 1], err, errlen) != 0) goto failed;
+            if (ds4_bridge_session_argmax(s, &out[got++], err, errlen) != 0) goto failed;
+            continue;
+        }
+        int keep = 0;
+        while (keep <= accepted && got < n) out[got++] = arg[keep++];
+        if (ds4_bridge_spec_commit(s, keep, err, errlen) != 0) goto failed;
+    }
+    ds4_bridge_session_free(s);
+    return got;
+failed:
+    fail("decode", err);
+    ds4_bridge_session_free(s);
+    return -1;
 }
 
 int main(int argc, char **argv) {
@@ -47,29 +79,9 @@ int main(int argc, char **argv) {
     ds4_bridge_memory_ex_t mem;
     if (ds4_bridge_memory_stats_ex(m, &mem, sizeof mem, err, sizeof err) != 0) return fail("memory", err);
 
-    ds4_bridge_session *s = NULL;
-    if (ds4_bridge_session_create(&s, m, 256, err, sizeof err) != 0) return fail("session", err);
-    int32_t prompt[256], out[256], tok[65], arg[65];
-    int np = 0;
-    if (ds4_bridge_tokenize_text(m, argv[5], strlen(argv[5]), prompt, 256, &np, err, sizeof err) != 0)
-        return fail("tokenize", err);
-    if (ds4_bridge_session_sync(s, prompt, np, err, sizeof err) != 0) return fail("sync", err);
-    int got = 0;
-    if (ds4_bridge_session_argmax(s, &out[got++], err, sizeof err) != 0) return fail("argmax", err);
-    while (got < n && got < 200) {
-        int accepted = 0;
-        const int w = ds4_bridge_spec_trial(s, out[got - 1], 0.f, 0, 1.f, 0.f, NULL, n - got, tok, arg, 65, &accepted,
-                                            err, sizeof err);
-        if (w < 0) return fail("trial", err);
-        if (w == 0) {
-            if (ds4_bridge_eval(s, out[got - 1], err, sizeof err) != 0) return fail("eval", err);
-            if (ds4_bridge_session_argmax(s, &out[got++], err, sizeof err) != 0) return fail("argmax", err);
-            continue;
-        }
-        int keep = 0;
-        while (keep <= accepted && got < n) out[got++] = arg[keep++];
-        if (ds4_bridge_spec_commit(s, keep, err, sizeof err) != 0) return fail("commit", err);
-    }
+    int32_t out[256];
+    const int got = decode(m, argv[5], n, out, err, sizeof err);
+    if (got < 0) return 1;
     if (ds4_bridge_memory_stats_ex(m, &mem, sizeof mem, err, sizeof err) != 0) return fail("memory", err);
     printf("memory %llu %llu %llu\n", (unsigned long long)mem.shared_bytes, (unsigned long long)mem.private_bytes,
            (unsigned long long)mem.drafter_mapped_bytes);
@@ -79,8 +91,15 @@ int main(int argc, char **argv) {
     printf("\nready\n");
     fflush(stdout);
     char line[16];
-    (void)!fgets(line, sizeof line, stdin);
-    ds4_bridge_session_free(s);
+    /* "again": decode once more (e.g. after the exporting ds4d was killed) and wait again. */
+    while (fgets(line, sizeof line, stdin) && strcmp(line, "again\n") == 0) {
+        const int again = decode(m, argv[5], n, out, err, sizeof err);
+        if (again < 0) return 1;
+        printf("tokens");
+        for (int i = 0; i < again; ++i) printf(" %d", out[i]);
+        printf("\nready\n");
+        fflush(stdout);
+    }
     ds4_bridge_model_free(m);
     return 0;
 }

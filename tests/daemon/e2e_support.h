@@ -335,6 +335,11 @@ struct ImporterProcess {
             }
         }
     }
+    // Decodes once more (drafter_importer.c's "again"); lines["tokens"] is the new output.
+    bool again() {
+        if (in < 0 || write(in, "again\n", 6) != 6) return false;
+        return wait_ready();
+    }
     int finish() {
         if (in >= 0) (void)!write(in, "\n", 1), close(in), in = -1;
         if (out >= 0) close(out), out = -1;
