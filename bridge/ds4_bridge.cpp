@@ -394,6 +394,10 @@ int ds4_bridge_model_open(ds4_bridge_model **out, const ds4_bridge_model_open_op
         // them to importers; ds4_bridge_drafter_device). One allocation instead of many.
         dmo.device_share = {};
         dmo.device_share.exportable = dmo.backend == ds4::BackendKind::Cuda;
+        // The host's tables and expert streaming describe the model's file, not the drafter's.
+        dmo.directory = nullptr;
+        dmo.plan = nullptr;
+        dmo.streaming = {};
         if (has_import) {
             // A refused or failed import is not an error of the open: the reason is logged and
             // left in err, and the open goes on with a private drafter (or none).
