@@ -129,7 +129,7 @@ std::unique_ptr<VmmAllocation> VmmAllocation::create(uint64_t bytes, std::string
     a->bytes_ = (std::max<uint64_t>(bytes, 1) + gran - 1) / gran * gran;
     CUmemGenericAllocationHandle h{};
     if ((r = d.create(&h, a->bytes_, &prop, 0)) != CUDA_SUCCESS) return *why = cu_error("cuMemCreate", r), nullptr;
-    a->handle_ = h;
+    a->handle_ = h, a->created_ = true;
     CUdeviceptr va{};
     if ((r = d.reserve(&va, a->bytes_, gran, 0, 0)) != CUDA_SUCCESS) return *why = cu_error("cuMemAddressReserve", r), nullptr;
     a->va_ = va, a->reserved_ = true;
@@ -165,7 +165,7 @@ std::unique_ptr<VmmAllocation> VmmAllocation::import(int fd, const DeviceWeights
     CUmemGenericAllocationHandle h{};
     r = d.import_handle(&h, reinterpret_cast<void *>(static_cast<uintptr_t>(fd)), CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
     if (r != CUDA_SUCCESS) return *why = cu_error("cuMemImportFromShareableHandle", r), nullptr;
-    a->handle_ = h;
+    a->handle_ = h, a->created_ = true;
     // The allocation must be what the descriptor says: on this device, and big enough
     // (mapping more than it holds fails in cuMemMap below).
     CUmemAllocationProp got{};
@@ -207,7 +207,7 @@ VmmAllocation::~VmmAllocation() {
         d.unmap(va_, bytes_);
     }
     if (reserved_) d.address_free(va_, bytes_);
-    if (handle_) d.release(handle_);
+    if (created_) d.release(handle_);
     if (fd_ >= 0) ::close(fd_);
 }
 

@@ -39,7 +39,7 @@ private:
     unsigned long long handle_ = 0;   // CUmemGenericAllocationHandle
     unsigned long long va_ = 0;       // CUdeviceptr
     uint64_t bytes_ = 0, granularity_ = 0;
-    bool reserved_ = false, mapped_ = false, read_only_ = false;
+    bool created_ = false, reserved_ = false, mapped_ = false, read_only_ = false;
     int fd_ = -1;
 };
 
