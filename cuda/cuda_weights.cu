@@ -1,76 +1,27 @@
 #include "cuda/cuda_weights.h"
 
 #include <cstdio>
-#include <cstring>
 
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_vmm.h"
 
 namespace ds4::cuda {
 
-namespace {
-
-// FNV-1a over 8-byte words (the derived ranges are small: norms, rope tables).
-struct LayoutHash {
-    uint64_t h = 1469598103934665603ull;
-    void word(uint64_t v) { h = (h ^ v) * 1099511628211ull; }
-    void bytes(const uint8_t *p, uint64_t n) {
-        uint64_t i = 0;
-        for (; i + 8 <= n; i += 8) {
-            uint64_t v;
-            std::memcpy(&v, p + i, 8);
-            word(v);
-        }
-        uint64_t tail = 0;
-        if (i < n) std::memcpy(&tail, p + i, size_t(n - i));
-        word(tail);
-    }
-};
-
-}  // namespace
-
 DeviceWeights::DeviceWeights(const gguf::Reader &r, const ModelWeights &w, const std::vector<HostRange> &extra,
                              const DeviceShareOptions &share, const std::function<void(uint64_t, uint64_t)> &progress) {
-    // Every range in a fixed order: the file's tensors, then what the binding made, then extra.
-    std::vector<Planned> plan;
-    uint64_t off = 0;
-    auto add = [&](const void *p, uint64_t n, bool derived) {
-        if (!p || !n) return;
-        plan.push_back({static_cast<const uint8_t *>(p), n, off, derived});
-        off = (off + n + kAlign - 1) / kAlign * kAlign;
-    };
-    for (const gguf::TensorInfo &t : r.tensors()) add(t.data, t.nbytes, false);
-    auto vec = [&](const std::vector<float> &v) { add(v.data(), v.size() * sizeof(float), true); };
-    vec(w.output_norm), vec(w.output_hc_base), vec(w.output_hc_scale);
-    for (const LayerWeights &L : w.layers) {
-        for (const std::vector<float> *v : {&L.attn_norm, &L.ffn_norm, &L.hc_attn_base, &L.hc_attn_scale, &L.hc_ffn_base,
-                                            &L.hc_ffn_scale, &L.q_a_norm, &L.kv_norm, &L.sinks, &L.probs_b,
-                                            &L.comp.ape, &L.comp.norm, &L.icomp.ape, &L.icomp.norm})
-            vec(*v);
-    }
-    for (const HostRange &e : extra) add(e.p, e.n, true);
-    const uint64_t total = off;
-
-    // Both sides of a share compute this from the same file and the same binding; a library
-    // that binds differently gets another hash and is refused.
-    LayoutHash lh;
-    lh.word(plan.size());
-    lh.word(total);
-    for (const Planned &p : plan) {
-        lh.word(p.n), lh.word(p.offset), lh.word(p.derived);
-        if (p.derived) lh.bytes(p.host, p.n);
-    }
-
+    const WeightLayout L = plan_weight_layout(r, w, extra);
+    const std::vector<Planned> &plan = L.ranges;
+    const uint64_t total = L.bytes;
     try {
         if (share.import_fd >= 0) {
-            if (place_imported(plan, total, lh.h, share)) {
+            if (place_imported(plan, total, L.hash, share)) {
                 if (progress) progress(total, total);
                 return;
             }
             std::fprintf(stderr, "ds4: CUDA: the shared device weights were not imported (%s); uploading them privately\n",
                          share_.why.c_str());
         } else if (share.exportable) {
-            if (place_exported(plan, total, lh.h, progress)) return;
+            if (place_exported(plan, total, L.hash, progress)) return;
             std::fprintf(stderr, "ds4: CUDA: device weights not exportable (%s); uploading them privately\n",
                          share_.why.c_str());
         }

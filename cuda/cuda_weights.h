@@ -4,7 +4,7 @@
 // any pointer into one of those host ranges to the same byte of its device copy.
 //
 // Placement (DeviceShareOptions): privately (one cudaMalloc per range), or all ranges at
-// fixed offsets in one VMM allocation that is exported to other processes, or on such an
+// fixed offsets (cuda_weight_layout.h) in one VMM allocation that is exported to other processes, or on such an
 // allocation imported from another process (nothing uploaded). A refused export or import
 // falls back to the private placement with the reason in share().why.
 #pragma once
@@ -14,6 +14,7 @@
 #include <memory>
 #include <vector>
 
+#include "cuda/cuda_weight_layout.h"
 #include "engine/backend/backend.h"
 #include "engine/gguf/gguf.h"
 #include "engine/model/weights.h"
@@ -24,10 +25,6 @@ class VmmAllocation;
 
 class DeviceWeights {
 public:
-    struct HostRange {
-        const void *p;
-        uint64_t n;
-    };
     // `extra`: host ranges beyond the file's tensors and the bound f32 vectors (rope tables).
     DeviceWeights(const gguf::Reader &r, const ModelWeights &w, const std::vector<HostRange> &extra,
                   const DeviceShareOptions &share = {}, const std::function<void(uint64_t, uint64_t)> &progress = {});
@@ -42,19 +39,12 @@ public:
     uint64_t bytes() const { return bytes_; }
     const DeviceShareState &share() const { return share_; }
 
-    // Offset of each range in a shared allocation: in order, each aligned to 256 bytes.
-    static constexpr uint64_t kAlign = 256;
-
 private:
     struct Range {
         uint64_t n;
         void *dev;
     };
-    struct Planned {
-        const uint8_t *host;
-        uint64_t n, offset;
-        bool derived;   // made at open (f32 vectors, rope tables), not the file's bytes
-    };
+    using Planned = WeightLayout::Range;
     void place_private(const std::vector<Planned> &plan, const std::function<void(uint64_t, uint64_t)> &progress);
     bool place_exported(const std::vector<Planned> &plan, uint64_t total, uint64_t hash,
                         const std::function<void(uint64_t, uint64_t)> &progress);
