@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <vector>
 
@@ -46,6 +47,8 @@ struct Share {
     Fd fd;
     uint32_t layout = 0, n_vocab = 0;
     uint64_t fingerprint = 0, bytes = 0;
+    Fd device_fd;                      // the device weights' handle, when asked for and sent
+    ds4::DeviceWeightsLayout device;
 };
 
 class Conn {
@@ -110,7 +113,7 @@ public:
                     fds_.emplace_back(fd);
                 }
             }
-            if (msg.msg_flags & MSG_CTRUNC) throw ds4::Error("the server sent more descriptors than one");
+            if (msg.msg_flags & MSG_CTRUNC) throw ds4::Error("the server sent more descriptors than expected");
             if (n == 0) throw ds4::Error("the server closed the connection");
             dec_.feed(buf, size_t(n));
         }
@@ -130,7 +133,7 @@ std::string refusal(const fb::Envelope *env, const char *expected) {
     return std::string("expected ") + expected + ", got message type " + std::to_string(int(env->body_type()));
 }
 
-Share fetch_share(const std::string &socket_path) {
+Share fetch_share(const std::string &socket_path, bool want_device) {
     Conn c(socket_path);
     {
         flatbuffers::FlatBufferBuilder fbb;
@@ -140,19 +143,35 @@ Share fetch_share(const std::string &socket_path) {
     if (env->body_type() != fb::Message::HelloOk) throw ds4::Error(refusal(env, "HelloOk"));
     {
         flatbuffers::FlatBufferBuilder fbb;
-        c.send(2, fb::CreateGetDrafter(fbb), fbb);
+        c.send(2, fb::CreateGetDrafter(fbb, want_device), fbb);
     }
     env = c.next();
     const auto *d = env->body_as_DrafterShare();
     if (!d || env->request_id() != 2) throw ds4::Error(refusal(env, "DrafterShare"));
-    if (c.fds().size() != 1)
-        throw ds4::Error("the reply carried " + std::to_string(c.fds().size()) + " descriptors, not one");
+    const fb::DrafterDevice *dev = want_device ? d->device() : nullptr;
+    const size_t expect = dev ? 2 : 1;
+    if (c.fds().size() != expect)
+        throw ds4::Error("the reply carried " + std::to_string(c.fds().size()) + " descriptors, not " +
+                         (expect == 2 ? "two" : "one"));
     Share s;
     s.fd = std::move(c.fds()[0]);
     s.layout = d->layout();
     s.fingerprint = d->fingerprint();
     s.n_vocab = d->n_vocab();
     s.bytes = d->bytes();
+    if (dev) {
+        // A malformed device descriptor only costs the device half: the file is still shared.
+        if (dev->uuid() && dev->uuid()->size() == sizeof s.device.uuid) {
+            s.device_fd = std::move(c.fds()[1]);
+            s.device.bytes = dev->bytes();
+            s.device.granularity = dev->granularity();
+            s.device.layout_hash = dev->layout_hash();
+            std::memcpy(s.device.uuid, dev->uuid()->data(), sizeof s.device.uuid);
+        } else {
+            std::fprintf(stderr, "ds4: drafter_import: the device descriptor has no 16-byte GPU UUID; "
+                                 "uploading the drafter's weights privately\n");
+        }
+    }
     return s;
 }
 
@@ -180,7 +199,8 @@ std::unique_ptr<ds4::Model> import_drafter(const std::string &socket_path, const
                                            const std::function<void(const ds4::Model &)> &check) {
     std::string link;  // the engine's messages name the file by this path
     try {
-        Share s = fetch_share(socket_path);
+        // The device weights are asked for only by a drafter that will run on a GPU.
+        Share s = fetch_share(socket_path, opt.backend == ds4::BackendKind::Cuda);
         check_share(s);
         // The memfd opens as a file through its /proc link: the reader maps it read-only and
         // shared, as it maps any GGUF. The target's host tables and expert streaming are not
@@ -189,6 +209,13 @@ std::unique_ptr<ds4::Model> import_drafter(const std::string &socket_path, const
         mo.directory = nullptr;
         mo.plan = nullptr;
         mo.streaming = {};
+        // On the GPU: the exporter's device allocation instead of an upload, when it fits
+        // (else the backend uploads privately and says why; Backend::device_share()).
+        mo.device_share = {};
+        if (s.device_fd.fd >= 0) {
+            mo.device_share.import_fd = s.device_fd.fd;
+            mo.device_share.import_layout = s.device;
+        }
         link = "/proc/self/fd/" + std::to_string(s.fd.fd);
         std::unique_ptr<ds4::Model> d = ds4::Model::open(link, mo);
         if (d->fingerprint() != s.fingerprint)

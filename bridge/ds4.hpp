@@ -107,6 +107,13 @@ public:
         if (ds4_bridge_drafter_info(m_, &i, e.buf, sizeof e.buf) != 0) e.raise("drafter info");
         return i;
     }
+    // The drafter's device weights: exported, imported, or why not (ds4_bridge_drafter_device).
+    ds4_bridge_drafter_device_t drafter_device() const {
+        ds4_bridge_drafter_device_t d{};
+        detail::Err e;
+        if (ds4_bridge_drafter_device(m_, &d, sizeof d, e.buf, sizeof e.buf) != 0) e.raise("drafter device");
+        return d;
+    }
     ds4_bridge_spec_counters_t spec_counters() const {
         ds4_bridge_spec_counters_t c{};
         detail::Err e;

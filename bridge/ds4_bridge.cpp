@@ -390,6 +390,14 @@ int ds4_bridge_model_open(ds4_bridge_model **out, const ds4_bridge_model_open_op
         }
         ds4::ModelOptions dmo = mo;
         dmo.backend = m->model->backend().name() == "cuda" ? ds4::BackendKind::Cuda : ds4::BackendKind::Cpu;
+        // A drafter on a GPU is placed so that its device weights can be exported (ds4d hands
+        // them to importers; ds4_bridge_drafter_device). One allocation instead of many.
+        dmo.device_share = {};
+        dmo.device_share.exportable = dmo.backend == ds4::BackendKind::Cuda;
+        // The host's tables and expert streaming describe the model's file, not the drafter's.
+        dmo.directory = nullptr;
+        dmo.plan = nullptr;
+        dmo.streaming = {};
         if (has_import) {
             // A refused or failed import is not an error of the open: the reason is logged and
             // left in err, and the open goes on with a private drafter (or none).
@@ -449,6 +457,31 @@ int ds4_bridge_model_boot_prewarm_cb(ds4_bridge_model *m, ds4_bridge_load_fn pro
 void ds4_bridge_model_free(ds4_bridge_model *m) { delete m; }
 
 int ds4_bridge_drafter_shared(ds4_bridge_model *m) { return m && m->drafter_shared ? 1 : 0; }
+
+int ds4_bridge_drafter_device(ds4_bridge_model *m, ds4_bridge_drafter_device_t *out, size_t out_size, char *err,
+                              size_t errlen) {
+    NEED(m, "model is NULL");
+    NEED(out, "out is NULL");
+    NEED(out_size > 0, "out_size is 0");
+    NEED(m->drafter, "the model has no drafter");
+    return guarded(err, errlen, [&] {
+        ds4_bridge_drafter_device_t d{};
+        const ds4::DeviceShareState st = m->drafter->backend().device_share();
+        d.on_device = m->drafter->backend().name() == "cpu" ? 0 : 1;
+        d.export_fd = st.export_fd;
+        d.imported = st.imported ? 1 : 0;
+        d.read_only = st.read_only ? 1 : 0;
+        d.bytes = st.layout.bytes;
+        d.granularity = st.layout.granularity;
+        d.layout_hash = st.layout.layout_hash;
+        std::memcpy(d.uuid, st.layout.uuid, sizeof d.uuid);
+        std::snprintf(d.why, sizeof d.why, "%s", st.why.c_str());
+        const size_t n = std::min(out_size, sizeof d);
+        std::memcpy(out, &d, n);
+        if (out_size > n) std::memset(reinterpret_cast<char *>(out) + n, 0, out_size - n);
+        return 0;
+    });
+}
 
 int32_t ds4_bridge_model_vocab_size(ds4_bridge_model *m) { return m ? m->model->config().n_vocab : -1; }
 

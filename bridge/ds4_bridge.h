@@ -145,6 +145,26 @@ DS4_BRIDGE_API void ds4_bridge_model_free(ds4_bridge_model *m);
 DS4_BRIDGE_API int ds4_bridge_drafter_shared(ds4_bridge_model *m);
 /* The drafter's identity (fingerprint, vocabulary, shape); fails when the model has none. */
 DS4_BRIDGE_API int ds4_bridge_drafter_info(ds4_bridge_model *m, ds4_bridge_model_info_t *out, char *err, size_t errlen);
+/* The drafter's device weights and their sharing across processes (the CUDA backend;
+ * ARCHITECTURE.md §5, "Shared drafter"). A drafter opened from drafter_path on a GPU is placed
+ * in one allocation exportable as a file descriptor (CUDA VMM); one imported through
+ * drafter_import sits on the exporter's device memory when it can (same GPU, same layout),
+ * else it is uploaded privately and `why` says why. Appended fields only: out_size is sizeof
+ * the caller's struct. Fails when the model has no drafter. */
+typedef struct {
+    int32_t on_device;   /* 1: the drafter runs on a GPU */
+    int32_t export_fd;   /* >= 0: the exportable handle of its weights (owned by the model, valid
+                          * until it is freed; dup it to keep it); -1: none */
+    int32_t imported;    /* 1: its weights are another process's device memory */
+    int32_t read_only;   /* imported and mapped read-only (0: read-write, never written) */
+    uint64_t bytes;      /* the exported or imported allocation's size */
+    uint64_t granularity;/* the device's allocation granularity */
+    uint64_t layout_hash;/* the ranges' sizes and offsets and the bytes made at open */
+    uint8_t uuid[16];    /* the GPU's UUID */
+    char why[256];       /* an export or import that was asked for and not done ("" otherwise) */
+} ds4_bridge_drafter_device_t;
+DS4_BRIDGE_API int ds4_bridge_drafter_device(ds4_bridge_model *m, ds4_bridge_drafter_device_t *out, size_t out_size,
+                                             char *err, size_t errlen);
 DS4_BRIDGE_API int32_t ds4_bridge_model_vocab_size(ds4_bridge_model *m); /* -1 for NULL */
 DS4_BRIDGE_API int ds4_bridge_model_info(ds4_bridge_model *m, ds4_bridge_model_info_t *out, char *err, size_t errlen);
 DS4_BRIDGE_API int ds4_bridge_memory_stats(ds4_bridge_model *m, ds4_bridge_memory_t *out, char *err, size_t errlen);

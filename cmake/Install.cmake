@@ -1,6 +1,6 @@
 # `cmake --install BUILD --prefix PREFIX`: everything a user or packager needs, in one place.
 #   bin/                      ds4d, ds4 and the tools
-#   lib/                      libds4.so.3 (engine + C ABI), libds4.a, libds4client.so.2
+#   lib/                      libds4.so.3 (engine + C ABI), libds4.a, libds4client.so.3
 #   include/ds4/bridge, include/ds4/client   public headers (-I PREFIX/include/ds4)
 #   lib/pkgconfig/            ds4.pc, ds4client.pc (relocatable: prefix from ${pcfiledir})
 #   lib/cmake/ds4/            find_package(ds4): ds4::ds4, ds4::ds4_static, ds4::client

@@ -748,10 +748,13 @@ private:
 class CudaBackend final : public Backend {
 public:
     CudaBackend(const ModelConfig &c, const gguf::Reader &r, const ModelWeights &w, const Rope &main, const Rope &comp,
-                const std::function<void(uint64_t, uint64_t)> &progress, bool stream_experts)
-        : c_(c), dw_(r, w, progress, stream_experts) {
-        dw_.place(main.inv_freq.data(), main.inv_freq.size() * sizeof(float));
-        dw_.place(comp.inv_freq.data(), comp.inv_freq.size() * sizeof(float));
+                const std::function<void(uint64_t, uint64_t)> &progress, const DeviceShareOptions &share,
+                bool stream_experts)
+        : c_(c),
+          dw_(r, w,
+              {{main.inv_freq.data(), main.inv_freq.size() * sizeof(float)},
+               {comp.inv_freq.data(), comp.inv_freq.size() * sizeof(float)}},
+              share, progress, stream_experts) {
         init_quant_tables();
         init_qmatmul_tables();
     }
@@ -773,6 +776,7 @@ public:
         return std::make_unique<CudaSessionState>(g);
     }
     std::unique_ptr<Executor> make_executor(int) const override { return std::make_unique<CudaExecutor>(c_, dw_); }
+    DeviceShareState device_share() const override { return dw_.share(); }
 
 private:
     const ModelConfig &c_;
@@ -793,20 +797,22 @@ bool cuda_device_available(std::string *why) {
 
 std::unique_ptr<Backend> make_cuda_backend(const ModelConfig &c, const gguf::Reader &r, const ModelWeights &w,
                                            const Rope &rope_main, const Rope &rope_compress,
-                                           const std::function<void(uint64_t, uint64_t)> &progress, bool stream_experts) {
+                                           const std::function<void(uint64_t, uint64_t)> &progress,
+                                           const DeviceShareOptions &share, bool stream_experts) {
     std::string why;
     if (!cuda_device_available(&why)) fail("CUDA backend: no usable GPU (" + why + ")");
     size_t fr = 0, tot = 0;
     DS4_CUDA_CHECK(cudaMemGetInfo(&fr, &tot));
-    // Weights plus a margin for caches, scratch and the CUDA context's own needs.
-    uint64_t need = r.total_tensor_bytes() + w.owned_bytes;
+    // Weights plus a margin for caches, scratch and the CUDA context's own needs; imported
+    // weights take no new device memory (a failed import that then uploads fails in cudaMalloc).
+    uint64_t need = share.import_fd >= 0 ? 0 : r.total_tensor_bytes() + w.owned_bytes;
     const uint64_t margin = 512ull << 20;
-    if (stream_experts) need -= DeviceWeights::routed_expert_bytes(r);
+    if (stream_experts && need) need -= routed_expert_bytes(r);
     if (need + margin > fr)
         failf("CUDA backend: the model needs %.2f GiB of VRAM for its weights (+%.2f GiB working margin), %.2f GiB of "
               "%.2f GiB are free",
               need / 1073741824.0, margin / 1073741824.0, fr / 1073741824.0, tot / 1073741824.0);
-    return std::make_unique<CudaBackend>(c, r, w, rope_main, rope_compress, progress, stream_experts);
+    return std::make_unique<CudaBackend>(c, r, w, rope_main, rope_compress, progress, share, stream_experts);
 }
 
 }  // namespace ds4::cuda

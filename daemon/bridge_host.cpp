@@ -42,6 +42,7 @@ BridgeModel::BridgeModel(const ModelOpenConfig &cfg) {
         summary_.has_drafter = true;
         summary_.drafter_fingerprint = d.fingerprint;
         summary_.drafter_n_vocab = uint32_t(d.n_vocab);
+        summary_.drafter_device = m_->drafter_device();
     }
     vocab_ = m_->vocab_size();
 }

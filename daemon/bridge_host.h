@@ -24,6 +24,8 @@ struct ModelSummary {
     bool has_drafter = false;           // the drafter's identity (what a shared export announces)
     uint64_t drafter_fingerprint = 0;
     uint32_t drafter_n_vocab = 0;
+    // The drafter's device weights (export_fd >= 0: exportable; owned by the bridge model).
+    ds4_bridge_drafter_device_t drafter_device{0, -1, 0, 0, 0, 0, 0, {}, {}};
 };
 
 struct MemorySnapshot {

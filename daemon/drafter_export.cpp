@@ -69,6 +69,15 @@ std::unique_ptr<DrafterExport> DrafterExport::create(const std::string &path) {
 
 DrafterExport::~DrafterExport() {
     if (fd_ >= 0) ::close(fd_);
+    if (device_fd_ >= 0) ::close(device_fd_);
+}
+
+void DrafterExport::set_device(int fd, const Device &d) {
+    const int own = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+    if (own < 0) fail("drafter: cannot duplicate the device weights' handle");
+    if (device_fd_ >= 0) ::close(device_fd_);
+    device_fd_ = own;
+    device_ = d;
 }
 
 std::string DrafterExport::open_path() const { return "/proc/self/fd/" + std::to_string(fd_); }
@@ -79,25 +88,31 @@ void DrafterExport::set_identity(uint64_t fingerprint, uint32_t n_vocab) {
     ready_ = true;
 }
 
-std::vector<uint8_t> DrafterExport::share_frame(uint64_t rid) const {
-    flatbuffers::FlatBufferBuilder fbb(128);
-    ipc::finish_frame(fbb, rid, ipc::fb::CreateDrafterShare(fbb, 1, fingerprint_, n_vocab_, bytes_));
+std::vector<uint8_t> DrafterExport::share_frame(uint64_t rid, bool device) const {
+    flatbuffers::FlatBufferBuilder fbb(192);
+    flatbuffers::Offset<ipc::fb::DrafterDevice> dev;
+    if (device && has_device())
+        dev = ipc::fb::CreateDrafterDevice(fbb, device_.bytes, device_.granularity,
+                                           fbb.CreateVector(device_.uuid, sizeof device_.uuid), device_.layout_hash);
+    ipc::finish_frame(fbb, rid, ipc::fb::CreateDrafterShare(fbb, 1, fingerprint_, n_vocab_, bytes_, dev));
     return ipc::frame_bytes(fbb);
 }
 
-long DrafterExport::send_share(int sock, const std::vector<uint8_t> &frame) const {
+long DrafterExport::send_share(int sock, const std::vector<uint8_t> &frame, bool device) const {
+    const int fds[2] = {fd_, device_fd_};
+    const size_t nfd = device && has_device() ? 2 : 1;
     struct iovec iov {const_cast<uint8_t *>(frame.data()), frame.size()};
-    alignas(struct cmsghdr) char ctl[CMSG_SPACE(sizeof(int))] = {};
+    alignas(struct cmsghdr) char ctl[CMSG_SPACE(2 * sizeof(int))] = {};
     struct msghdr msg {};
     msg.msg_iov = &iov;
     msg.msg_iovlen = 1;
     msg.msg_control = ctl;
-    msg.msg_controllen = sizeof ctl;
+    msg.msg_controllen = CMSG_SPACE(nfd * sizeof(int));
     struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
     cm->cmsg_level = SOL_SOCKET;
     cm->cmsg_type = SCM_RIGHTS;
-    cm->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(cm), &fd_, sizeof(int));
+    cm->cmsg_len = CMSG_LEN(nfd * sizeof(int));
+    std::memcpy(CMSG_DATA(cm), fds, nfd * sizeof(int));
     ssize_t n;
     do n = sendmsg(sock, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
     while (n < 0 && errno == EINTR);

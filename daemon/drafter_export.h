@@ -45,12 +45,25 @@ public:
     void set_identity(uint64_t fingerprint, uint32_t n_vocab);
     bool ready() const { return ready_; }
 
-    // The DrafterShare reply for request `rid` (a complete frame).
-    std::vector<uint8_t> share_frame(uint64_t rid) const;
-    // Writes `frame` to the connected socket `sock` without blocking, the memfd attached to
-    // its first byte. Returns the bytes written (the rest, if any, is the caller's to write
-    // in order) or -1 with errno set (nothing written, no descriptor passed).
-    long send_share(int sock, const std::vector<uint8_t> &frame) const;
+    // The drafter's weights in GPU memory (ds4d --drafter on the CUDA backend): `fd` is the
+    // bridge's exportable handle (ds4_bridge_drafter_device), duplicated here. Throws
+    // std::runtime_error when it cannot be duplicated.
+    struct Device {
+        uint64_t bytes = 0, granularity = 0, layout_hash = 0;
+        uint8_t uuid[16] = {};
+    };
+    void set_device(int fd, const Device &d);
+    bool has_device() const { return device_fd_ >= 0; }
+    const Device &device() const { return device_; }
+
+    // The DrafterShare reply for request `rid` (a complete frame), with the device
+    // descriptor when `device` (and has_device()).
+    std::vector<uint8_t> share_frame(uint64_t rid, bool device = false) const;
+    // Writes `frame` to the connected socket `sock` without blocking, the memfd (and with
+    // `device`, the device handle after it) attached to its first byte. Returns the bytes
+    // written (the rest, if any, is the caller's to write in order) or -1 with errno set
+    // (nothing written, no descriptor passed).
+    long send_share(int sock, const std::vector<uint8_t> &frame, bool device = false) const;
 
     // Records a descriptor passed to the process `pid` of user `uid` (the loop thread's).
     // The latest kImportersKept processes are kept; an older one is forgotten first.
@@ -71,6 +84,8 @@ private:
     uint64_t fingerprint_ = 0;
     uint32_t n_vocab_ = 0;
     bool ready_ = false;
+    int device_fd_ = -1;
+    Device device_;
 };
 
 // Exports a connection may ask for: each one puts a descriptor in the peer's table, so a

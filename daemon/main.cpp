@@ -183,9 +183,26 @@ int main(int argc, char **argv) {
         Server server(opt, worker, out, *listen);
         if (drafter_export) {
             drafter_export->set_identity(m.drafter_fingerprint, m.drafter_n_vocab);
+            const ds4_bridge_drafter_device_t &dd = m.drafter_device;
+            if (dd.export_fd >= 0) {
+                DrafterExport::Device dev;
+                dev.bytes = dd.bytes, dev.granularity = dd.granularity, dev.layout_hash = dd.layout_hash;
+                std::memcpy(dev.uuid, dd.uuid, sizeof dev.uuid);
+                try {
+                    drafter_export->set_device(dd.export_fd, dev);
+                } catch (const std::exception &e) {
+                    log_line("%s: importers upload the drafter to their GPU themselves", e.what());
+                }
+            } else if (dd.on_device) {
+                log_line("the drafter's GPU weights are not exportable (%s): importers upload them themselves",
+                         dd.why[0] ? dd.why : "unknown reason");
+            }
             server.share_drafter(drafter_export.get());
-            log_line("drafter %s shared read-only with this user's processes (%llu bytes in a sealed memfd)",
-                     opt.drafter_path.c_str(), static_cast<unsigned long long>(drafter_export->bytes()));
+            log_line("drafter %s shared read-only with this user's processes (%llu bytes in a sealed memfd%s)",
+                     opt.drafter_path.c_str(), static_cast<unsigned long long>(drafter_export->bytes()),
+                     drafter_export->has_device()
+                         ? (", " + std::to_string(drafter_export->device().bytes) + " bytes of GPU memory").c_str()
+                         : "");
         }
         log_line("listening on %s", opt.socket_path.c_str());
         // The model is loaded and prewarmed: clients queued on the socket are served from here.

@@ -357,7 +357,8 @@ struct Server::Impl {
 
     void handle_frame(Conn *c, const fb::Envelope *env) {
         const uint64_t rid = env->request_id();
-        if (env->body_type() == fb::Message::GetDrafter) return share_drafter(c, rid);
+        if (env->body_type() == fb::Message::GetDrafter)
+            return share_drafter(c, rid, env->body_as_GetDrafter()->device());
         ParseResult pr = parse_request(env);
         switch (pr.kind) {
         case ParseResult::Kind::Reject: reply(c, error_frame(rid, pr.code, pr.message)); return;
@@ -398,7 +399,7 @@ struct Server::Impl {
     // GetDrafter, answered by the loop itself (the export is fixed after start-up): the reply
     // frame goes out with sendmsg so the memfd rides on its first byte. Only when nothing
     // else is still queued on the connection, so frames stay in order.
-    void share_drafter(Conn *c, uint64_t rid) {
+    void share_drafter(Conn *c, uint64_t rid, bool want_device) {
         if (!c->hello) return reply(c, error_frame(rid, fb::ErrorCode::Protocol, "send Hello first"));
         if (rid == 0) return reply(c, error_frame(0, fb::ErrorCode::Protocol, "request id 0 is reserved"));
         if (shutting_down) return reply(c, error_frame(rid, fb::ErrorCode::ShuttingDown, "ds4d is shutting down"));
@@ -416,8 +417,11 @@ struct Server::Impl {
                                         "replies are still being written on this connection; ask again"));
         uv_os_fd_t fd = -1;
         uv_fileno(reinterpret_cast<uv_handle_t *>(&c->pipe), &fd);
-        Frame f = drafter_export->share_frame(rid);
-        const long n = drafter_export->send_share(fd, f);
+        // The device handle too when the peer asks (its drafter runs on a GPU) and ds4d's
+        // drafter is exportable from device memory.
+        const bool device = want_device && drafter_export->has_device();
+        Frame f = drafter_export->share_frame(rid, device);
+        const long n = drafter_export->send_share(fd, f, device);
         if (n < 0) {
             if (errno == EAGAIN || errno == EWOULDBLOCK)
                 return reply(c, error_frame(rid, fb::ErrorCode::Busy, "the connection is not reading; ask again"));
@@ -428,9 +432,10 @@ struct Server::Impl {
         if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) cred = {};
         drafter_export->record_share(int32_t(cred.pid), uint32_t(cred.uid));
         if (c->drafter_shares++ == 0)
-            log_line("connection %llu: shared the drafter with pid %d (%llu bytes, read-only)",
+            log_line("connection %llu: shared the drafter with pid %d (%llu bytes, read-only%s)",
                      static_cast<unsigned long long>(c->id), int(cred.pid),
-                     static_cast<unsigned long long>(drafter_export->bytes()));
+                     static_cast<unsigned long long>(drafter_export->bytes()),
+                     device ? ", and its GPU weights" : "");
         if (size_t(n) < f.size()) reply(c, Frame(f.begin() + n, f.end()));
     }
 

@@ -128,6 +128,34 @@ struct DeviceInfo {
     uint64_t weight_bytes = 0;      // weights placed in device memory (0 for the CPU)
 };
 
+// A model's device weights placed in one allocation another process can import (the CUDA
+// backend: VMM with a POSIX file-descriptor handle; ARCHITECTURE.md §5, "Shared drafter").
+// Both sides place the same ranges in the same order at the same offsets, so the layout is
+// checked by its hash, not sent range by range.
+struct DeviceWeightsLayout {
+    uint64_t bytes = 0;         // the allocation's size (a multiple of granularity)
+    uint64_t granularity = 0;   // the device's allocation granularity
+    uint8_t uuid[16] = {};      // the GPU the allocation lives on
+    uint64_t layout_hash = 0;   // each range's size and offset, and the bytes the binding made
+};
+
+// How a device backend places its weights (ModelOptions::device_share).
+struct DeviceShareOptions {
+    bool exportable = false;    // in one allocation that device_share() can export
+    int import_fd = -1;         // >= 0: the exporter's handle (borrowed for the open): use its
+    DeviceWeightsLayout import_layout;   // allocation, with this layout, instead of uploading
+};
+
+// What became of DeviceShareOptions. A refused import or export is not an error of the open:
+// the weights are uploaded privately and `why` says why.
+struct DeviceShareState {
+    int export_fd = -1;         // the exportable allocation's handle (owned by the backend)
+    DeviceWeightsLayout layout; // of the exported or imported allocation
+    bool imported = false;      // the weights are the exporter's device memory
+    bool read_only = false;     // imported and mapped read-only (else read-write, never written)
+    std::string why;            // an export or import that was asked for and not done
+};
+
 class Backend {
 public:
     virtual ~Backend() = default;
@@ -140,6 +168,8 @@ public:
     // chunk): a GPU fills its tensor cores and groups routed experts only with long chunks;
     // on a CPU the products are compute-bound either way and rings stay small.
     virtual int prefill_chunk() const = 0;
+    // The device weights' sharing (DeviceShareOptions); nothing on backends without a device.
+    virtual DeviceShareState device_share() const { return {}; }
 };
 
 }  // namespace ds4

@@ -62,7 +62,7 @@ std::unique_ptr<Model> Model::open(const std::string &path, const ModelOptions &
     if (kind == BackendKind::Cuda) {
 #ifdef DS4_HAVE_CUDA
         m->backend_ = cuda::make_cuda_backend(m->cfg_, *m->reader_, m->w_, m->rope_main_, m->rope_compress_, opt.progress,
-                                              opt.streaming.enabled);
+                                              opt.device_share, opt.streaming.enabled);
 #else
         fail("this build of ds4 has no CUDA backend (configure with a CUDA compiler, DS4_CUDA=ON)");
 #endif

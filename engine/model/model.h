@@ -35,6 +35,9 @@ struct ModelOptions {
     // Routed experts read from SSD into a bounded cache instead of used from the mapping
     // (CPU backend only for now).
     ExpertStreamingOptions streaming = {};
+    // Device weights exportable to, or imported from, another process (CUDA backend; ignored
+    // on the CPU). Backend::device_share() says what was done.
+    DeviceShareOptions device_share = {};
 };
 
 class Model {

@@ -1,4 +1,4 @@
-"""Finding and loading the shared libraries (libds4client.so.2, libds4.so.3).
+"""Finding and loading the shared libraries (libds4client.so.3, libds4.so.3).
 
 Order: the file named by $DS4CLIENT_LIBRARY / $DS4_LIBRARY, then $DS4_LIBDIR/<soname>,
 then the dynamic loader's search (LD_LIBRARY_PATH, the ldconfig cache: a `cmake --install`

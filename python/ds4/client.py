@@ -107,6 +107,9 @@ _CHUNK_FN = C.CFUNCTYPE(C.c_int, C.c_void_p, C.POINTER(C.c_int32), C.c_size_t, C
 _CHUNK_EX_FN = C.CFUNCTYPE(C.c_int, C.c_void_p, C.POINTER(C.c_int32), C.c_size_t, C.POINTER(C.c_char), C.c_size_t,
                            C.POINTER(_TokenLogprob))
 
+# The libds4client ABI these bindings are written for (client/CMakeLists.txt SOVERSION).
+LIBDS4CLIENT_SONAME = "libds4client.so.3"
+
 _lib = None
 
 
@@ -114,7 +117,7 @@ def _api():
     global _lib
     if _lib is not None:
         return _lib
-    L = load("libds4client.so.2", "DS4CLIENT_LIBRARY")
+    L = load(LIBDS4CLIENT_SONAME, "DS4CLIENT_LIBRARY")
     E = (C.c_char_p, C.c_size_t)
     P = C.c_void_p
     fn(L, "ds4c_connect", C.c_int, C.POINTER(P), C.c_char_p, *E)

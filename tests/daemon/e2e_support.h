@@ -17,6 +17,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -252,6 +253,104 @@ struct RawConn {
         if (!send(hello_frame())) return false;
         const fb::Envelope *e = next();
         return e && e->body_type() == fb::Message::HelloOk;
+    }
+};
+
+// Reads one frame from a raw connection, keeping descriptors passed with it.
+struct FdConn : RawConn {
+    std::vector<int> fds;
+    using RawConn::RawConn;
+    ~FdConn() {
+        for (int f : fds) close(f);
+    }
+    const fb::Envelope *next_with_fds() {
+        for (;;) {
+            auto st = dec.next();
+            if (st == ds4::ipc::FrameDecoder::Status::Frame) return dec.envelope();
+            if (st == ds4::ipc::FrameDecoder::Status::Error) return nullptr;
+            uint8_t buf[4096];
+            alignas(cmsghdr) char ctl[CMSG_SPACE(8 * sizeof(int))];
+            iovec iov{buf, sizeof buf};
+            msghdr msg{};
+            msg.msg_iov = &iov;
+            msg.msg_iovlen = 1;
+            msg.msg_control = ctl;
+            msg.msg_controllen = sizeof ctl;
+            pollfd p{fd, POLLIN, 0};
+            if (poll(&p, 1, 15000) <= 0) return nullptr;
+            const ssize_t n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+            if (n <= 0) return nullptr;
+            for (cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c))
+                for (size_t i = 0; i < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); ++i) {
+                    int f;
+                    std::memcpy(&f, CMSG_DATA(c) + i * sizeof(int), sizeof f);
+                    fds.push_back(f);
+                }
+            dec.feed(buf, size_t(n));
+        }
+    }
+};
+
+// ------------------------------------------------------------------ the C importer
+
+// The C importer (drafter_importer.c) as a child: its output up to "ready", then it waits
+// for finish().
+struct ImporterProcess {
+    pid_t pid = -1;
+    int in = -1, out = -1;
+    std::map<std::string, std::string> lines;  // first word -> rest
+    explicit ImporterProcess(const std::vector<std::string> &args) {
+        int pin[2], pout[2];
+        if (pipe2(pin, O_CLOEXEC) != 0 || pipe2(pout, O_CLOEXEC) != 0) return;
+        posix_spawn_file_actions_t fa;
+        posix_spawn_file_actions_init(&fa);
+        posix_spawn_file_actions_adddup2(&fa, pin[0], 0);
+        posix_spawn_file_actions_adddup2(&fa, pout[1], 1);
+        std::vector<char *> argv;
+        for (const auto &a : args) argv.push_back(const_cast<char *>(a.c_str()));
+        argv.push_back(nullptr);
+        if (posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ) != 0) pid = -1;
+        posix_spawn_file_actions_destroy(&fa);
+        close(pin[0]);
+        close(pout[1]);
+        in = pin[1];
+        out = pout[0];
+    }
+    bool wait_ready() {
+        std::string buf;
+        char b[4096];
+        for (;;) {
+            pollfd p{out, POLLIN, 0};
+            if (poll(&p, 1, 60000) <= 0) return false;
+            const ssize_t n = read(out, b, sizeof b);
+            if (n <= 0) return false;
+            buf.append(b, size_t(n));
+            size_t nl;
+            while ((nl = buf.find('\n')) != std::string::npos) {
+                const std::string line = buf.substr(0, nl);
+                buf.erase(0, nl + 1);
+                if (line == "ready") return true;
+                const size_t sp = line.find(' ');
+                lines[line.substr(0, sp)] = sp == std::string::npos ? "" : line.substr(sp + 1);
+            }
+        }
+    }
+    // Decodes once more (drafter_importer.c's "again"); lines["tokens"] is the new output.
+    bool again() {
+        if (in < 0 || write(in, "again\n", 6) != 6) return false;
+        return wait_ready();
+    }
+    int finish() {
+        if (in >= 0) (void)!write(in, "\n", 1), close(in), in = -1;
+        if (out >= 0) close(out), out = -1;
+        int st = 0;
+        if (pid > 0 && waitpid(pid, &st, 0) != pid) return -1;
+        pid = -1;
+        return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    }
+    ~ImporterProcess() {
+        if (pid > 0) kill(pid, SIGKILL);
+        finish();
     }
 };
 

@@ -25,13 +25,13 @@ fail() {
 cmake --install "$build" --prefix "$prefix" >"$work/install.log" || { cat "$work/install.log"; fail "cmake --install"; }
 
 for f in bin/ds4d bin/ds4 bin/ds4-make-model bin/ds4-convert lib/libds4.so.3 lib/libds4.so lib/libds4.a \
-         lib/libds4client.so.2 lib/libds4client.so include/ds4/bridge/ds4_bridge.h include/ds4/bridge/ds4.hpp \
+         lib/libds4client.so.3 lib/libds4client.so include/ds4/bridge/ds4_bridge.h include/ds4/bridge/ds4.hpp \
          include/ds4/client/ds4client.h include/ds4/client/ds4client.hpp share/ds4/ds4.fbs \
          lib/pkgconfig/ds4.pc lib/pkgconfig/ds4client.pc lib/cmake/ds4/ds4Config.cmake \
          lib/cmake/ds4/ds4ConfigVersion.cmake lib/systemd/user/ds4d.service lib/systemd/user/ds4d.socket; do
     [ -e "$prefix/$f" ] || fail "$f is not installed"
 done
-readelf -d "$prefix/lib/libds4client.so.2" | grep -q 'SONAME.*\[libds4client.so.2\]' || fail "libds4client SONAME"
+readelf -d "$prefix/lib/libds4client.so.3" | grep -q 'SONAME.*\[libds4client.so.3\]' || fail "libds4client SONAME"
 readelf -d "$prefix/lib/libds4.so.3" | grep -q 'SONAME.*\[libds4.so.3\]' || fail "libds4 SONAME"
 grep -qx "ExecStart=$prefix/bin/ds4d \$DS4D_ARGS" "$prefix/lib/systemd/user/ds4d.service" ||
     fail "ds4d.service does not run the installed ds4d"

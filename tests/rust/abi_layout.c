@@ -58,6 +58,17 @@ int main(void) {
     F(ds4_bridge_memory_ex_t, shared_bytes);
     F(ds4_bridge_memory_ex_t, private_bytes);
 
+    S(ds4_bridge_drafter_device_t);
+    F(ds4_bridge_drafter_device_t, on_device);
+    F(ds4_bridge_drafter_device_t, export_fd);
+    F(ds4_bridge_drafter_device_t, imported);
+    F(ds4_bridge_drafter_device_t, read_only);
+    F(ds4_bridge_drafter_device_t, bytes);
+    F(ds4_bridge_drafter_device_t, granularity);
+    F(ds4_bridge_drafter_device_t, layout_hash);
+    F(ds4_bridge_drafter_device_t, uuid);
+    F(ds4_bridge_drafter_device_t, why);
+
     S(ds4_bridge_chat_msg);
     F(ds4_bridge_chat_msg, role);
     F(ds4_bridge_chat_msg, content);

@@ -100,6 +100,20 @@ pub struct ds4_bridge_memory_ex_t {
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
+pub struct ds4_bridge_drafter_device_t {
+    pub on_device: i32,
+    pub export_fd: i32,
+    pub imported: i32,
+    pub read_only: i32,
+    pub bytes: u64,
+    pub granularity: u64,
+    pub layout_hash: u64,
+    pub uuid: [u8; 16],
+    pub why: [c_char; 256],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
 pub struct ds4_bridge_chat_msg {
     pub role: *const c_char,
     pub content: *const c_char,
@@ -246,6 +260,13 @@ extern "C" {
     pub fn ds4_bridge_drafter_info(
         m: *mut ds4_bridge_model,
         out: *mut ds4_bridge_model_info_t,
+        err: *mut c_char,
+        errlen: usize,
+    ) -> c_int;
+    pub fn ds4_bridge_drafter_device(
+        m: *mut ds4_bridge_model,
+        out: *mut ds4_bridge_drafter_device_t,
+        out_size: usize,
         err: *mut c_char,
         errlen: usize,
     ) -> c_int;

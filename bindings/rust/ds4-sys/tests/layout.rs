@@ -84,6 +84,10 @@ fn rust_layout() -> BTreeMap<String, usize> {
         m,
         ds4_bridge_memory_ex_t { base, drafter_weights_bytes, drafter_mapped_bytes, shared_bytes, private_bytes }
     );
+    layout!(
+        m,
+        ds4_bridge_drafter_device_t { on_device, export_fd, imported, read_only, bytes, granularity, layout_hash, uuid, why }
+    );
     layout!(m, ds4_bridge_chat_msg { role, content, content_len });
     layout!(
         m,
