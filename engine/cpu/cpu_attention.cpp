@@ -14,6 +14,7 @@
 namespace ds4 {
 
 void CpuExecutor::q_kv(int layer, const LayerWeights &L, const Rope &rope) {
+    CpuOpTimer timer(prof_, CpuOp::QKv, mm_.weight_bytes);
     const ModelConfig &c = c_;
     const int T = R_, H = c.n_head, hd = c.head_dim, D = c.n_embd;
     matmul(mm_, L.q_a, XN_.data(), T, D, qr_.data(), c.q_lora);
@@ -45,6 +46,7 @@ void CpuExecutor::q_kv(int layer, const LayerWeights &L, const Rope &rope) {
 // the projected values; CSA entries also take window w-1's first-half channels as extra
 // slots (the overlap), which the ring still holds, also across steps.
 void CpuExecutor::compress(int layer, int which, const CompressorWeights &cw, const Rope &rope) {
+    CpuOpTimer timer(prof_, CpuOp::Compress, mm_.weight_bytes);
     const int T = R_;
     grow(p1_, (size_t)T * cw.width);
     grow(p2_, (size_t)T * cw.width);
@@ -107,6 +109,7 @@ void CpuExecutor::compress(int layer, int which, const CompressorWeights &cw, co
 // rows: a decode step has one row and, at long context, thousands of entries. Each score is
 // computed exactly as a per-row loop would, so the picks do not depend on the split.
 void CpuExecutor::indexer_topk(int layer, const LayerWeights &L, const Rope &rope, int topk) {
+    CpuOpTimer timer(prof_, CpuOp::Indexer, mm_.weight_bytes);
     const ModelConfig &c = c_;
     const int T = R_, IH = c.indexer_heads, Id = c.indexer_dim;
     grow(iq_, (size_t)T * IH * Id);
@@ -170,6 +173,7 @@ void CpuExecutor::indexer_topk(int layer, const LayerWeights &L, const Rope &rop
 }
 
 void CpuExecutor::attend(int layer, const AttnSpec &spec, const float *sinks, const Rope &rope) {
+    CpuOpTimer timer(prof_, CpuOp::Attend, mm_.weight_bytes);
     const ModelConfig &c = c_;
     const int T = R_, H = c.n_head, hd = c.head_dim, W = spec.window, r = spec.ratio;
     const float scale = 1.f / std::sqrt((float)hd);
@@ -221,6 +225,7 @@ void CpuExecutor::attend(int layer, const AttnSpec &spec, const float *sinks, co
 
 // Grouped low-rank output: group g's heads -> o_lora via its own block of o_a, then o_b.
 void CpuExecutor::out_proj(const LayerWeights &L) {
+    CpuOpTimer timer(prof_, CpuOp::OutProj, mm_.weight_bytes);
     const ModelConfig &c = c_;
     const int T = R_, H = c.n_head, hd = c.head_dim, G = c.o_groups, gin = H * hd / G, gl = c.o_lora;
     grow(oa_, (size_t)T * G * gl);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "engine/backend/backend.h"
+#include "engine/cpu/cpu_profile.h"
 #include "engine/cpu/cpu_state.h"
 #include "engine/kernels/threadpool.h"
 
@@ -65,6 +66,7 @@ private:
     ThreadPool pool_;
     MatmulCtx mm_;
     mutable ExecutorStats stats_;
+    CpuProfile prof_;   // DS4_CPU_PROFILE
     StepLayout lay_;
     int R_ = 0;   // rows of the current step
 

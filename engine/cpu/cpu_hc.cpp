@@ -29,11 +29,13 @@ void CpuExecutor::begin(const StepLayout &lay) {
     grow(qr_, R * c_.q_lora);
     grow(q_, R * c_.n_head * c_.head_dim);
     grow(o_, R * c_.n_head * c_.head_dim);
+    prof_.step(R_);
     ++stats_.steps;
     stats_.rows += R;
 }
 
 void CpuExecutor::embed(const WeightView &token_embd) {
+    CpuOpTimer timer(prof_, CpuOp::Embed, mm_.weight_bytes);
     const int D = c_.n_embd, hc = c_.hc_mult;
     for (int t = 0; t < R_; ++t) {
         float *h = H_.data() + (size_t)t * hc * D;
@@ -43,6 +45,7 @@ void CpuExecutor::embed(const WeightView &token_embd) {
 }
 
 void CpuExecutor::hc_pre(const WeightView &fn, const float *base, const float *scale) {
+    CpuOpTimer timer(prof_, CpuOp::HcPre, mm_.weight_bytes);
     const ModelConfig &c = c_;
     const int hc = c.hc_mult, D = c.n_embd, nmix = (2 + hc) * hc;
     const float *H = H_.data();
@@ -97,11 +100,13 @@ void CpuExecutor::hc_pre(const WeightView &fn, const float *base, const float *s
 }
 
 void CpuExecutor::norm(const float *w) {
+    CpuOpTimer timer(prof_, CpuOp::Norm, mm_.weight_bytes);
     const int D = c_.n_embd;
     for (int t = 0; t < R_; ++t) ops::rmsnorm(X_.data() + (size_t)t * D, D, w, c_.rms_eps, XN_.data() + (size_t)t * D);
 }
 
 void CpuExecutor::hc_post() {
+    CpuOpTimer timer(prof_, CpuOp::HcPost, mm_.weight_bytes);
     const int hc = c_.hc_mult, D = c_.n_embd;
     pool_.parallel_for(R_, cpu_grain((int64_t)hc * hc * D), [&](int64_t b, int64_t e, int th) {
         std::vector<float> &old = tasks_[th].f;
@@ -122,6 +127,7 @@ void CpuExecutor::hc_post() {
 }
 
 void CpuExecutor::head(const ModelWeights &w, std::span<const int> rows, float *logits) {
+    CpuOpTimer timer(prof_, CpuOp::Head, mm_.weight_bytes);
     const int hc = c_.hc_mult, D = c_.n_embd, nt = (int)rows.size();
     if (nt == 0) return;
     // Hyper-head: collapse the streams with sigmoid weights, final norm, output head.

@@ -24,6 +24,7 @@ void swiglu(float *g, const float *u, int64_t n, float lim) {
 }  // namespace
 
 void CpuExecutor::route(int layer, const LayerWeights &L, bool hash_routed) {
+    CpuOpTimer timer(prof_, CpuOp::Route, mm_.weight_bytes);
     const ModelConfig &c = c_;
     const int T = R_, D = c.n_embd, E = c.n_expert, K = c.n_expert_used;
     (void)layer;
@@ -71,6 +72,7 @@ void CpuExecutor::expert_ffn(const WeightView &gate, const WeightView &up, const
 }
 
 void CpuExecutor::routed_experts(int layer, const LayerWeights &L, ExpertSource &experts) {
+    CpuOpTimer timer(prof_, CpuOp::Experts, mm_.weight_bytes);
     (void)L;
     const int T = R_, D = c_.n_embd, E = c_.n_expert, K = c_.n_expert_used;
     float *out = A_.data();
@@ -83,6 +85,7 @@ void CpuExecutor::routed_experts(int layer, const LayerWeights &L, ExpertSource 
     for (int e = 0; e < E; ++e)
         if (!by_expert_[e].empty()) used_.push_back(e);
     views_.resize(used_.size());
+    prof_.add_experts((int)used_.size());
     const float lim = c_.swiglu_limit[layer];
     // A bounded source (SSD streaming) may hold fewer experts than a big batch uses in one
     // layer: acquire them in groups. The output is the same sum in the same order.
@@ -137,6 +140,7 @@ void CpuExecutor::predict_next(int layer, ExpertSource &experts) {
 }
 
 void CpuExecutor::shared_expert(int layer, const LayerWeights &L) {
+    CpuOpTimer timer(prof_, CpuOp::Shared, mm_.weight_bytes);
     const size_t n = (size_t)R_ * c_.n_embd;
     grow(eout_, n);
     expert_ffn(L.gate_sh, L.up_sh, L.down_sh, XN_.data(), R_, eout_.data(), c_.swiglu_limit[layer]);

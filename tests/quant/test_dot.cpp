@@ -253,6 +253,33 @@ TEST(Quant, Avx512PathsMatchAvx2) {
     on = saved;
 }
 
+// The Q8_0 tile kernel (activation scales converted once per tile) against the one-pair dot,
+// bit for bit: odd block counts (the tail block), long rows, rows past its stack limit (the
+// per-row path), every column count, weights of -128.
+TEST(Quant, Q8_0TileEqualsDotBitForBit) {
+    std::mt19937 rng(29);
+    for (int64_t n : {32, 32 * 7, 4096 + 32, 32 * 1025}) {
+        const int64_t nrows = 6, ncols = 9;
+        auto w = random_weights(Type::Q8_0, nrows, n, Scale::Mixed, rng);
+        w[2] = 0x80;
+        const size_t rb = row_size(Type::Q8_0, n), xb = q::vec_dot_row_bytes(Type::Q8_0, n);
+        std::vector<uint8_t> x(xb * ncols);
+        for (int64_t c = 0; c < ncols; ++c) {
+            const auto xf = gaussian(n, c % 2 ? 3.f : 0.2f, rng);
+            q::quantize_activation(Type::Q8_0, xf.data(), &x[c * xb], n);
+        }
+        for (int64_t cols = 1; cols <= ncols; ++cols) {
+            std::vector<float> a(nrows * cols);
+            q::vec_dot_tile(Type::Q8_0, w.data(), rb, nrows, x.data(), xb, cols, n, a.data(), nrows);
+            for (int64_t c = 0; c < cols; ++c)
+                for (int64_t r = 0; r < nrows; ++r) {
+                    const float d = q::vec_dot(Type::Q8_0, &w[r * rb], &x[c * xb], n);
+                    ASSERT_EQ(std::memcmp(&a[c * nrows + r], &d, 4), 0) << "n " << n << " cols " << cols << " r " << r;
+                }
+        }
+    }
+}
+
 // The VNNI Q8_0 dot against the AVX2 one (forced by turning VNNI off), bit for bit: decode
 // (one column) and prefill tiles, an odd block count (the tail block), weights of -128.
 TEST(Quant, Q8_0VnniMatchesAvx2) {
