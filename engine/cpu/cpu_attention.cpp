@@ -148,12 +148,22 @@ void CpuExecutor::indexer_topk(int layer, const LayerWeights &L, const Rope &rop
         grow(iscore_, (size_t)total);
         pool_.parallel_for(total, cpu_grain((int64_t)IH * Id * 2), [&](int64_t b, int64_t e, int) {
             int r = (int)(std::upper_bound(ioff_.begin(), ioff_.begin() + (t1 - t0) + 1, b) - ioff_.begin()) - 1;
-            for (int64_t i = b; i < e; ++i) {
+            for (int64_t i = b; i < e;) {
                 while (i >= ioff_[r + 1]) ++r;
                 const int t = t0 + r, s = (int)(i - ioff_[r]);
-                iscore_[i] = {ops::indexer_score(iq_.data() + (size_t)t * IH * Id, iw_.data() + (size_t)t * IH, IH, Id,
-                                                 state_of_row(t).layers[layer].icomp.entry(s), qscale),
-                              s};
+                const float *q = iq_.data() + (size_t)t * IH * Id, *w = iw_.data() + (size_t)t * IH;
+                const CpuComp &ic = state_of_row(t).layers[layer].icomp;
+                if (i + 8 <= std::min<int64_t>(e, ioff_[r + 1])) {   // eight entries of one row
+                    const float *k[8];
+                    float sc[8];
+                    for (int j = 0; j < 8; ++j) k[j] = ic.entry(s + j);
+                    ops::indexer_score8(q, w, IH, Id, k, qscale, sc);
+                    for (int j = 0; j < 8; ++j) iscore_[i + j] = {sc[j], s + j};
+                    i += 8;
+                } else {
+                    iscore_[i] = {ops::indexer_score(q, w, IH, Id, ic.entry(s), qscale), s};
+                    ++i;
+                }
             }
         });
         pool_.parallel_for(t1 - t0, cpu_grain(ioff_[t1 - t0] / (t1 - t0) * 8 + 1), [&](int64_t b, int64_t e, int) {

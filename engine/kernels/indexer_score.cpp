@@ -56,4 +56,53 @@ float indexer_score(const float *q, const float *w, int heads, int dim, const fl
     return score;
 }
 
+// Eight entries at once, one per lane: every lane runs the per-head definition above
+// operation for operation (first product, fused multiply-adds into lane i % 8, the same
+// pairwise sum, scale, ReLU, fused multiply-add of the head weight in head order), so each
+// result has indexer_score's bits; the entries' rows are transposed 8 x 8 into kt first.
+void indexer_score8(const float *q, const float *w, int heads, int dim, const float *const *k, float qscale,
+                    float *out) {
+    constexpr int kMaxDim = 512;
+    if (dim % 8 != 0 || dim > kMaxDim) {
+        for (int e = 0; e < 8; ++e) out[e] = indexer_score(q, w, heads, dim, k[e], qscale);
+        return;
+    }
+    alignas(32) float kt[kMaxDim * 8];
+    for (int i0 = 0; i0 < dim; i0 += 8) {
+        __m256 r[8];
+        for (int e = 0; e < 8; ++e) r[e] = _mm256_loadu_ps(k[e] + i0);
+        const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+        const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+        const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+        const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+        const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+        const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+        const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+        const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+        float *d = kt + (size_t)i0 * 8;
+        _mm256_store_ps(d + 0 * 8, _mm256_permute2f128_ps(u0, u4, 0x20));
+        _mm256_store_ps(d + 1 * 8, _mm256_permute2f128_ps(u1, u5, 0x20));
+        _mm256_store_ps(d + 2 * 8, _mm256_permute2f128_ps(u2, u6, 0x20));
+        _mm256_store_ps(d + 3 * 8, _mm256_permute2f128_ps(u3, u7, 0x20));
+        _mm256_store_ps(d + 4 * 8, _mm256_permute2f128_ps(u0, u4, 0x31));
+        _mm256_store_ps(d + 5 * 8, _mm256_permute2f128_ps(u1, u5, 0x31));
+        _mm256_store_ps(d + 6 * 8, _mm256_permute2f128_ps(u2, u6, 0x31));
+        _mm256_store_ps(d + 7 * 8, _mm256_permute2f128_ps(u3, u7, 0x31));
+    }
+    const __m256 qs = _mm256_set1_ps(qscale), zero = _mm256_setzero_ps();
+    __m256 score = _mm256_setzero_ps();
+    for (int h = 0; h < heads; ++h) {
+        const float *qh = q + (size_t)h * dim;
+        __m256 l[8];
+        for (int j = 0; j < 8; ++j) l[j] = _mm256_mul_ps(_mm256_broadcast_ss(qh + j), _mm256_load_ps(kt + j * 8));
+        for (int i = 8; i < dim; i += 8)
+            for (int j = 0; j < 8; ++j)
+                l[j] = _mm256_fmadd_ps(_mm256_broadcast_ss(qh + i + j), _mm256_load_ps(kt + (size_t)(i + j) * 8), l[j]);
+        const __m256 d = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(l[0], l[1]), _mm256_add_ps(l[2], l[3])),
+                                       _mm256_add_ps(_mm256_add_ps(l[4], l[5]), _mm256_add_ps(l[6], l[7])));
+        score = _mm256_fmadd_ps(_mm256_max_ps(_mm256_mul_ps(d, qs), zero), _mm256_set1_ps(w[h]), score);
+    }
+    _mm256_storeu_ps(out, score);
+}
+
 }  // namespace ds4::ops

@@ -18,6 +18,10 @@ float dot(const float *a, const float *b, int64_t n);
 // written out so that it does not depend on the compiler. AVX2 for dim % 8 == 0 and
 // heads % 4 == 0, a scalar loop of the same operations otherwise.
 float indexer_score(const float *q, const float *w, int heads, int dim, const float *k, float qscale);
+// indexer_score of eight entries k[0..7] (same q, w), bit for bit: lane e of one 8-wide
+// evaluation of the definition is entry e (decode scores thousands of entries per row).
+void indexer_score8(const float *q, const float *w, int heads, int dim, const float *const *k, float qscale,
+                    float *out);
 // y += a * x
 void axpy(float a, const float *x, float *y, int64_t n);
 // Interleaved-pair rotation of the trailing 2*n_pairs channels of x (length head_dim):
