@@ -277,6 +277,12 @@ bool Worker::Impl::run_step() {
         solo_ns += step_ns;
     }
 
+    // The step's frames (a token per decoding row) reach the loop as one batch.
+    struct HeldOutput {
+        OutQueue &q;
+        explicit HeldOutput(OutQueue &o) : q(o) { q.hold(); }
+        ~HeldOutput() { q.release(); }
+    } held(out);
     for (size_t k = 0; k < in_step.size(); ++k) {
         Job &j = *in_step[k];
         LiveSession *s = j.session;

@@ -87,6 +87,7 @@ struct Server::Impl {
     size_t input_total = 0;         // unfinished request bytes held across connections
     uint64_t last_overload_log = 0; // uv_now() of the last "closed at once" line (rate limit)
     std::unordered_map<uint64_t, std::unique_ptr<Conn>> conns;
+    std::vector<Outgoing> taken;    // the worker's output being written (on_async)
     uid_t uid = ::geteuid();
     DrafterExport *drafter_export = nullptr;  // null: no drafter, or --no-share-drafter
 
@@ -443,7 +444,8 @@ struct Server::Impl {
 
     static void on_async(uv_async_t *a) {
         Impl *self = static_cast<Impl *>(a->data);
-        std::vector<Outgoing> batch = self->out.take();
+        std::vector<Outgoing> &batch = self->taken;   // reused: its storage is kept
+        self->out.take(batch);
         // Group per connection, keeping order, so each connection gets one writev. A batch
         // rarely spans more than a few connections: a linear scan beats a map here.
         struct Slot {
