@@ -36,12 +36,6 @@ bool &vnni_enabled();
         default: F<4>(__VA_ARGS__); break;       \
     }
 
-// vec_dot_tile for Q8_0 weights: n_rows weight rows (w_stride apart) against ncols
-// activation rows, out[c * out_stride + r]; each result bit-identical to dot_q8_0's.
-// Returns false (nothing done) where it does not apply (VNNI path, very long rows).
-bool tile_q8_0(const uint8_t *w, size_t w_stride, int64_t n_rows, const void *const *x, int ncols, int64_t n, float *out,
-               size_t out_stride);
-
 void dequant_f16(const void *src, float *dst, int64_t n);
 void dequant_bf16(const void *src, float *dst, int64_t n);
 void dequant_q8_0(const void *src, float *dst, int64_t n);

@@ -125,40 +125,6 @@ void dot_cols(const uint8_t *wv, const void *const *xv, int64_t n, float *out) {
     for (int c = 0; c < C; ++c) out[c] = simd::hsum(_mm256_add_ps(a0[c], a1[c]));
 }
 
-// Many weight rows against the same C activation rows (multi-row steps: prefill, batched
-// decode). dot_cols' arithmetic exactly -- the same integer sums, the scale dw * dx formed
-// in f32 per block, acc + scale * sum on even/odd accumulators, the same final fold -- but
-// the activations' f16 scales are converted once per tile instead of once per weight row,
-// and each scale product is one broadcast and one multiply.
-template <int C>
-void tile_cols(const uint8_t *wv, size_t w_stride, int64_t n_rows, const BlockQ8_0 *const *x, const float *dx,
-               int64_t nb, float *out, size_t out_stride) {
-    const __m256i ones = _mm256_set1_epi16(1);
-    for (int64_t r = 0; r < n_rows; ++r) {
-        const BlockQ8_0 *w = reinterpret_cast<const BlockQ8_0 *>(wv + size_t(r) * w_stride);
-        __m256 a0[C], a1[C];
-        for (int c = 0; c < C; ++c) a0[c] = a1[c] = _mm256_setzero_ps();
-        auto step = [&](int64_t b, __m256 *acc) {
-            const __m256i q = simd::loadu(w[b].qs);
-            const __m256i aq = _mm256_sign_epi8(q, q);
-            const __m256 dw = _mm256_set1_ps(f16_to_f32_fast(w[b].d));
-            for (int c = 0; c < C; ++c) {
-                const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aq, _mm256_sign_epi8(simd::loadu(x[c][b].qs), q)), ones);
-                const __m256 sc = _mm256_mul_ps(dw, _mm256_broadcast_ss(dx + size_t(c) * size_t(nb) + size_t(b)));
-                acc[c] = _mm256_add_ps(acc[c], _mm256_mul_ps(sc, _mm256_cvtepi32_ps(p)));
-            }
-        };
-        int64_t b = 0;
-        for (; b + 2 <= nb; b += 2) {
-            _mm_prefetch(reinterpret_cast<const char *>(w + b) + 2048, _MM_HINT_T0);
-            step(b, a0);
-            step(b + 1, a1);
-        }
-        if (b < nb) step(b, a0);
-        for (int c = 0; c < C; ++c) out[size_t(c) * out_stride + size_t(r)] = simd::hsum(_mm256_add_ps(a0[c], a1[c]));
-    }
-}
-
 // AVX-512 VNNI: two blocks per 512-bit register (lanes 0-7 are dot_cols' a0, 8-15 its a1)
 // and vpdpbusd for the four-byte sums. |w| x sign(x, w) has no pair above 128 * 127 * 2, so
 // maddubs never saturates and its sums equal vpdpbusd's: the integer sums, the float steps
@@ -225,26 +191,6 @@ void dot_q8_0(const uint8_t *w, const void *const *x, int ncols, int64_t n, floa
     } else {
         DS4_QUANT_COLS_DISPATCH(dot_cols, w, x, n, out)
     }
-}
-
-bool tile_q8_0(const uint8_t *w, size_t w_stride, int64_t n_rows, const void *const *x, int ncols, int64_t n, float *out,
-               size_t out_stride) {
-    constexpr int64_t kMaxBlocks = 1024;   // activation scales kept on the stack
-    const int64_t nb = n / kQK8_0;
-    if (vnni_enabled() || nb > kMaxBlocks || ncols < 1 || ncols > kMaxCols) return false;
-    alignas(32) float dx[kMaxCols * kMaxBlocks];
-    const BlockQ8_0 *xs[kMaxCols];
-    for (int c = 0; c < ncols; ++c) {
-        xs[c] = static_cast<const BlockQ8_0 *>(x[c]);
-        for (int64_t b = 0; b < nb; ++b) dx[c * nb + b] = f16_to_f32_fast(xs[c][b].d);
-    }
-    switch (ncols) {
-        case 1: tile_cols<1>(w, w_stride, n_rows, xs, dx, nb, out, out_stride); break;
-        case 2: tile_cols<2>(w, w_stride, n_rows, xs, dx, nb, out, out_stride); break;
-        case 3: tile_cols<3>(w, w_stride, n_rows, xs, dx, nb, out, out_stride); break;
-        default: tile_cols<4>(w, w_stride, n_rows, xs, dx, nb, out, out_stride); break;
-    }
-    return true;
 }
 
 }  // namespace ds4::quant::detail

@@ -160,9 +160,6 @@ void vec_dot_tile(Type t, const void *w, size_t w_row_stride, int64_t n_rows, co
         const int nc = int(std::min<int64_t>(detail::kMaxCols, n_cols - c0));
         const void *xs[detail::kMaxCols];
         for (int c = 0; c < nc; ++c) xs[c] = xp + size_t(c0 + c) * x_row_stride;
-        if (t == Type::Q8_0 && detail::tile_q8_0(wp, w_row_stride, n_rows, xs, nc, n, out + size_t(c0) * out_col_stride,
-                                                 out_col_stride))
-            continue;
         for (int64_t r = 0; r < n_rows; ++r) {
             float res[detail::kMaxCols];
             f.dot(wp + size_t(r) * w_row_stride, xs, nc, n, res);

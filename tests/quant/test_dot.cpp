@@ -253,9 +253,9 @@ TEST(Quant, Avx512PathsMatchAvx2) {
     on = saved;
 }
 
-// The Q8_0 tile kernel (activation scales converted once per tile) against the one-pair dot,
-// bit for bit: odd block counts (the tail block), long rows, rows past its stack limit (the
-// per-row path), every column count, weights of -128.
+// Q8_0 tiles (prefill, batched decode) against the one-pair dot, bit for bit: odd block
+// counts (the tail block), long rows, every column count up to two column groups, weights
+// of -128.
 TEST(Quant, Q8_0TileEqualsDotBitForBit) {
     std::mt19937 rng(29);
     for (int64_t n : {32, 32 * 7, 4096 + 32, 32 * 1025}) {
