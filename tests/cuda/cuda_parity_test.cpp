@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "cuda/cuda_backend.h"
+#include "tests/cuda/need_device.h"
 #include "engine/model/model.h"
 #include "engine/model/session.h"
 #include "engine/quant/quants.h"
@@ -19,12 +20,6 @@ using namespace ds4;
 using namespace ds4test;
 
 namespace {
-
-#define NEED_DEVICE()                                                          \
-    do {                                                                       \
-        std::string why;                                                       \
-        if (!cuda::cuda_device_available(&why)) GTEST_SKIP() << "no CUDA device: " << why; \
-    } while (0)
 
 std::unique_ptr<Model> open(const std::string &path, BackendKind b) {
     ModelOptions o;

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "cuda/cuda_backend.h"
+#include "tests/cuda/need_device.h"
 #include "cuda/cuda_kernels.h"
 #include "engine/gguf/gguf.h"
 #include "engine/quant/blocks.h"
@@ -27,12 +28,6 @@ using namespace ds4;
 using gguf::Type;
 
 namespace {
-
-#define NEED_DEVICE()                                                                   \
-    do {                                                                                \
-        std::string why;                                                                \
-        if (!cuda::cuda_device_available(&why)) GTEST_SKIP() << "no CUDA device: " << why; \
-    } while (0)
 
 template <class T>
 struct Dev {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cuda/cuda_backend.h"
+#include "tests/cuda/need_device.h"
 #include "engine/common/error.h"
 #include "engine/model/model.h"
 #include "engine/model/session.h"
@@ -23,12 +24,6 @@ using namespace ds4;
 using namespace ds4test;
 
 namespace {
-
-#define NEED_DEVICE()                                                                       \
-    do {                                                                                    \
-        std::string why;                                                                    \
-        if (!cuda::cuda_device_available(&why)) GTEST_SKIP() << "no CUDA device: " << why; \
-    } while (0)
 
 const std::string kTrained = DS4_SOURCE_DIR "/models/ds4-pystd-q8_0.gguf";
 
