@@ -193,9 +193,20 @@ std::string render_prompt(const std::vector<Message> &messages, const PromptOpti
     }
     // With tools the reference keeps every turn's reasoning (drop_thinking off).
     const bool drop_thinking = !have_tools;
-    int last_user = -1;
-    for (size_t i = 0; i < turns.size(); ++i)
-        if (turns[i].role == Role::User || turns[i].role == Role::Developer) last_user = int(i);
+    auto last_user_turn = [&] {
+        int last = -1;
+        for (size_t i = 0; i < turns.size(); ++i)
+            if (turns[i].role == Role::User || turns[i].role == Role::Developer) last = int(i);
+        return last;
+    };
+    int last_user = last_user_turn();
+    // Thinking without tools: developer messages before the last user turn are left out
+    // (the reference's _drop_thinking_messages), after the merging above.
+    if (opt.thinking && drop_thinking) {
+        for (int i = last_user - 1; i >= 0; --i)
+            if (turns[size_t(i)].role == Role::Developer) turns.erase(turns.begin() + i);
+        last_user = last_user_turn();
+    }
 
     std::string out = kBos;
     for (size_t i = 0; i < turns.size(); ++i) {

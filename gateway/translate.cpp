@@ -49,8 +49,9 @@ bool want_bool(const Json &v, const std::string &name) {
     return v.get<bool>();
 }
 
-// Text of an OpenAI/Anthropic content value: a string, or an array of text parts.
-std::string content_text(const Json &c, const std::string &name) {
+// Text of an OpenAI/Anthropic content value: a string, or an array of text parts joined
+// with `sep` (tool results: "\n\n", as the reference encoding joins a result's parts).
+std::string content_text(const Json &c, const std::string &name, const char *sep = "") {
     if (c.is_null()) return {};
     if (c.is_string()) return c.get<std::string>();
     if (!c.is_array()) bad_request(name, "'" + name + "' must be a string or an array of content parts");
@@ -58,6 +59,7 @@ std::string content_text(const Json &c, const std::string &name) {
     for (size_t i = 0; i < c.size(); ++i) {
         const Json &p = c[i];
         const std::string pn = name + "[" + std::to_string(i) + "]";
+        if (i) out += sep;
         if (p.is_string()) {
             out += p.get<std::string>();
             continue;
@@ -292,9 +294,11 @@ Request parse_chat(const Json &b) {
             if (const Json *ty = field(tool, "type"); ty && *ty != "function") not_supported(w + ".type");
             const Json *fn = field(tool, "function");
             if (!fn || !fn->is_object()) bad_request(w + ".function", "'" + w + ".function' is required");
-            r.prompt_options.tools.push_back(function_def(want_name(field(*fn, "name"), w + ".function.name"),
-                                                          field(*fn, "description"), field(*fn, "parameters"),
-                                                          w + ".function"));
+            function_def(want_name(field(*fn, "name"), w + ".function.name"), field(*fn, "description"),
+                         field(*fn, "parameters"), w + ".function");
+            // Into the prompt as the client wrote it (key order, extra keys such as strict),
+            // as the reference dumps tool["function"].
+            r.prompt_options.tools.push_back(*fn);
         }
     }
     read_tool_choice(b, r);
@@ -309,7 +313,7 @@ Request parse_chat(const Json &b) {
         const std::string rs = want_string(*role, w + ".role");
         Message msg;
         const Json *content = field(m, "content");
-        msg.content = content ? content_text(*content, w + ".content") : "";
+        msg.content = content ? content_text(*content, w + ".content", rs == "tool" ? "\n\n" : "") : "";
         if (rs == "system") msg.role = Role::System;
         else if (rs == "developer") msg.role = Role::Developer;
         else if (rs == "user") msg.role = Role::User;
@@ -461,7 +465,7 @@ Request parse_responses(const Json &b) {
             if (!id) bad_request(w + ".call_id", "'" + w + ".call_id' is required");
             m.tool_call_id = want_string(*id, w + ".call_id");
             const Json *o = field(it, "output");
-            m.content = o ? content_text(*o, w + ".output") : "";
+            m.content = o ? content_text(*o, w + ".output", "\n\n") : "";
             r.messages.push_back(std::move(m));
         } else if (type == "reasoning") {
             continue;   // earlier reasoning: dropped, as the chat format drops it
@@ -537,7 +541,7 @@ Request parse_messages(const Json &b) {
                 const Json *id = field(blk, "tool_use_id");
                 if (!id) bad_request(bw + ".tool_use_id", bw + ".tool_use_id: Field required");
                 tm.tool_call_id = want_string(*id, bw + ".tool_use_id");
-                if (const Json *tc = field(blk, "content")) tm.content = content_text(*tc, bw + ".content");
+                if (const Json *tc = field(blk, "content")) tm.content = content_text(*tc, bw + ".content", "\n\n");
                 r.messages.push_back(std::move(tm));
             } else if (type == "thinking" && rs == "assistant") {
                 if (const Json *t = field(blk, "thinking")) text.reasoning += want_string(*t, bw + ".thinking");

@@ -57,7 +57,7 @@ TEST(GatewayTranslate, AnthropicMessages) {
         "messages":[{"role":"user","content":"hi"},
           {"role":"assistant","content":[{"type":"thinking","thinking":"hm","signature":""},{"type":"text","text":"ok"},
                                           {"type":"tool_use","id":"t1","name":"f","input":{"a":1}}]},
-          {"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":[{"type":"text","text":"res"}]},
+          {"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":[{"type":"text","text":"res"},{"type":"text","text":"2"}]},
                                     {"type":"text","text":"more"}]}],
         "tools":[{"name":"f","input_schema":{"type":"object"}}],"stop_sequences":["Z"],"thinking":{"type":"enabled","budget_tokens":100}})");
     ASSERT_EQ(r.messages.size(), 5u);
@@ -65,7 +65,7 @@ TEST(GatewayTranslate, AnthropicMessages) {
     EXPECT_EQ(r.messages[2].reasoning, "hm");
     EXPECT_EQ(Json::parse(r.messages[2].tool_calls.at(0).arguments), Json::parse(R"({"a":1})"));
     EXPECT_EQ(r.messages[3].role, Role::Tool);
-    EXPECT_EQ(r.messages[3].content, "res");
+    EXPECT_EQ(r.messages[3].content, "res\n\n2");   // a result's parts, as the reference encoding joins them
     EXPECT_EQ(r.messages[4].content, "more");
     EXPECT_EQ(r.prompt_options.tools[0]["parameters"]["type"], "object");
     EXPECT_TRUE(r.prompt_options.thinking);
@@ -76,13 +76,13 @@ TEST(GatewayTranslate, ResponsesItems) {
     Request r = parse_request(Api::Responses, R"({"model":"m","instructions":"be nice","max_output_tokens":5,
         "input":[{"role":"user","content":[{"type":"input_text","text":"q"}]},
                  {"type":"function_call","call_id":"c","name":"f","arguments":"{}"},
-                 {"type":"function_call_output","call_id":"c","output":"out"}],
+                 {"type":"function_call_output","call_id":"c","output":[{"type":"input_text","text":"out"},{"type":"input_text","text":"2"}]}],
         "tools":[{"type":"function","name":"f","parameters":{"type":"object"}}]})");
     ASSERT_EQ(r.messages.size(), 4u);
     EXPECT_EQ(r.messages[0].content, "be nice");
     EXPECT_EQ(r.messages[2].role, Role::Assistant);
     EXPECT_EQ(r.messages[2].tool_calls.at(0).id, "c");
-    EXPECT_EQ(r.messages[3].content, "out");
+    EXPECT_EQ(r.messages[3].content, "out\n\n2");
     EXPECT_EQ(r.max_tokens, 5u);
     Request c = parse_request(Api::Completions, R"({"prompt":["abc"]})");
     EXPECT_EQ(c.prompt, "abc");
