@@ -3,6 +3,11 @@
 // records the host wall time of the operation (launches, host tables, uploads) and the
 // device time between events around it; the table goes to stderr when the executor ends,
 // decode steps (one row) apart from multi-row steps.
+// With a synchronisation per scope, an operation of several kernels also counts the GPU's
+// idle time while the host launches each one. DS4_CUDA_PROFILE=async records the events in
+// the stream without waiting and reads them when the step has drained: while the host
+// enqueues ahead of the device (decode is device-bound), that is each operation's own device
+// time; the step totals (as =step) come with it, to check that the host was ahead.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -11,6 +16,7 @@
 #include <cstdlib>
 #include <map>
 #include <string>
+#include <vector>
 
 namespace ds4::cuda {
 
@@ -18,8 +24,10 @@ class OpProfile {
 public:
     OpProfile() {
         const char *e = std::getenv("DS4_CUDA_PROFILE");
-        step_ = e && std::string(e) == "step";
-        on_ = e && *e && *e != '0' && !step_;
+        const std::string m = e ? e : "";
+        async_ = m == "async";
+        step_ = m == "step" || async_;
+        on_ = !m.empty() && m != "0" && m != "step";
     }
     ~OpProfile() {
         print();
@@ -30,6 +38,7 @@ public:
                              (unsigned long long)st_[m].steps, m ? "multi-row" : "one-row", (double)st_[m].rows / st_[m].steps,
                              st_[m].enq_us / st_[m].steps, st_[m].dev_us / st_[m].steps, st_[m].wall_us / st_[m].steps);
         if (ev0_) cudaEventDestroy(ev0_), cudaEventDestroy(ev1_);
+        for (cudaEvent_t ev : pool_) cudaEventDestroy(ev);
     }
     bool on() const { return on_; }
 
@@ -37,6 +46,7 @@ public:
     // the host's time to enqueue a step against the device's time to run it (is decode bound
     // by launches or by kernels?).
     void step_begin(cudaStream_t s, int rows) {
+        if (async_) drain();   // the executor drained the stream before a step
         if (!step_) return;
         rows_now_ = rows;
         if (!ev0_) cudaEventCreate(&ev0_), cudaEventCreate(&ev1_);
@@ -53,6 +63,7 @@ public:
         if (!in_step_) return;
         in_step_ = false;
         cudaEventSynchronize(ev1_);
+        drain();
         float ms = 0.f;
         cudaEventElapsedTime(&ms, ev0_, ev1_);
         const auto t2 = std::chrono::steady_clock::now();
@@ -75,8 +86,12 @@ public:
             : p(p_->on_ ? p_ : nullptr), name(n), s(s_), bytes(bytes) {
             if (!p) return;
             key = std::string(multi ? "multi-row " : "one-row   ") + n;
-            cudaStreamSynchronize(s);
-            cudaEventCreate(&a), cudaEventCreate(&b);
+            if (p->async_) {
+                a = p->event(), b = p->event();
+            } else {
+                cudaStreamSynchronize(s);
+                cudaEventCreate(&a), cudaEventCreate(&b);
+            }
             cudaEventRecord(a, s);
             t0 = std::chrono::steady_clock::now();
         }
@@ -84,6 +99,10 @@ public:
             if (!p) return;
             const double host = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
             cudaEventRecord(b, s);
+            if (p->async_) {
+                p->pending_.push_back({key, a, b, host, bytes});
+                return;
+            }
             cudaEventSynchronize(b);
             float ms = 0.f;
             cudaEventElapsedTime(&ms, a, b);
@@ -96,6 +115,31 @@ public:
     };
 
 private:
+    struct Pending {
+        std::string key;
+        cudaEvent_t a, b;
+        double host_us;
+        uint64_t bytes;
+    };
+    cudaEvent_t event() {
+        if (free_ < pool_.size()) return pool_[free_++];
+        cudaEvent_t ev;
+        cudaEventCreate(&ev);
+        pool_.push_back(ev);
+        ++free_;
+        return ev;
+    }
+    // The step has completed: read its scopes' events, then reuse them.
+    void drain() {
+        for (const Pending &q : pending_) {
+            float ms = 0.f;
+            cudaEventElapsedTime(&ms, q.a, q.b);
+            Row &r = rows_[q.key];
+            r.calls++, r.dev_us += 1000.0 * ms, r.host_us += q.host_us, r.bytes += q.bytes;
+        }
+        pending_.clear();
+        free_ = 0;
+    }
     struct Row {
         uint64_t calls = 0;
         double dev_us = 0, host_us = 0;
@@ -112,7 +156,10 @@ private:
                          (unsigned long long)r.calls, r.dev_us / 1000, r.dev_us / r.calls, r.host_us / 1000,
                          100 * r.dev_us / tot, r.dev_us > 0 ? r.bytes / (r.dev_us * 1e3) : 0.0);
     }
-    bool on_ = false, step_ = false, in_step_ = false;
+    bool on_ = false, step_ = false, in_step_ = false, async_ = false;
+    std::vector<cudaEvent_t> pool_;
+    size_t free_ = 0;
+    std::vector<Pending> pending_;
     std::map<std::string, Row> rows_;
     cudaEvent_t ev0_ = nullptr, ev1_ = nullptr;
     std::chrono::steady_clock::time_point t0_, t1_;
