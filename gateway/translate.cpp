@@ -496,7 +496,8 @@ Request parse_messages(const Json &b) {
         }
     }
     read_tool_choice(b, r);
-    if (const Json *s = field(b, "system")) r.messages.push_back({Role::System, content_text(*s, "system"), "", {}, ""});
+    // System text blocks are joined as a user turn's text blocks are (below): a blank line.
+    if (const Json *s = field(b, "system")) r.messages.push_back({Role::System, content_text(*s, "system", "\n\n"), "", {}, ""});
     const Json *msgs = field(b, "messages");
     if (!msgs || !msgs->is_array() || msgs->empty()) bad_request("messages", "messages: must be a non-empty array");
     for (size_t i = 0; i < msgs->size(); ++i) {

@@ -72,6 +72,23 @@ TEST(GatewayTranslate, AnthropicMessages) {
     EXPECT_EQ(r.stop, std::vector<std::string>{"Z"});
 }
 
+// Anthropic's system as text blocks: joined as a user turn's text blocks are (a blank line
+// between blocks, as the reference encoding joins a turn's text parts), not run together.
+TEST(GatewayTranslate, AnthropicSystemBlocksJoinAsUserBlocks) {
+    Request r = parse_request(Api::Messages, R"({"model":"m","max_tokens":9,
+        "system":[{"type":"text","text":"You are terse."},{"type":"text","text":"Answer in French."}],
+        "messages":[{"role":"user","content":[{"type":"text","text":"one"},{"type":"text","text":"two"}]}]})");
+    ASSERT_EQ(r.messages.size(), 2u);
+    ASSERT_EQ(r.messages[0].role, Role::System);
+    const std::string user_joined = r.messages[1].content;
+    EXPECT_EQ(user_joined, "one\n\ntwo");
+    EXPECT_EQ(r.messages[0].content, "You are terse.\n\nAnswer in French.");
+    // The same prompt as the system prompt sent as one string with that separator.
+    Request s = parse_request(Api::Messages, R"({"model":"m","max_tokens":9,"system":"You are terse.\n\nAnswer in French.",
+        "messages":[{"role":"user","content":"one\n\ntwo"}]})");
+    EXPECT_EQ(render_prompt(r.messages, r.prompt_options), render_prompt(s.messages, s.prompt_options));
+}
+
 TEST(GatewayTranslate, ResponsesItems) {
     Request r = parse_request(Api::Responses, R"({"model":"m","instructions":"be nice","max_output_tokens":5,
         "input":[{"role":"user","content":[{"type":"input_text","text":"q"}]},
