@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <utility>
 
 namespace ds4::gateway {
 
@@ -31,6 +32,111 @@ void python_string(const std::string &s, std::string &out) {
     out += '"';
 }
 
+void big_integer_into(const Json &v, std::string &out) {
+    const auto &b = v.get_binary();
+    out.append(b.begin(), b.end());
+}
+
+// Builds the value as nlohmann's own DOM parser does, keeping integer literals that do not
+// fit 64 bits (the lexer hands them over as doubles, with their text) as digits.
+class ExactBuilder {
+public:
+    using number_integer_t = Json::number_integer_t;
+    using number_unsigned_t = Json::number_unsigned_t;
+    using number_float_t = Json::number_float_t;
+    using string_t = Json::string_t;
+    using binary_t = Json::binary_t;
+
+    Json root;
+    bool null() { return put(nullptr); }
+    bool boolean(bool b) { return put(b); }
+    bool number_integer(number_integer_t i) { return put(i); }
+    bool number_unsigned(number_unsigned_t u) { return put(u); }
+    bool number_float(number_float_t d, const string_t &text) {
+        const size_t sign = !text.empty() && text[0] == '-' ? 1 : 0;
+        if (sign < text.size() && text.find_first_not_of("0123456789", sign) == std::string::npos)   // an integer
+            return put(Json::binary(std::vector<uint8_t>(text.begin(), text.end()), kBigInteger));
+        return put(d);
+    }
+    bool string(string_t &s) { return put(std::move(s)); }
+    bool binary(binary_t &b) { return put(Json::binary(std::move(b))); }
+    bool start_object(std::size_t) { return open(Json::object()); }
+    bool end_object() { return close(); }
+    bool start_array(std::size_t) { return open(Json::array()); }
+    bool end_array() { return close(); }
+    bool key(string_t &k) {
+        slot_ = &(*stack_.back())[k];
+        return true;
+    }
+    bool parse_error(std::size_t, const std::string &, const nlohmann::detail::exception &) { return false; }
+
+private:
+    // The new value's place: the root, the next array element or the object's keyed slot.
+    // Containers on the stack are never grown while a child of theirs is open, so the
+    // pointers stay valid.
+    Json *place(Json v) {
+        if (stack_.empty()) {
+            root = std::move(v);
+            return &root;
+        }
+        Json &top = *stack_.back();
+        if (top.is_array()) {
+            top.push_back(std::move(v));
+            return &top.back();
+        }
+        *slot_ = std::move(v);
+        return slot_;
+    }
+    bool put(Json v) {
+        place(std::move(v));
+        return true;
+    }
+    bool open(Json v) {
+        stack_.push_back(place(std::move(v)));
+        return true;
+    }
+    bool close() {
+        stack_.pop_back();
+        return true;
+    }
+    std::vector<Json *> stack_;
+    Json *slot_ = nullptr;
+};
+
+void exact_into(const Json &v, std::string &out) {
+    switch (v.type()) {
+    case Json::value_t::object: {
+        out += '{';
+        bool first = true;
+        for (auto it = v.begin(); it != v.end(); ++it) {
+            if (!first) out += ',';
+            first = false;
+            out += Json(it.key()).dump(-1, ' ', false, Json::error_handler_t::replace);
+            out += ':';
+            exact_into(it.value(), out);
+        }
+        out += '}';
+        break;
+    }
+    case Json::value_t::array: {
+        out += '[';
+        for (size_t i = 0; i < v.size(); ++i) {
+            if (i) out += ',';
+            exact_into(v[i], out);
+        }
+        out += ']';
+        break;
+    }
+    case Json::value_t::binary:
+        if (is_big_integer(v)) {
+            big_integer_into(v, out);
+            break;
+        }
+        [[fallthrough]];
+    default: out += v.dump(-1, ' ', false, Json::error_handler_t::replace); break;
+    }
+}
+
 void python_json_into(const Json &v, std::string &out) {
     switch (v.type()) {
     case Json::value_t::object: {
@@ -56,6 +162,12 @@ void python_json_into(const Json &v, std::string &out) {
         break;
     }
     case Json::value_t::string: python_string(v.get_ref<const std::string &>(), out); break;
+    case Json::value_t::binary:
+        if (is_big_integer(v)) {
+            big_integer_into(v, out);   // Python's int: the digits
+            break;
+        }
+        [[fallthrough]];
     default: out += v.dump(); break;   // numbers, booleans, null: the same text in both
     }
 }
@@ -84,7 +196,7 @@ const char *kToolsTemplateTail =
 
 // The arguments of one call as DSML parameters (the reference's encode_arguments_to_dsml).
 std::string dsml_arguments(const ToolCall &tc) {
-    Json args = Json::parse(tc.arguments, nullptr, false);
+    Json args = parse_exact(tc.arguments);
     if (args.is_discarded() || !args.is_object()) args = Json{{"arguments", tc.arguments}};
     std::string out;
     bool first = true;
@@ -134,6 +246,22 @@ void json_escape_into(std::string_view s, std::string &out) {
 }
 
 }  // namespace
+
+Json parse_exact(std::string_view text) {
+    ExactBuilder b;
+    if (!Json::sax_parse(text.begin(), text.end(), &b)) return Json(Json::value_t::discarded);
+    return std::move(b.root);
+}
+
+bool is_big_integer(const Json &v) {
+    return v.is_binary() && v.get_binary().has_subtype() && v.get_binary().subtype() == kBigInteger;
+}
+
+std::string dump_exact(const Json &v) {
+    std::string out;
+    exact_into(v, out);
+    return out;
+}
 
 std::string python_json(const Json &v) {
     std::string out;
@@ -329,9 +457,13 @@ void DsmlParser::end_param(std::vector<DsmlEvent> &out) {
         d += '"';
         out.push_back({DsmlEvent::Kind::ToolArgs, idx, std::move(d)});
     } else {
-        // Non-string values are JSON already; anything else is kept as a string.
-        Json v = Json::parse(param_value_, nullptr, false);
-        out.push_back({DsmlEvent::Kind::ToolArgs, idx, v.is_discarded() ? Json(param_value_).dump(-1, ' ', false, Json::error_handler_t::replace) : v.dump()});
+        // Non-string values are JSON already and go out as the model wrote them (a double
+        // would lose the digits of an integer beyond 64 bits); anything else is a string.
+        const size_t a = param_value_.find_first_not_of(" \t\r\n");
+        const size_t e = param_value_.find_last_not_of(" \t\r\n");
+        std::string v = a == std::string::npos ? std::string() : param_value_.substr(a, e + 1 - a);
+        if (!Json::accept(v)) v = Json(param_value_).dump(-1, ' ', false, Json::error_handler_t::replace);
+        out.push_back({DsmlEvent::Kind::ToolArgs, idx, std::move(v)});
     }
     param_value_.clear();
 }

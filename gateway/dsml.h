@@ -55,6 +55,17 @@ struct PromptOptions {
     Json tools = Json::array();
 };
 
+// JSON with integers beyond 64 bits kept exactly (tool arguments, schemas: Python's json,
+// which DeepSeek's encoding uses, keeps them; nlohmann reads them as doubles). parse_exact
+// keeps such a literal's digits as a binary value of subtype kBigInteger (JSON text never
+// yields a binary value); dump_exact and python_json write the digits back. An invalid text
+// gives a discarded value, as Json::parse(text, nullptr, false).
+inline constexpr uint64_t kBigInteger = 0xD54B1;
+Json parse_exact(std::string_view text);
+bool is_big_integer(const Json &v);
+// v.dump(-1, ' ', false, replace) with big integers as their digits.
+std::string dump_exact(const Json &v);
+
 // json.dumps(value, ensure_ascii=False): ", " and ": " separators, non-ASCII kept.
 std::string python_json(const Json &v);
 

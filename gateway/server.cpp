@@ -496,7 +496,7 @@ struct Server::Impl {
                 emit(s);
                 job.push(reply.finish(f), last);
             } else {
-                Json body = Json::parse(reply.finish(f));
+                Json body = parse_exact(reply.finish(f));   // exact: tool inputs' big integers
                 if (choice == 0) merged = std::move(body);
                 else merged["choices"].push_back(body["choices"][0]);
                 if (last && req.n > 1) merged["usage"] = Json::parse(reply.finish(total))["usage"];
@@ -525,7 +525,7 @@ struct Server::Impl {
         if (sid) close_quietly(c, sid);
         metrics.generation_us += uint64_t(std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0).count());
         metrics.count(endpoint_name(req.api), 200);
-        if (!req.stream) job.respond(200, merged.dump(-1, ' ', false, Json::error_handler_t::replace));
+        if (!req.stream) job.respond(200, dump_exact(merged));
     }
 
     static void close_quietly(cl::Client &c, uint64_t sid) {

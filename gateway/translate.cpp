@@ -332,7 +332,7 @@ Request parse_chat(const Json &b) {
                     if (const Json *id = field(tc, "id")) call.id = want_string(*id, tw + ".id");
                     call.name = want_name(field(*fn, "name"), tw + ".function.name");
                     const Json *args = field(*fn, "arguments");
-                    call.arguments = args ? (args->is_string() ? args->get<std::string>() : args->dump()) : "{}";
+                    call.arguments = args ? (args->is_string() ? args->get<std::string>() : dump_exact(*args)) : "{}";
                     msg.tool_calls.push_back(std::move(call));
                 }
             }
@@ -535,7 +535,7 @@ Request parse_messages(const Json &b) {
                 tc.id = want_string(*id, bw + ".id");
                 tc.name = want_name(field(blk, "name"), bw + ".name");
                 const Json *in = field(blk, "input");
-                tc.arguments = in ? in->dump() : "{}";
+                tc.arguments = in ? dump_exact(*in) : "{}";
                 text.tool_calls.push_back(std::move(tc));
             } else if (type == "tool_result" && rs == "user") {
                 Message tm{Role::Tool, "", "", {}, ""};
@@ -577,7 +577,7 @@ const char *anthropic_type(int status) {
 }  // namespace
 
 Request parse_request(Api api, std::string_view body) {
-    Json b = Json::parse(body.begin(), body.end(), nullptr, false);
+    Json b = parse_exact(body);   // big integers in tool inputs and schemas keep their digits
     if (b.is_discarded())
         throw ApiError(400, "invalid_request_error", "the request body is not valid JSON", {}, "invalid_json");
     if (!b.is_object()) throw ApiError(400, "invalid_request_error", "the request body must be a JSON object");

@@ -178,6 +178,22 @@ TEST(GatewayDsml, MalformedOrCutOffCallsEndCleanly) {
     EXPECT_EQ(Json::parse(c.args[0]), Json::parse(R"({"n":"[1, 2"})"));
 }
 
+// Integers beyond 64 bits in a generated call's arguments: the model's digits, not a double.
+TEST(GatewayDsml, IntegersBeyond64BitsPassThroughExactly) {
+    const std::string out = std::string(kToolCallsOpen) + "\n" + kInvokeOpen + "lookup\">\n" + kParamOpen +
+                            "id\" string=\"false\">123456789012345678901234567890" + kParamClose + "\n" + kParamOpen +
+                            "ids\" string=\"false\">[18446744073709551616, -9223372036854775809, 7]" + kParamClose + "\n" +
+                            kParamOpen + "meta\" string=\"false\">{\"n\": -98765432109876543210987654321}" + kParamClose +
+                            "\n" + kInvokeClose + "\n" + kToolCallsClose;
+    for (size_t step : {1, 5, 4096}) {
+        Parsed p = parse(out, true, false, step);
+        ASSERT_EQ(p.names.size(), 1u) << step;
+        EXPECT_EQ(p.args[0], "{\"id\": 123456789012345678901234567890, \"ids\": [18446744073709551616, "
+                             "-9223372036854775809, 7], \"meta\": {\"n\": -98765432109876543210987654321}}")
+            << step;
+    }
+}
+
 TEST(GatewayDsml, PythonJsonSpacing) {
     EXPECT_EQ(python_json(Json::parse(R"({"a":[1,2.5,"x\u0001é"],"b":{}})")), "{\"a\": [1, 2.5, \"x\\u0001é\"], \"b\": {}}");
 }

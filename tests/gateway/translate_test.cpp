@@ -89,6 +89,15 @@ TEST(GatewayTranslate, AnthropicSystemBlocksJoinAsUserBlocks) {
     EXPECT_EQ(render_prompt(r.messages, r.prompt_options), render_prompt(s.messages, s.prompt_options));
 }
 
+// A client's tool_use input with integers beyond 64 bits reaches the prompt with its digits.
+TEST(GatewayTranslate, AnthropicToolInputKeepsBigIntegers) {
+    Request r = parse_request(Api::Messages, R"({"model":"m","max_tokens":9,"messages":[{"role":"user","content":"q"},
+        {"role":"assistant","content":[{"type":"tool_use","id":"t","name":"f",
+          "input":{"id":123456789012345678901234567890,"l":[-9223372036854775809]}}]}]})");
+    ASSERT_EQ(r.messages.size(), 2u);
+    EXPECT_EQ(r.messages[1].tool_calls.at(0).arguments, R"({"id":123456789012345678901234567890,"l":[-9223372036854775809]})");
+}
+
 TEST(GatewayTranslate, ResponsesItems) {
     Request r = parse_request(Api::Responses, R"({"model":"m","instructions":"be nice","max_output_tokens":5,
         "input":[{"role":"user","content":[{"type":"input_text","text":"q"}]},
