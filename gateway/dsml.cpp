@@ -172,6 +172,14 @@ void python_json_into(const Json &v, std::string &out) {
     }
 }
 
+// DeepSeek V4's reasoning_effort "max" preamble, word for word as its encoding writes it.
+const char *kEffortMax =
+    "Reasoning Effort: Absolute maximum with no shortcuts permitted.\n"
+    "You MUST be very thorough in your thinking and comprehensively decompose the problem to resolve the root cause, "
+    "rigorously stress-testing your logic against all potential paths, edge cases, and adversarial scenarios.\n"
+    "Explicitly write out your entire deliberation process, documenting every intermediate step, considered "
+    "alternative, and rejected hypothesis to ensure absolutely no assumption is left unchecked.\n\n";
+
 const char *kToolsTemplateHead =
     "## Tools\n\n"
     "You have access to a set of tools to help answer the user's question. You can invoke tools by writing a "
@@ -337,6 +345,7 @@ std::string render_prompt(const std::vector<Message> &messages, const PromptOpti
     }
 
     std::string out = kBos;
+    if (opt.thinking && opt.effort_max) out += kEffortMax;
     for (size_t i = 0; i < turns.size(); ++i) {
         const Turn &t = turns[i];
         const int idx = int(i);

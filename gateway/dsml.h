@@ -51,6 +51,9 @@ struct Message {
 
 struct PromptOptions {
     bool thinking = false;
+    // reasoning_effort "max": in thinking mode the prompt opens with DeepSeek's
+    // maximum-effort instruction (before the first turn).
+    bool effort_max = false;
     // Function definitions ({name, description, parameters}); empty: no tools section.
     Json tools = Json::array();
 };

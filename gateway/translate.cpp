@@ -183,18 +183,20 @@ void check_json_output(const Request &r, const std::string &name) {
                     "text before the answer); turn thinking off");
 }
 
+// A reasoning effort: none/minimal turn thinking off, any other level on; "max" (and
+// OpenAI's "xhigh", the level above high) also asks for DeepSeek's maximum-effort preamble.
+void read_effort(const Json &v, const std::string &name, Request &r) {
+    const std::string e = want_string(v, name);
+    r.prompt_options.thinking = !(e == "none" || e == "minimal");
+    r.prompt_options.effort_max = e == "max" || e == "xhigh";
+}
+
 // OpenAI/vLLM/DeepSeek ways of asking for thinking mode.
 void read_thinking(const Json &b, Request &r) {
-    if (const Json *v = field(b, "reasoning_effort")) {
-        const std::string e = want_string(*v, "reasoning_effort");
-        r.prompt_options.thinking = !(e == "none" || e == "minimal");
-    }
+    if (const Json *v = field(b, "reasoning_effort")) read_effort(*v, "reasoning_effort", r);
     if (const Json *v = field(b, "reasoning")) {
         if (!v->is_object()) bad_request("reasoning", "'reasoning' must be an object");
-        if (const Json *e = field(*v, "effort")) {
-            const std::string s = want_string(*e, "reasoning.effort");
-            r.prompt_options.thinking = !(s == "none" || s == "minimal");
-        }
+        if (const Json *e = field(*v, "effort")) read_effort(*e, "reasoning.effort", r);
     }
     if (const Json *v = field(b, "thinking")) {
         if (v->is_boolean()) {
@@ -214,6 +216,12 @@ void read_thinking(const Json &b, Request &r) {
         if (!k->is_object()) bad_request("chat_template_kwargs", "'chat_template_kwargs' must be an object");
         for (const char *n : {"thinking", "enable_thinking"})
             if (const Json *v = field(*k, n)) r.prompt_options.thinking = want_bool(*v, std::string("chat_template_kwargs.") + n);
+        // As vLLM hands it to the encoding: only the preamble, thinking is set as above.
+        if (const Json *v = field(*k, "reasoning_effort")) {
+            const bool thinking = r.prompt_options.thinking;
+            read_effort(*v, "chat_template_kwargs.reasoning_effort", r);
+            r.prompt_options.thinking = thinking;
+        }
     }
 }
 

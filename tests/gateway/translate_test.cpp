@@ -98,6 +98,28 @@ TEST(GatewayTranslate, AnthropicToolInputKeepsBigIntegers) {
     EXPECT_EQ(r.messages[1].tool_calls.at(0).arguments, R"({"id":123456789012345678901234567890,"l":[-9223372036854775809]})");
 }
 
+// The ways of asking for maximum reasoning effort (the prompt preamble itself is checked
+// against the reference encoding in dsml_test).
+TEST(GatewayTranslate, ReasoningEffortMax) {
+    const std::string m = R"("messages":[{"role":"user","content":"x"}])";
+    const std::pair<Request, bool> cases[] = {
+        {parse_request(Api::Chat, "{" + m + R"(,"reasoning_effort":"max"})"), true},
+        {parse_request(Api::Chat, "{" + m + R"(,"reasoning_effort":"xhigh"})"), true},
+        {parse_request(Api::Chat, "{" + m + R"(,"reasoning_effort":"high"})"), false},
+        {parse_request(Api::Chat, "{" + m + R"(,"chat_template_kwargs":{"thinking":true,"reasoning_effort":"max"}})"), true},
+        {parse_request(Api::Responses, R"({"input":"x","reasoning":{"effort":"max"}})"), true},
+        {parse_request(Api::Responses, R"({"input":"x","reasoning":{"effort":"medium"}})"), false},
+    };
+    for (size_t i = 0; i < std::size(cases); ++i) {
+        EXPECT_EQ(cases[i].first.prompt_options.effort_max, cases[i].second) << i;
+        EXPECT_TRUE(cases[i].first.prompt_options.thinking) << i;
+    }
+    // The preamble belongs to thinking mode: max with thinking turned off renders none.
+    Request off = parse_request(Api::Chat, "{" + m + R"(,"reasoning_effort":"max","thinking":{"type":"disabled"}})");
+    EXPECT_FALSE(off.prompt_options.thinking);
+    EXPECT_EQ(render_prompt(off.messages, off.prompt_options), render_prompt(off.messages, PromptOptions{}));
+}
+
 TEST(GatewayTranslate, ResponsesItems) {
     Request r = parse_request(Api::Responses, R"({"model":"m","instructions":"be nice","max_output_tokens":5,
         "input":[{"role":"user","content":[{"type":"input_text","text":"q"}]},
