@@ -231,7 +231,7 @@ struct Turn {
     Role role;
     const Message *msg = nullptr;   // non-user turns
     std::vector<Part> parts;        // user turns (text and tool results, merged)
-    bool tools = false;
+    bool header = false;            // the system turn that carries tools / response format
 };
 
 bool is_space(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
@@ -321,11 +321,14 @@ std::string render_prompt(const std::vector<Message> &messages, const PromptOpti
                 if (p.tool) p = results[k++];
         }
     }
+    // Tool schemas and a response format go on the first message when it is a system
+    // message, else on an empty system message put in front (as vLLM hands tools over).
     static const Message empty_system{Role::System, "", "", {}, ""};
-    if (have_tools) {
+    const bool have_format = !opt.response_format.is_null();
+    if (have_tools || have_format) {
         if (turns.empty() || turns.front().role != Role::System)
             turns.insert(turns.begin(), Turn{Role::System, &empty_system, {}, false});
-        turns.front().tools = true;
+        turns.front().header = true;
     }
     // With tools the reference keeps every turn's reasoning (drop_thinking off).
     const bool drop_thinking = !have_tools;
@@ -352,7 +355,10 @@ std::string render_prompt(const std::vector<Message> &messages, const PromptOpti
         switch (t.role) {
         case Role::System:
             out += t.msg->content;
-            if (t.tools) out += "\n\n" + render_tools(opt.tools);
+            if (t.header && have_tools) out += "\n\n" + render_tools(opt.tools);
+            if (t.header && have_format)
+                out += "\n\n## Response Format:\n\nYou MUST strictly adhere to the following schema to reply:\n" +
+                       python_json(opt.response_format);
             break;
         case Role::Developer:
             out += kUser;

@@ -56,6 +56,9 @@ struct PromptOptions {
     bool effort_max = false;
     // Function definitions ({name, description, parameters}); empty: no tools section.
     Json tools = Json::array();
+    // A json_schema response format's schema (null: none), rendered after the tools as the
+    // encoding's "## Response Format" section.
+    Json response_format = nullptr;
 };
 
 // JSON with integers beyond 64 bits kept exactly (tool arguments, schemas: Python's json,

@@ -157,6 +157,10 @@ uint32_t read_top_logprobs(const Json &b) {
 
 // A response format: chat's response_format or responses' text.format, {type: text |
 // json_object | json_schema}. json_object is served by ds4d's constrained decoding.
+// json_schema is that constraint plus the schema written into the prompt as DeepSeek's
+// encoding writes a response format (the model is told the schema; the constraint keeps
+// the answer one JSON object; the schema itself is not enforced). Chat nests the schema
+// ({json_schema: {name, schema, strict}}), responses does not ({name, schema, strict}).
 void read_format(const Json &f, const std::string &name, Request &r) {
     if (!f.is_object() || !field(f, "type")) bad_request(name, "'" + name + "' must be an object with a type");
     const std::string type = want_string(f["type"], name + ".type");
@@ -165,21 +169,33 @@ void read_format(const Json &f, const std::string &name, Request &r) {
         r.json_object = true;
         return;
     }
-    if (type == "json_schema")
-        throw ApiError(400, "invalid_request_error",
-                       "'" + name + "' of type 'json_schema' is not supported by ds4 (its constrained decoding knows "
-                       "JSON syntax, not schemas); use {\"type\": \"json_object\"} and describe the schema in the prompt",
-                       name, "unsupported_parameter");
+    if (type == "json_schema") {
+        const bool nested = r.api == Api::Chat;
+        const std::string where = nested ? name + ".json_schema" : name;
+        const Json *js = nested ? field(f, "json_schema") : &f;
+        if (!js || !js->is_object()) bad_request(where, "'" + where + "' must be an object with the schema");
+        const Json *schema = field(*js, "schema");
+        const std::string sw = where + ".schema";
+        if (!schema) bad_request(sw, "'" + sw + "' is required (a JSON Schema whose root is an object)");
+        if (!schema->is_object()) bad_request(sw, "'" + sw + "' must be a JSON Schema object");
+        if (const Json *t = field(*schema, "type"); t && *t != "object")
+            bad_request(sw, "'" + sw + "' must describe an object (its root 'type' is " + dump_exact(*t) +
+                                "): the answer is constrained to one JSON object");
+        r.json_object = true;
+        r.prompt_options.response_format = *schema;
+        return;
+    }
     bad_request(name + ".type", "'" + name + ".type' must be 'text', 'json_object' or 'json_schema', got '" + type + "'");
 }
 
 // JSON output is the whole answer: no reasoning before it, no forced tool call instead of it.
 void check_json_output(const Request &r, const std::string &name) {
     if (!r.json_object) return;
+    const char *what = r.prompt_options.response_format.is_null() ? "json_object" : "json_schema";
     if (r.force_tool)
-        bad_request(name, "'" + name + "' json_object cannot be combined with a tool_choice that forces a tool call");
+        bad_request(name, "'" + name + "' " + what + " cannot be combined with a tool_choice that forces a tool call");
     if (r.prompt_options.thinking)
-        bad_request(name, "'" + name + "' json_object cannot be combined with thinking mode (the reasoning is free "
+        bad_request(name, "'" + name + "' " + what + " cannot be combined with thinking mode (the reasoning is free "
                     "text before the answer); turn thinking off");
 }
 

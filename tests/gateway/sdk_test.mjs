@@ -312,7 +312,7 @@ const asObject = (text) => {
   assert.ok(v !== null && typeof v === 'object' && !Array.isArray(v), text);
   return v;
 };
-test('response_format json_object: the default model answers with JSON.parse-able objects', async () => {
+test('response_format json_object / json_schema: the default model answers with JSON.parse-able objects', async () => {
   if (!jsonClient) { console.log('  (skipped: no default model)'); return; }
   const messages = [{ role: 'user', content: 'Describe a Python list of three primes as a JSON object.' }];
   const plain = await jsonClient.chat.completions.create({ model: 'ds4', messages, temperature: 0, max_tokens: 48 });
@@ -335,9 +335,18 @@ test('response_format json_object: the default model answers with JSON.parse-abl
   const resp = await jsonClient.responses.create({ model: 'ds4', input: 'A config file as JSON.', temperature: 0,
                                                    max_output_tokens: 40, text: { format: { type: 'json_object' } } });
   asObject(resp.output_text);
+  // json_schema: the schema is written into the prompt and the answer is one JSON object
+  // (the schema itself is not enforced); a root that is not an object is refused.
+  const schema = { type: 'object', properties: { primes: { type: 'array', items: { type: 'integer' } } } };
+  const s = await jsonClient.chat.completions.create({ model: 'ds4', messages, temperature: 0, max_tokens: 64,
+    response_format: { type: 'json_schema', json_schema: { name: 'primes', strict: true, schema } } });
+  asObject(s.choices[0].message.content);
+  const rs = await jsonClient.responses.create({ model: 'ds4', input: 'Three primes.', temperature: 0, max_output_tokens: 40,
+                                                 text: { format: { type: 'json_schema', name: 'primes', schema } } });
+  asObject(rs.output_text);
   await assert.rejects(jsonClient.chat.completions.create({ model: 'ds4', messages,
-    response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'object' } } } }),
-    (e) => e.status === 400 && e.code === 'unsupported_parameter');
+    response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'array' } } } }),
+    (e) => e.status === 400 && e.param === 'response_format.json_schema.schema');
 });
 
 test('errors through the SDKs', async () => {
