@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <utility>
 
 namespace ds4::gateway {
@@ -286,7 +287,9 @@ std::string render_tools(const Json &functions) {
     return std::string(kToolsTemplateHead) + schemas + kToolsTemplateTail;
 }
 
-std::string render_prompt(const std::vector<Message> &messages, const PromptOptions &opt) {
+std::string render_prompt(const std::vector<Message> &messages, const PromptOptions &given) {
+    PromptOptions opt = given;
+    if (opt.continued) opt.tools = Json::array();
     const bool have_tools = opt.tools.is_array() && !opt.tools.empty();
     // Tool results join the user turn that follows the calls; consecutive user messages
     // and results form one turn (the reference's merge_tool_messages).
@@ -405,6 +408,7 @@ std::string render_prompt(const std::vector<Message> &messages, const PromptOpti
             else out += kEndThink;
         }
     }
+    if (opt.continued) out.erase(0, std::strlen(kBos));
     return out;
 }
 

@@ -59,6 +59,11 @@ struct PromptOptions {
     // A json_schema response format's schema (null: none), rendered after the tools as the
     // encoding's "## Response Format" section.
     Json response_format = nullptr;
+    // The messages continue a conversation already in the context (a named session, a
+    // previous response): no BOS, and the tool schemas are in its first turn already.
+    bool continued = false;
+    // The ids of the calls of the conversation's latest assistant turn with calls (its earlier turns).
+    std::vector<std::string> prior_calls;
 };
 
 // JSON with integers beyond 64 bits kept exactly (tool arguments, schemas: Python's json,

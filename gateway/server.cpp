@@ -372,12 +372,10 @@ struct Server::Impl {
             // DeepSeek's encoding is applied to the whole rendered text, special tokens
             // included (as the reference tokenizer does).
             g.kind = cl::GenerateRequest::Prompt::Tokens;
-            // A session's later turn continues its conversation: no second BOS, and the tool
-            // schemas are in its first turn's system prompt already.
+            // A session's later turn continues its conversation.
             PromptOptions po = req.prompt_options;
-            if (continuation) po.tools = Json::array();
+            po.continued = continuation;
             std::string text = render_prompt(req.messages, po);
-            if (continuation && text.rfind(kBos, 0) == 0) text.erase(0, std::strlen(kBos));
             if (req.force_tool) {
                 if (req.prompt_options.thinking) prefill += kEndThink;
                 prefill += "\n\n";
