@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstring>
 #include <utility>
 
 namespace ds4::gateway {
@@ -287,9 +286,7 @@ std::string render_tools(const Json &functions) {
     return std::string(kToolsTemplateHead) + schemas + kToolsTemplateTail;
 }
 
-std::string render_prompt(const std::vector<Message> &messages, const PromptOptions &given) {
-    PromptOptions opt = given;
-    if (opt.continued) opt.tools = Json::array();
+std::string render_prompt(const std::vector<Message> &messages, const PromptOptions &opt) {
     const bool have_tools = opt.tools.is_array() && !opt.tools.empty();
     // Tool results join the user turn that follows the calls; consecutive user messages
     // and results form one turn (the reference's merge_tool_messages).
@@ -303,8 +300,9 @@ std::string render_prompt(const std::vector<Message> &messages, const PromptOpti
             turns.push_back(Turn{m.role, &m, {}, false});
         }
     }
-    // Results in the order of the calls they answer (stable; unknown ids first).
-    std::vector<std::string> order;
+    // Results in the order of the calls they answer (stable; unknown ids first). A
+    // continuation's first results answer the calls of the conversation's earlier turns.
+    std::vector<std::string> order = opt.continued ? opt.prior_calls : std::vector<std::string>();
     for (Turn &t : turns) {
         if (t.role == Role::Assistant && !t.msg->tool_calls.empty()) {
             order.clear();
@@ -326,15 +324,17 @@ std::string render_prompt(const std::vector<Message> &messages, const PromptOpti
     }
     // Tool schemas and a response format go on the first message when it is a system
     // message, else on an empty system message put in front (as vLLM hands tools over).
+    // A continuation's conversation has them in its first turn already; its tools still
+    // decide what the encoding keeps below.
     static const Message empty_system{Role::System, "", "", {}, ""};
     const bool have_format = !opt.response_format.is_null();
-    if (have_tools || have_format) {
+    if ((have_tools || have_format) && !opt.continued) {
         if (turns.empty() || turns.front().role != Role::System)
             turns.insert(turns.begin(), Turn{Role::System, &empty_system, {}, false});
         turns.front().header = true;
     }
     // With tools the reference keeps every turn's reasoning (drop_thinking off).
-    const bool drop_thinking = !have_tools;
+    const bool drop_thinking = !(opt.continued ? opt.continued_tools : have_tools);
     auto last_user_turn = [&] {
         int last = -1;
         for (size_t i = 0; i < turns.size(); ++i)
@@ -350,8 +350,13 @@ std::string render_prompt(const std::vector<Message> &messages, const PromptOpti
         last_user = last_user_turn();
     }
 
-    std::string out = kBos;
-    if (opt.thinking && opt.effort_max) out += kEffortMax;
+    // The encoding's rules look at the whole conversation, but only through what is settled
+    // above: whether it has tools, the calls the first results answer, and where the last
+    // user turn is (in the new turns when they have one; when they have none, every new
+    // turn is after it, as it is for a last user turn of -1 here). So the new turns alone
+    // render as they do at the end of the whole conversation.
+    std::string out = opt.continued ? "" : kBos;
+    if (opt.thinking && opt.effort_max && !opt.continued) out += kEffortMax;
     for (size_t i = 0; i < turns.size(); ++i) {
         const Turn &t = turns[i];
         const int idx = int(i);
@@ -408,7 +413,6 @@ std::string render_prompt(const std::vector<Message> &messages, const PromptOpti
             else out += kEndThink;
         }
     }
-    if (opt.continued) out.erase(0, std::strlen(kBos));
     return out;
 }
 

@@ -60,10 +60,12 @@ struct PromptOptions {
     // encoding's "## Response Format" section.
     Json response_format = nullptr;
     // The messages continue a conversation already in the context (a named session, a
-    // previous response): no BOS, and the tool schemas are in its first turn already.
+    // previous response), rendered as they are at the end of the whole conversation: no
+    // BOS and no first-turn header (tool schemas, response format, effort preamble: the
+    // first turn has them). `tools` and `response_format` are then not used; these are:
     bool continued = false;
-    // The ids of the calls of the conversation's latest assistant turn with calls (its earlier turns).
-    std::vector<std::string> prior_calls;
+    bool continued_tools = false;          // the conversation has tools
+    std::vector<std::string> prior_calls;  // ids of the calls of its latest assistant turn with calls
 };
 
 // JSON with integers beyond 64 bits kept exactly (tool arguments, schemas: Python's json,
