@@ -66,26 +66,35 @@ ConversationState state_after(const Request &req, const PromptOptions &used, con
     return s;
 }
 
-std::optional<ConversationState> SessionStates::find(const std::string &session) {
+std::optional<ConversationState> SessionStates::find(const std::string &session, uint32_t length) {
     std::lock_guard lk(mu_);
     auto it = map_.find(session);
-    if (it == map_.end()) return std::nullopt;
+    if (it == map_.end() || it->second.length != length) return std::nullopt;
     lru_.splice(lru_.end(), lru_, it->second.pos);
     return it->second.state;
 }
 
-void SessionStates::put(const std::string &session, ConversationState s) {
+void SessionStates::put(const std::string &session, ConversationState s, uint32_t length) {
     std::lock_guard lk(mu_);
     if (auto it = map_.find(session); it != map_.end()) {
         it->second.state = std::move(s);
+        it->second.length = length;
         lru_.splice(lru_.end(), lru_, it->second.pos);
         return;
     }
     lru_.push_back(session);
-    map_[session] = Entry{std::move(s), std::prev(lru_.end())};
+    map_[session] = Entry{std::move(s), length, std::prev(lru_.end())};
     while (map_.size() > max_) {
         map_.erase(lru_.front());
         lru_.pop_front();
+    }
+}
+
+void SessionStates::erase(const std::string &session) {
+    std::lock_guard lk(mu_);
+    if (auto it = map_.find(session); it != map_.end()) {
+        lru_.erase(it->second.pos);
+        map_.erase(it);
     }
 }
 

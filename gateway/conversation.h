@@ -43,16 +43,20 @@ ConversationState state_after(const Request &req, const PromptOptions &used, con
 // The ids of the calls of the latest assistant message with calls (empty: none).
 std::vector<std::string> latest_call_ids(const std::vector<Message> &messages);
 
-// Named sessions' states, least recently used forgotten first beyond `max`.
+// Named sessions' states, each with the session's length after the turn that left it (a
+// session found at another length was changed by someone else: its state is not known).
+// Least recently used forgotten first beyond `max`.
 class SessionStates {
 public:
     explicit SessionStates(size_t max = 4096) : max_(max) {}
-    std::optional<ConversationState> find(const std::string &session);
-    void put(const std::string &session, ConversationState s);
+    std::optional<ConversationState> find(const std::string &session, uint32_t length);
+    void put(const std::string &session, ConversationState s, uint32_t length);
+    void erase(const std::string &session);
 
 private:
     struct Entry {
         ConversationState state;
+        uint32_t length = 0;
         std::list<std::string>::iterator pos;
     };
     const size_t max_;

@@ -95,11 +95,15 @@ TEST(GatewayConversation, SessionStatesForgetTheLeastRecentlyUsed) {
     SessionStates m(2);
     ConversationState a;
     a.last_calls = {"a"};
-    m.put("a", a);
-    m.put("b", {});
-    EXPECT_TRUE(m.find("a"));   // a is now the most recently used
-    m.put("c", {});
-    EXPECT_FALSE(m.find("b"));
-    EXPECT_EQ(m.find("a")->last_calls, (std::vector<std::string>{"a"}));
-    EXPECT_TRUE(m.find("c"));
+    m.put("a", a, 10);
+    m.put("b", {}, 5);
+    EXPECT_TRUE(m.find("a", 10));   // a is now the most recently used
+    m.put("c", {}, 7);
+    EXPECT_FALSE(m.find("b", 5));
+    EXPECT_EQ(m.find("a", 10)->last_calls, (std::vector<std::string>{"a"}));
+    // Found at another length, the session was changed elsewhere: not known.
+    EXPECT_FALSE(m.find("a", 11));
+    EXPECT_TRUE(m.find("c", 7));
+    m.erase("c");
+    EXPECT_FALSE(m.find("c", 7));
 }

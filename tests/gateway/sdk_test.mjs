@@ -247,6 +247,18 @@ test('session extension: the conversation stays in ds4d between calls', async ()
   assert.ok(r2.usage.prompt_tokens_details.cached_tokens >= r1.usage.prompt_tokens, JSON.stringify([r1.usage, r2.usage]));
   await assert.rejects(openai.chat.completions.create({ model: 'ds4', messages: afterTool, session, n: 2 }),
                        (e) => e.status === 400 && e.param === 'n');
+  // The tool schemas are in the session's first turn: other tools are refused, leaving them
+  // out continues with the remembered ones.
+  const otherTool = { type: 'function', function: { name: 'get_time', parameters: { type: 'object', properties: {} } } };
+  await assert.rejects(openai.chat.completions.create({ model: 'ds4', session, tools: [otherTool],
+    messages: [{ role: 'user', content: 'x' }] }), (e) => e.status === 400 && e.param === 'tools');
+  const s2 = 'gw-chat2-' + process.pid;
+  const t1 = await openai.chat.completions.create({ model: 'ds4', temperature: 0, tools: [weatherTool], session: s2,
+    messages: [{ role: 'user', content: 'Weather in Paris?' }] });
+  const c2 = t1.choices[0].message.tool_calls[0];
+  const t2 = await openai.chat.completions.create({ model: 'ds4', temperature: 0, session: s2,
+    messages: [{ role: 'tool', tool_call_id: c2.id, content: 'sunny' }] });
+  assert.equal(t2.choices[0].message.content, ANSWER);
 });
 
 test('responses: previous_response_id continues its named session', async () => {
