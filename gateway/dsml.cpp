@@ -92,6 +92,7 @@ private:
         return true;
     }
     bool open(Json v) {
+        if (stack_.size() >= kMaxJsonDepth) return false;   // the writers recurse: bound them
         stack_.push_back(place(std::move(v)));
         return true;
     }

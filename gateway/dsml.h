@@ -9,6 +9,7 @@
 //    visible text, reasoning (thinking mode) and tool calls whose JSON arguments are
 //    produced as deltas while the parameters are still being generated.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -72,8 +73,10 @@ struct PromptOptions {
 // which DeepSeek's encoding uses, keeps them; nlohmann reads them as doubles). parse_exact
 // keeps such a literal's digits as a binary value of subtype kBigInteger (JSON text never
 // yields a binary value); dump_exact and python_json write the digits back. An invalid text
-// gives a discarded value, as Json::parse(text, nullptr, false).
+// gives a discarded value, as Json::parse(text, nullptr, false), and so does one nested
+// deeper than kMaxJsonDepth.
 inline constexpr uint64_t kBigInteger = 0xD54B1;
+inline constexpr size_t kMaxJsonDepth = 1000;
 Json parse_exact(std::string_view text);
 bool is_big_integer(const Json &v);
 // v.dump(-1, ' ', false, replace) with big integers as their digits.

@@ -603,7 +603,9 @@ const char *anthropic_type(int status) {
 Request parse_request(Api api, std::string_view body) {
     Json b = parse_exact(body);   // big integers in tool inputs and schemas keep their digits
     if (b.is_discarded())
-        throw ApiError(400, "invalid_request_error", "the request body is not valid JSON", {}, "invalid_json");
+        throw ApiError(400, "invalid_request_error",
+                       "the request body is not valid JSON (or nests deeper than " + std::to_string(kMaxJsonDepth) + " levels)",
+                       {}, "invalid_json");
     if (!b.is_object()) throw ApiError(400, "invalid_request_error", "the request body must be a JSON object");
     Request r;
     switch (api) {

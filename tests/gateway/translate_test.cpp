@@ -187,6 +187,10 @@ TEST(GatewayTranslate, JsonSchemaFormat) {
 
 TEST(GatewayTranslate, Errors) {
     EXPECT_EQ(error_of(Api::Chat, "{").code, "invalid_json");
+    // Nesting is bounded (the JSON writers recurse): a deep body is refused, not a crash.
+    EXPECT_EQ(error_of(Api::Chat, R"({"messages":[{"role":"user","content":"x"}],"x":)" + std::string(100000, '[') +
+                                      std::string(100000, ']') + "}").code,
+              "invalid_json");
     ApiError e = error_of(Api::Chat, R"({"messages":[]})");
     EXPECT_EQ(e.status, 400);
     EXPECT_EQ(e.param, "messages");
