@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <utility>
 
 namespace ds4::gateway {
 
@@ -31,6 +32,112 @@ void python_string(const std::string &s, std::string &out) {
     out += '"';
 }
 
+void big_integer_into(const Json &v, std::string &out) {
+    const auto &b = v.get_binary();
+    out.append(b.begin(), b.end());
+}
+
+// Builds the value as nlohmann's own DOM parser does, keeping integer literals that do not
+// fit 64 bits (the lexer hands them over as doubles, with their text) as digits.
+class ExactBuilder {
+public:
+    using number_integer_t = Json::number_integer_t;
+    using number_unsigned_t = Json::number_unsigned_t;
+    using number_float_t = Json::number_float_t;
+    using string_t = Json::string_t;
+    using binary_t = Json::binary_t;
+
+    Json root;
+    bool null() { return put(nullptr); }
+    bool boolean(bool b) { return put(b); }
+    bool number_integer(number_integer_t i) { return put(i); }
+    bool number_unsigned(number_unsigned_t u) { return put(u); }
+    bool number_float(number_float_t d, const string_t &text) {
+        const size_t sign = !text.empty() && text[0] == '-' ? 1 : 0;
+        if (sign < text.size() && text.find_first_not_of("0123456789", sign) == std::string::npos)   // an integer
+            return put(Json::binary(std::vector<uint8_t>(text.begin(), text.end()), kBigInteger));
+        return put(d);
+    }
+    bool string(string_t &s) { return put(std::move(s)); }
+    bool binary(binary_t &b) { return put(Json::binary(std::move(b))); }
+    bool start_object(std::size_t) { return open(Json::object()); }
+    bool end_object() { return close(); }
+    bool start_array(std::size_t) { return open(Json::array()); }
+    bool end_array() { return close(); }
+    bool key(string_t &k) {
+        slot_ = &(*stack_.back())[k];
+        return true;
+    }
+    bool parse_error(std::size_t, const std::string &, const nlohmann::detail::exception &) { return false; }
+
+private:
+    // The new value's place: the root, the next array element or the object's keyed slot.
+    // Containers on the stack are never grown while a child of theirs is open, so the
+    // pointers stay valid.
+    Json *place(Json v) {
+        if (stack_.empty()) {
+            root = std::move(v);
+            return &root;
+        }
+        Json &top = *stack_.back();
+        if (top.is_array()) {
+            top.push_back(std::move(v));
+            return &top.back();
+        }
+        *slot_ = std::move(v);
+        return slot_;
+    }
+    bool put(Json v) {
+        place(std::move(v));
+        return true;
+    }
+    bool open(Json v) {
+        if (stack_.size() >= kMaxJsonDepth) return false;   // the writers recurse: bound them
+        stack_.push_back(place(std::move(v)));
+        return true;
+    }
+    bool close() {
+        stack_.pop_back();
+        return true;
+    }
+    std::vector<Json *> stack_;
+    Json *slot_ = nullptr;
+};
+
+void exact_into(const Json &v, std::string &out) {
+    switch (v.type()) {
+    case Json::value_t::object: {
+        out += '{';
+        bool first = true;
+        for (auto it = v.begin(); it != v.end(); ++it) {
+            if (!first) out += ',';
+            first = false;
+            out += Json(it.key()).dump(-1, ' ', false, Json::error_handler_t::replace);
+            out += ':';
+            exact_into(it.value(), out);
+        }
+        out += '}';
+        break;
+    }
+    case Json::value_t::array: {
+        out += '[';
+        for (size_t i = 0; i < v.size(); ++i) {
+            if (i) out += ',';
+            exact_into(v[i], out);
+        }
+        out += ']';
+        break;
+    }
+    case Json::value_t::binary:
+        if (is_big_integer(v)) {
+            big_integer_into(v, out);
+            break;
+        }
+        [[fallthrough]];
+    default: out += v.dump(-1, ' ', false, Json::error_handler_t::replace); break;
+    }
+}
+
 void python_json_into(const Json &v, std::string &out) {
     switch (v.type()) {
     case Json::value_t::object: {
@@ -56,9 +163,23 @@ void python_json_into(const Json &v, std::string &out) {
         break;
     }
     case Json::value_t::string: python_string(v.get_ref<const std::string &>(), out); break;
+    case Json::value_t::binary:
+        if (is_big_integer(v)) {
+            big_integer_into(v, out);   // Python's int: the digits
+            break;
+        }
+        [[fallthrough]];
     default: out += v.dump(); break;   // numbers, booleans, null: the same text in both
     }
 }
+
+// DeepSeek V4's reasoning_effort "max" preamble, word for word as its encoding writes it.
+const char *kEffortMax =
+    "Reasoning Effort: Absolute maximum with no shortcuts permitted.\n"
+    "You MUST be very thorough in your thinking and comprehensively decompose the problem to resolve the root cause, "
+    "rigorously stress-testing your logic against all potential paths, edge cases, and adversarial scenarios.\n"
+    "Explicitly write out your entire deliberation process, documenting every intermediate step, considered "
+    "alternative, and rejected hypothesis to ensure absolutely no assumption is left unchecked.\n\n";
 
 const char *kToolsTemplateHead =
     "## Tools\n\n"
@@ -84,7 +205,7 @@ const char *kToolsTemplateTail =
 
 // The arguments of one call as DSML parameters (the reference's encode_arguments_to_dsml).
 std::string dsml_arguments(const ToolCall &tc) {
-    Json args = Json::parse(tc.arguments, nullptr, false);
+    Json args = parse_exact(tc.arguments);
     if (args.is_discarded() || !args.is_object()) args = Json{{"arguments", tc.arguments}};
     std::string out;
     bool first = true;
@@ -111,7 +232,7 @@ struct Turn {
     Role role;
     const Message *msg = nullptr;   // non-user turns
     std::vector<Part> parts;        // user turns (text and tool results, merged)
-    bool tools = false;
+    bool header = false;            // the system turn that carries tools / response format
 };
 
 bool is_space(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
@@ -134,6 +255,22 @@ void json_escape_into(std::string_view s, std::string &out) {
 }
 
 }  // namespace
+
+Json parse_exact(std::string_view text) {
+    ExactBuilder b;
+    if (!Json::sax_parse(text.begin(), text.end(), &b)) return Json(Json::value_t::discarded);
+    return std::move(b.root);
+}
+
+bool is_big_integer(const Json &v) {
+    return v.is_binary() && v.get_binary().has_subtype() && v.get_binary().subtype() == kBigInteger;
+}
+
+std::string dump_exact(const Json &v) {
+    std::string out;
+    exact_into(v, out);
+    return out;
+}
 
 std::string python_json(const Json &v) {
     std::string out;
@@ -164,8 +301,9 @@ std::string render_prompt(const std::vector<Message> &messages, const PromptOpti
             turns.push_back(Turn{m.role, &m, {}, false});
         }
     }
-    // Results in the order of the calls they answer (stable; unknown ids first).
-    std::vector<std::string> order;
+    // Results in the order of the calls they answer (stable; unknown ids first). A
+    // continuation's first results answer the calls of the conversation's earlier turns.
+    std::vector<std::string> order = opt.continued ? opt.prior_calls : std::vector<std::string>();
     for (Turn &t : turns) {
         if (t.role == Role::Assistant && !t.msg->tool_calls.empty()) {
             order.clear();
@@ -185,14 +323,19 @@ std::string render_prompt(const std::vector<Message> &messages, const PromptOpti
                 if (p.tool) p = results[k++];
         }
     }
+    // Tool schemas and a response format go on the first message when it is a system
+    // message, else on an empty system message put in front (as vLLM hands tools over).
+    // A continuation's conversation has them in its first turn already; its tools still
+    // decide what the encoding keeps below.
     static const Message empty_system{Role::System, "", "", {}, ""};
-    if (have_tools) {
+    const bool have_format = !opt.response_format.is_null();
+    if ((have_tools || have_format) && !opt.continued) {
         if (turns.empty() || turns.front().role != Role::System)
             turns.insert(turns.begin(), Turn{Role::System, &empty_system, {}, false});
-        turns.front().tools = true;
+        turns.front().header = true;
     }
     // With tools the reference keeps every turn's reasoning (drop_thinking off).
-    const bool drop_thinking = !have_tools;
+    const bool drop_thinking = !(opt.continued ? opt.continued_tools : have_tools);
     auto last_user_turn = [&] {
         int last = -1;
         for (size_t i = 0; i < turns.size(); ++i)
@@ -208,14 +351,23 @@ std::string render_prompt(const std::vector<Message> &messages, const PromptOpti
         last_user = last_user_turn();
     }
 
-    std::string out = kBos;
+    // The encoding's rules look at the whole conversation, but only through what is settled
+    // above: whether it has tools, the calls the first results answer, and where the last
+    // user turn is (in the new turns when they have one; when they have none, every new
+    // turn is after it, as it is for a last user turn of -1 here). So the new turns alone
+    // render as they do at the end of the whole conversation.
+    std::string out = opt.continued ? "" : kBos;
+    if (opt.thinking && opt.effort_max && !opt.continued) out += kEffortMax;
     for (size_t i = 0; i < turns.size(); ++i) {
         const Turn &t = turns[i];
         const int idx = int(i);
         switch (t.role) {
         case Role::System:
             out += t.msg->content;
-            if (t.tools) out += "\n\n" + render_tools(opt.tools);
+            if (t.header && have_tools) out += "\n\n" + render_tools(opt.tools);
+            if (t.header && have_format)
+                out += "\n\n## Response Format:\n\nYou MUST strictly adhere to the following schema to reply:\n" +
+                       python_json(opt.response_format);
             break;
         case Role::Developer:
             out += kUser;
@@ -329,9 +481,13 @@ void DsmlParser::end_param(std::vector<DsmlEvent> &out) {
         d += '"';
         out.push_back({DsmlEvent::Kind::ToolArgs, idx, std::move(d)});
     } else {
-        // Non-string values are JSON already; anything else is kept as a string.
-        Json v = Json::parse(param_value_, nullptr, false);
-        out.push_back({DsmlEvent::Kind::ToolArgs, idx, v.is_discarded() ? Json(param_value_).dump(-1, ' ', false, Json::error_handler_t::replace) : v.dump()});
+        // Non-string values are JSON already and go out as the model wrote them (a double
+        // would lose the digits of an integer beyond 64 bits); anything else is a string.
+        const size_t a = param_value_.find_first_not_of(" \t\r\n");
+        const size_t e = param_value_.find_last_not_of(" \t\r\n");
+        std::string v = a == std::string::npos ? std::string() : param_value_.substr(a, e + 1 - a);
+        if (!Json::accept(v)) v = Json(param_value_).dump(-1, ' ', false, Json::error_handler_t::replace);
+        out.push_back({DsmlEvent::Kind::ToolArgs, idx, std::move(v)});
     }
     param_value_.clear();
 }

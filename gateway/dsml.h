@@ -9,6 +9,7 @@
 //    visible text, reasoning (thinking mode) and tool calls whose JSON arguments are
 //    produced as deltas while the parameters are still being generated.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -51,9 +52,35 @@ struct Message {
 
 struct PromptOptions {
     bool thinking = false;
+    // reasoning_effort "max": in thinking mode the prompt opens with DeepSeek's
+    // maximum-effort instruction (before the first turn).
+    bool effort_max = false;
     // Function definitions ({name, description, parameters}); empty: no tools section.
     Json tools = Json::array();
+    // A json_schema response format's schema (null: none), rendered after the tools as the
+    // encoding's "## Response Format" section.
+    Json response_format = nullptr;
+    // The messages continue a conversation already in the context (a named session, a
+    // previous response), rendered as they are at the end of the whole conversation: no
+    // BOS and no first-turn header (tool schemas, response format, effort preamble: the
+    // first turn has them). `tools` and `response_format` are then not used; these are:
+    bool continued = false;
+    bool continued_tools = false;          // the conversation has tools
+    std::vector<std::string> prior_calls;  // ids of the calls of its latest assistant turn with calls
 };
+
+// JSON with integers beyond 64 bits kept exactly (tool arguments, schemas: Python's json,
+// which DeepSeek's encoding uses, keeps them; nlohmann reads them as doubles). parse_exact
+// keeps such a literal's digits as a binary value of subtype kBigInteger (JSON text never
+// yields a binary value); dump_exact and python_json write the digits back. An invalid text
+// gives a discarded value, as Json::parse(text, nullptr, false), and so does one nested
+// deeper than kMaxJsonDepth.
+inline constexpr uint64_t kBigInteger = 0xD54B1;
+inline constexpr size_t kMaxJsonDepth = 1000;
+Json parse_exact(std::string_view text);
+bool is_big_integer(const Json &v);
+// v.dump(-1, ' ', false, replace) with big integers as their digits.
+std::string dump_exact(const Json &v);
 
 // json.dumps(value, ensure_ascii=False): ", " and ": " separators, non-ASCII kept.
 std::string python_json(const Json &v);

@@ -9,10 +9,11 @@ namespace ds4::gateway {
 
 namespace {
 
-std::string dump(const Json &j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
+// Exact: an Anthropic tool_use input may hold integers beyond 64 bits (dsml.h).
+std::string dump(const Json &j) { return dump_exact(j); }
 
 Json parse_args(const std::string &a) {
-    Json j = Json::parse(a, nullptr, false);
+    Json j = parse_exact(a);
     return j.is_discarded() || !j.is_object() ? Json::object() : j;
 }
 

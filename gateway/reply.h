@@ -46,6 +46,12 @@ public:
     // text that follows, and in full in a non-streamed answer.
     void add_logprobs(TokenLogprobs lp) { lp_pending_.push_back(std::move(lp)); }
     const std::string &id() const { return id_; }
+    // The ids of the tool calls made so far, in order.
+    std::vector<std::string> call_ids() const {
+        std::vector<std::string> ids;
+        for (const Call &c : calls_) ids.push_back(c.id);
+        return ids;
+    }
 
 private:
     enum class Block { None, Text, Reasoning, Tool };

@@ -14,6 +14,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "gateway/conversation.h"
+
 namespace ds4::gateway {
 
 class ResponseStore {
@@ -25,6 +27,7 @@ public:
                                        // gateway never saw (its history cannot be rebuilt)
         std::string session;           // the named ds4d session it was made in ("" = stateless)
         uint32_t session_len = 0;      // that session's length right after it
+        ConversationState conversation;   // what a later turn's rendering needs (conversation.h)
     };
 
     explicit ResponseStore(size_t max_tokens = size_t(8) << 20, size_t max_turns = 10000)

@@ -24,6 +24,7 @@
 
 #include "client/ds4client.hpp"
 #include "gateway/api_key.h"
+#include "gateway/conversation.h"
 #include "gateway/dsml.h"
 #include "gateway/reply.h"
 #include "gateway/response_store.h"
@@ -274,6 +275,8 @@ struct Server::Impl {
 
     // previous_response_id: the responses this process made (gateway/response_store.h).
     ResponseStore responses;
+    // Named sessions' conversations as far as a later turn's rendering needs them.
+    SessionStates sessions;
 
     void fail_request(Job &job, const Request &req, const ApiError &ae) {
         metrics.count(endpoint_name(req.api), ae.status);
@@ -358,6 +361,16 @@ struct Server::Impl {
             }
         }
         const bool continuation = history > 0 || prev.has_value();
+        // What this gateway remembers of the conversation being continued.
+        std::optional<ConversationState> known;
+        std::string what;
+        if (prev) {
+            known = prev->conversation;
+            what = "previous_response_id '" + req.previous_response_id + "'";
+        } else if (history > 0) {
+            known = sessions.find(session, history);
+            what = "session '" + session + "'";
+        }
 
         cl::GenerateRequest g;
         g.session = sid;
@@ -365,6 +378,7 @@ struct Server::Impl {
         std::vector<int32_t> own_tokens;   // this request's prompt tokens (base excluded)
         std::vector<int32_t> generated;    // and the tokens it generated (for ResponseStore)
         std::string prefill;   // forced tool call: the opening the output continues
+        PromptOptions po;      // chat prompts: the options rendered with
         if (req.raw_prompt) {
             g.kind = cl::GenerateRequest::Prompt::Text;
             g.text = req.prompt;
@@ -372,12 +386,14 @@ struct Server::Impl {
             // DeepSeek's encoding is applied to the whole rendered text, special tokens
             // included (as the reference tokenizer does).
             g.kind = cl::GenerateRequest::Prompt::Tokens;
-            // A session's later turn continues its conversation: no second BOS, and the tool
-            // schemas are in its first turn's system prompt already.
-            PromptOptions po = req.prompt_options;
-            if (continuation) po.tools = Json::array();
+            // A later turn renders as it would at the end of the whole conversation.
+            try {
+                po = prompt_options_for(req, continuation, known ? &*known : nullptr, what);
+            } catch (const ApiError &e) {
+                if (sid) close_quietly(c, sid);
+                return fail_request(job, req, e);
+            }
             std::string text = render_prompt(req.messages, po);
-            if (continuation && text.rfind(kBos, 0) == 0) text.erase(0, std::strlen(kBos));
             if (req.force_tool) {
                 if (req.prompt_options.thinking) prefill += kEndThink;
                 prefill += "\n\n";
@@ -496,36 +512,49 @@ struct Server::Impl {
                 emit(s);
                 job.push(reply.finish(f), last);
             } else {
-                Json body = Json::parse(reply.finish(f));
+                Json body = parse_exact(reply.finish(f));   // exact: tool inputs' big integers
                 if (choice == 0) merged = std::move(body);
                 else merged["choices"].push_back(body["choices"][0]);
                 if (last && req.n > 1) merged["usage"] = Json::parse(reply.finish(total))["usage"];
             }
-            if (last && req.api == Api::Responses && req.store) {
-                // What the conversation gained: ds4d's session appended the prompt, the
-                // generated tokens and the stop token.
-                ResponseStore::Turn t;
-                t.parent = prev ? req.previous_response_id : std::string();
-                t.known_base = prev.has_value() || history == 0;
-                t.tokens = std::move(own_tokens);
-                t.tokens.insert(t.tokens.end(), generated.begin(), generated.end());
-                if (d.stop_token >= 0) t.tokens.push_back(d.stop_token);
-                bool keep = true;
+            if (last) {
+                // The session's length after this turn, for the memories below.
+                std::optional<uint32_t> session_len;
                 if (sid) {
-                    t.session = session;
                     try {
-                        t.session_len = c.open_session(session).n_tokens;
+                        session_len = c.open_session(session).n_tokens;
                     } catch (const cl::ServerError &) {
-                        keep = false;
                     }
                 }
-                if (keep) responses.add(reply.id(), std::move(t));
+                // What a later turn's rendering needs (not known for raw text prompts).
+                std::optional<ConversationState> after;
+                if (!req.raw_prompt) after = state_after(req, po, known ? &*known : nullptr, reply.call_ids());
+                if (sid) {
+                    if (after && session_len) sessions.put(session, *after, *session_len);
+                    else sessions.erase(session);
+                }
+                if (req.api == Api::Responses && req.store) {
+                    // What the conversation gained: ds4d's session appended the prompt, the
+                    // generated tokens and the stop token.
+                    ResponseStore::Turn t;
+                    t.parent = prev ? req.previous_response_id : std::string();
+                    t.known_base = prev.has_value() || history == 0;
+                    t.tokens = std::move(own_tokens);
+                    t.tokens.insert(t.tokens.end(), generated.begin(), generated.end());
+                    if (d.stop_token >= 0) t.tokens.push_back(d.stop_token);
+                    t.conversation = after.value_or(ConversationState{});
+                    if (sid) {
+                        t.session = session;
+                        t.session_len = session_len.value_or(0);
+                    }
+                    if (!sid || session_len) responses.add(reply.id(), std::move(t));
+                }
             }
         }
         if (sid) close_quietly(c, sid);
         metrics.generation_us += uint64_t(std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0).count());
         metrics.count(endpoint_name(req.api), 200);
-        if (!req.stream) job.respond(200, merged.dump(-1, ' ', false, Json::error_handler_t::replace));
+        if (!req.stream) job.respond(200, dump_exact(merged));
     }
 
     static void close_quietly(cl::Client &c, uint64_t sid) {

@@ -157,6 +157,10 @@ uint32_t read_top_logprobs(const Json &b) {
 
 // A response format: chat's response_format or responses' text.format, {type: text |
 // json_object | json_schema}. json_object is served by ds4d's constrained decoding.
+// json_schema is that constraint plus the schema written into the prompt as DeepSeek's
+// encoding writes a response format (the model is told the schema; the constraint keeps
+// the answer one JSON object; the schema itself is not enforced). Chat nests the schema
+// ({json_schema: {name, schema, strict}}), responses does not ({name, schema, strict}).
 void read_format(const Json &f, const std::string &name, Request &r) {
     if (!f.is_object() || !field(f, "type")) bad_request(name, "'" + name + "' must be an object with a type");
     const std::string type = want_string(f["type"], name + ".type");
@@ -165,36 +169,50 @@ void read_format(const Json &f, const std::string &name, Request &r) {
         r.json_object = true;
         return;
     }
-    if (type == "json_schema")
-        throw ApiError(400, "invalid_request_error",
-                       "'" + name + "' of type 'json_schema' is not supported by ds4 (its constrained decoding knows "
-                       "JSON syntax, not schemas); use {\"type\": \"json_object\"} and describe the schema in the prompt",
-                       name, "unsupported_parameter");
+    if (type == "json_schema") {
+        const bool nested = r.api == Api::Chat;
+        const std::string where = nested ? name + ".json_schema" : name;
+        const Json *js = nested ? field(f, "json_schema") : &f;
+        if (!js || !js->is_object()) bad_request(where, "'" + where + "' must be an object with the schema");
+        const Json *schema = field(*js, "schema");
+        const std::string sw = where + ".schema";
+        if (!schema) bad_request(sw, "'" + sw + "' is required (a JSON Schema whose root is an object)");
+        if (!schema->is_object()) bad_request(sw, "'" + sw + "' must be a JSON Schema object");
+        if (const Json *t = field(*schema, "type"); t && *t != "object")
+            bad_request(sw, "'" + sw + "' must describe an object (its root 'type' is " + dump_exact(*t) +
+                                "): the answer is constrained to one JSON object");
+        r.json_object = true;
+        r.prompt_options.response_format = *schema;
+        return;
+    }
     bad_request(name + ".type", "'" + name + ".type' must be 'text', 'json_object' or 'json_schema', got '" + type + "'");
 }
 
 // JSON output is the whole answer: no reasoning before it, no forced tool call instead of it.
 void check_json_output(const Request &r, const std::string &name) {
     if (!r.json_object) return;
+    const char *what = r.prompt_options.response_format.is_null() ? "json_object" : "json_schema";
     if (r.force_tool)
-        bad_request(name, "'" + name + "' json_object cannot be combined with a tool_choice that forces a tool call");
+        bad_request(name, "'" + name + "' " + what + " cannot be combined with a tool_choice that forces a tool call");
     if (r.prompt_options.thinking)
-        bad_request(name, "'" + name + "' json_object cannot be combined with thinking mode (the reasoning is free "
+        bad_request(name, "'" + name + "' " + what + " cannot be combined with thinking mode (the reasoning is free "
                     "text before the answer); turn thinking off");
+}
+
+// A reasoning effort: none/minimal turn thinking off, any other level on; "max" (and
+// OpenAI's "xhigh", the level above high) also asks for DeepSeek's maximum-effort preamble.
+void read_effort(const Json &v, const std::string &name, Request &r) {
+    const std::string e = want_string(v, name);
+    r.prompt_options.thinking = !(e == "none" || e == "minimal");
+    r.prompt_options.effort_max = e == "max" || e == "xhigh";
 }
 
 // OpenAI/vLLM/DeepSeek ways of asking for thinking mode.
 void read_thinking(const Json &b, Request &r) {
-    if (const Json *v = field(b, "reasoning_effort")) {
-        const std::string e = want_string(*v, "reasoning_effort");
-        r.prompt_options.thinking = !(e == "none" || e == "minimal");
-    }
+    if (const Json *v = field(b, "reasoning_effort")) read_effort(*v, "reasoning_effort", r);
     if (const Json *v = field(b, "reasoning")) {
         if (!v->is_object()) bad_request("reasoning", "'reasoning' must be an object");
-        if (const Json *e = field(*v, "effort")) {
-            const std::string s = want_string(*e, "reasoning.effort");
-            r.prompt_options.thinking = !(s == "none" || s == "minimal");
-        }
+        if (const Json *e = field(*v, "effort")) read_effort(*e, "reasoning.effort", r);
     }
     if (const Json *v = field(b, "thinking")) {
         if (v->is_boolean()) {
@@ -214,6 +232,12 @@ void read_thinking(const Json &b, Request &r) {
         if (!k->is_object()) bad_request("chat_template_kwargs", "'chat_template_kwargs' must be an object");
         for (const char *n : {"thinking", "enable_thinking"})
             if (const Json *v = field(*k, n)) r.prompt_options.thinking = want_bool(*v, std::string("chat_template_kwargs.") + n);
+        // As vLLM hands it to the encoding: only the preamble, thinking is set as above.
+        if (const Json *v = field(*k, "reasoning_effort")) {
+            const bool thinking = r.prompt_options.thinking;
+            read_effort(*v, "chat_template_kwargs.reasoning_effort", r);
+            r.prompt_options.thinking = thinking;
+        }
     }
 }
 
@@ -332,7 +356,7 @@ Request parse_chat(const Json &b) {
                     if (const Json *id = field(tc, "id")) call.id = want_string(*id, tw + ".id");
                     call.name = want_name(field(*fn, "name"), tw + ".function.name");
                     const Json *args = field(*fn, "arguments");
-                    call.arguments = args ? (args->is_string() ? args->get<std::string>() : args->dump()) : "{}";
+                    call.arguments = args ? (args->is_string() ? args->get<std::string>() : dump_exact(*args)) : "{}";
                     msg.tool_calls.push_back(std::move(call));
                 }
             }
@@ -496,7 +520,8 @@ Request parse_messages(const Json &b) {
         }
     }
     read_tool_choice(b, r);
-    if (const Json *s = field(b, "system")) r.messages.push_back({Role::System, content_text(*s, "system"), "", {}, ""});
+    // System text blocks are joined as a user turn's text blocks are (below): a blank line.
+    if (const Json *s = field(b, "system")) r.messages.push_back({Role::System, content_text(*s, "system", "\n\n"), "", {}, ""});
     const Json *msgs = field(b, "messages");
     if (!msgs || !msgs->is_array() || msgs->empty()) bad_request("messages", "messages: must be a non-empty array");
     for (size_t i = 0; i < msgs->size(); ++i) {
@@ -534,7 +559,7 @@ Request parse_messages(const Json &b) {
                 tc.id = want_string(*id, bw + ".id");
                 tc.name = want_name(field(blk, "name"), bw + ".name");
                 const Json *in = field(blk, "input");
-                tc.arguments = in ? in->dump() : "{}";
+                tc.arguments = in ? dump_exact(*in) : "{}";
                 text.tool_calls.push_back(std::move(tc));
             } else if (type == "tool_result" && rs == "user") {
                 Message tm{Role::Tool, "", "", {}, ""};
@@ -576,9 +601,11 @@ const char *anthropic_type(int status) {
 }  // namespace
 
 Request parse_request(Api api, std::string_view body) {
-    Json b = Json::parse(body.begin(), body.end(), nullptr, false);
+    Json b = parse_exact(body);   // big integers in tool inputs and schemas keep their digits
     if (b.is_discarded())
-        throw ApiError(400, "invalid_request_error", "the request body is not valid JSON", {}, "invalid_json");
+        throw ApiError(400, "invalid_request_error",
+                       "the request body is not valid JSON (or nests deeper than " + std::to_string(kMaxJsonDepth) + " levels)",
+                       {}, "invalid_json");
     if (!b.is_object()) throw ApiError(400, "invalid_request_error", "the request body must be a JSON object");
     Request r;
     switch (api) {

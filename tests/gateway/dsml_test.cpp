@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "engine/tokenizer/chat_template.h"
+#include "gateway/conversation.h"
 #include "gateway/dsml.h"
 #include "gateway/translate.h"
 
@@ -178,31 +179,137 @@ TEST(GatewayDsml, MalformedOrCutOffCallsEndCleanly) {
     EXPECT_EQ(Json::parse(c.args[0]), Json::parse(R"({"n":"[1, 2"})"));
 }
 
+// Integers beyond 64 bits in a generated call's arguments: the model's digits, not a double.
+TEST(GatewayDsml, IntegersBeyond64BitsPassThroughExactly) {
+    const std::string out = std::string(kToolCallsOpen) + "\n" + kInvokeOpen + "lookup\">\n" + kParamOpen +
+                            "id\" string=\"false\">123456789012345678901234567890" + kParamClose + "\n" + kParamOpen +
+                            "ids\" string=\"false\">[18446744073709551616, -9223372036854775809, 7]" + kParamClose + "\n" +
+                            kParamOpen + "meta\" string=\"false\">{\"n\": -98765432109876543210987654321}" + kParamClose +
+                            "\n" + kInvokeClose + "\n" + kToolCallsClose;
+    for (size_t step : {1, 5, 4096}) {
+        Parsed p = parse(out, true, false, step);
+        ASSERT_EQ(p.names.size(), 1u) << step;
+        EXPECT_EQ(p.args[0], "{\"id\": 123456789012345678901234567890, \"ids\": [18446744073709551616, "
+                             "-9223372036854775809, 7], \"meta\": {\"n\": -98765432109876543210987654321}}")
+            << step;
+    }
+}
+
 TEST(GatewayDsml, PythonJsonSpacing) {
     EXPECT_EQ(python_json(Json::parse(R"({"a":[1,2.5,"x\u0001é"],"b":{}})")), "{\"a\": [1, 2.5, \"x\\u0001é\"], \"b\": {}}");
 }
 
+namespace {
+
+// The fixture's cases (tests/fixtures/gateway/dsv4_encoding.json), read exactly: they hold
+// integers beyond 64 bits, which the requests must carry as written.
+Json fixture_cases() {
+    std::ifstream f(DS4_GATEWAY_FIXTURES "/dsv4_encoding.json");
+    EXPECT_TRUE(f) << "missing fixture";
+    return parse_exact(std::string(std::istreambuf_iterator<char>(f), {}))["cases"];
+}
+
+// A case's messages as the chat request the fixture says it is; without_header: a later
+// turn's request that leaves out the conversation's tools and response format.
+Request case_request(const Json &c, const Json &messages, bool without_header = false) {
+    Json body = {{"messages", messages}, {"thinking", c.value("thinking", false)}};
+    for (const char *k : {"tools", "reasoning_effort", "response_format"})
+        if (c.contains(k) && !(without_header && std::string(k) != "reasoning_effort")) body[k] = c[k];
+    return parse_request(Api::Chat, dump_exact(body));
+}
+
+// The later turns `later` of a conversation whose earlier turns were the request `first`
+// (its last assistant message standing for the reply), rendered as the server renders a
+// continuation: options from what it remembers of the conversation.
+std::string continuation(const Request &first, const Request &later) {
+    const PromptOptions used = prompt_options_for(first, false, nullptr, "");
+    const ConversationState known = state_after(first, used, nullptr, {});
+    return render_prompt(later.messages, prompt_options_for(later, true, &known, "the conversation"));
+}
+
+Json slice(const Json &a, size_t from, size_t to) {
+    Json out = Json::array();
+    for (size_t i = from; i < to; ++i) out.push_back(a[i]);
+    return out;
+}
+
+// Where two prompts part, with some context either side: the whole prompts are long.
+std::string where_they_differ(const std::string &got, const std::string &want) {
+    const size_t at =
+        std::mismatch(got.begin(), got.begin() + std::min(got.size(), want.size()), want.begin()).first - got.begin();
+    const size_t from = at > 80 ? at - 80 : 0;
+    return "differs at byte " + std::to_string(at) + "\n  got:  ..." + got.substr(from, 200) + "\n  want: ..." +
+           want.substr(from, 200);
+}
+
+}  // namespace
+
 // Conversations with the prompt text DeepSeek's encoding_dsv4 gives for them (fixture,
 // made by running the script: tools/reference/gateway_encoding_fixture.py).
 TEST(GatewayDsml, MatchesTheReferenceEncodingFixture) {
-    std::ifstream f(DS4_GATEWAY_FIXTURES "/dsv4_encoding.json");
-    ASSERT_TRUE(f) << "missing fixture";
-    Json doc = Json::parse(f);
-    ASSERT_GE(doc["cases"].size(), 26u);
-    for (size_t i = 0; i < doc["cases"].size(); ++i) {
-        const Json &c = doc["cases"][i];
-        Json body = {{"messages", c["messages"]}};
-        if (c.contains("tools")) body["tools"] = c["tools"];
-        if (c.value("thinking", false)) body["thinking"] = true;
-        Request r = parse_request(Api::Chat, body.dump());
+    const Json cases = fixture_cases();
+    ASSERT_GE(cases.size(), 37u);
+    for (size_t i = 0; i < cases.size(); ++i) {
+        const Json &c = cases[i];
+        if (c.contains("context")) continue;   // continuations: ContinuationsMatchTheReferenceEncoding
+        Request r = case_request(c, c["messages"]);
         const std::string got = render_prompt(r.messages, r.prompt_options);
         const std::string want = c["expected"].get<std::string>();
-        if (got == want) continue;
-        // Where they part, with some context either side: the whole prompts are long.
-        const size_t at = std::mismatch(got.begin(), got.begin() + std::min(got.size(), want.size()), want.begin()).first -
-                          got.begin();
-        const size_t from = at > 80 ? at - 80 : 0;
-        ADD_FAILURE() << "case " << i << " (" << c.value("name", "") << ") differs at byte " << at << "\n  got:  ..."
-                      << got.substr(from, 200) << "\n  want: ..." << want.substr(from, 200);
+        if (got != want) ADD_FAILURE() << "case " << i << " (" << c.value("name", "") << ") " << where_they_differ(got, want);
     }
+}
+
+// Later turns of a conversation already in the context (a session, a previous response):
+// the fixture's expected text is the script's encode_messages(messages, context=...).
+TEST(GatewayDsml, ContinuationsMatchTheReferenceEncoding) {
+    const Json cases = fixture_cases();
+    int n = 0;
+    for (size_t i = 0; i < cases.size(); ++i) {
+        const Json &c = cases[i];
+        if (!c.contains("context")) continue;
+        ++n;
+        const Request ctx = case_request(c, c["context"]);
+        const std::string want = c["expected"].get<std::string>();
+        // The later request sends the conversation's tools again, or leaves them out.
+        for (bool without : {false, true}) {
+            const std::string got = continuation(ctx, case_request(c, c["messages"], without));
+            if (got != want)
+                ADD_FAILURE() << "case " << i << " (" << c.value("name", "") << ")" << (without ? ", tools left out," : "")
+                              << " " << where_they_differ(got, want);
+        }
+    }
+    EXPECT_GE(n, 4);
+}
+
+// Every conversation of the fixture, cut after each assistant turn but the last: the later
+// turns rendered as a continuation are the end of the whole conversation's prompt, and
+// (where the encoding leaves earlier turns as they were: tools present, or no thinking)
+// what precedes them is the earlier turns' prompt and the reply's end-of-sentence.
+TEST(GatewayDsml, ContinuationIsTheSuffixOfTheFullConversation) {
+    const Json cases = fixture_cases();
+    int cuts = 0;
+    for (size_t i = 0; i < cases.size(); ++i) {
+        const Json &c = cases[i];
+        if (c.contains("context")) continue;
+        const Json &msgs = c["messages"];
+        const Request r = case_request(c, msgs);
+        const std::string full = render_prompt(r.messages, r.prompt_options);
+        for (size_t k = 0; k + 1 < msgs.size(); ++k) {
+            if (msgs[k]["role"] != "assistant") continue;
+            ++cuts;
+            const Request ctx = case_request(c, slice(msgs, 0, k + 1));
+            for (bool without : {false, true}) {
+                const std::string cont = continuation(ctx, case_request(c, slice(msgs, k + 1, msgs.size()), without));
+                const std::string what = "case " + std::to_string(i) + " (" + c.value("name", "") + ") cut after message " +
+                                         std::to_string(k) + (without ? ", tools left out" : "");
+                ASSERT_LE(cont.size(), full.size()) << what;
+                EXPECT_EQ(full.substr(full.size() - cont.size()), cont)
+                    << what << ": not the end of the full prompt; " << where_they_differ(cont, full.substr(full.size() - cont.size()));
+                if (!r.prompt_options.thinking || !r.prompt_options.tools.empty()) {
+                    EXPECT_EQ(full, render_prompt(ctx.messages, ctx.prompt_options) + kEos + cont) << what;
+                }
+            }
+        }
+    }
+    EXPECT_GE(cuts, 20);
 }

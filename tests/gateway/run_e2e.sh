@@ -92,7 +92,8 @@ check POST /v1/chat/completions 400 '"code":"invalid_json"' "${AUTH[@]}" -d '{"m
 check POST /v1/chat/completions 400 '"param":"top_logprobs"' "${AUTH[@]}" -d "$CHAT,\"logprobs\":true,\"top_logprobs\":21}"
 check POST /v1/chat/completions 400 '"param":"frequency_penalty"' "${AUTH[@]}" -d "$CHAT,\"frequency_penalty\":3}"
 check POST /v1/chat/completions 400 '"param":"logit_bias"' "${AUTH[@]}" -d "$CHAT,\"logit_bias\":{\"x\":1}}"
-check POST /v1/chat/completions 400 '"code":"unsupported_parameter"' "${AUTH[@]}" -d "$CHAT,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"schema\":{}}}}"
+check POST /v1/completions 400 '"code":"unsupported_parameter"' "${AUTH[@]}" -d '{"model":"m","prompt":"x","echo":true}'
+check POST /v1/chat/completions 400 '"param":"response_format.json_schema.schema"' "${AUTH[@]}" -d "$CHAT,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"schema\":{\"type\":\"array\"}}}}"
 check POST /v1/chat/completions 400 '"param":"messages"' "${AUTH[@]}" -d '{"model":"m","messages":[]}'
 check POST /v1/messages 400 '"type":"invalid_request_error"' -H "x-api-key: $KEY" -d "$CHAT}"
 check POST /v1/nothing 404 '"code":"unknown_url"' "${AUTH[@]}" -d '{}'

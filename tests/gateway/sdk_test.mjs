@@ -247,6 +247,18 @@ test('session extension: the conversation stays in ds4d between calls', async ()
   assert.ok(r2.usage.prompt_tokens_details.cached_tokens >= r1.usage.prompt_tokens, JSON.stringify([r1.usage, r2.usage]));
   await assert.rejects(openai.chat.completions.create({ model: 'ds4', messages: afterTool, session, n: 2 }),
                        (e) => e.status === 400 && e.param === 'n');
+  // The tool schemas are in the session's first turn: other tools are refused, leaving them
+  // out continues with the remembered ones.
+  const otherTool = { type: 'function', function: { name: 'get_time', parameters: { type: 'object', properties: {} } } };
+  await assert.rejects(openai.chat.completions.create({ model: 'ds4', session, tools: [otherTool],
+    messages: [{ role: 'user', content: 'x' }] }), (e) => e.status === 400 && e.param === 'tools');
+  const s2 = 'gw-chat2-' + process.pid;
+  const t1 = await openai.chat.completions.create({ model: 'ds4', temperature: 0, tools: [weatherTool], session: s2,
+    messages: [{ role: 'user', content: 'Weather in Paris?' }] });
+  const c2 = t1.choices[0].message.tool_calls[0];
+  const t2 = await openai.chat.completions.create({ model: 'ds4', temperature: 0, session: s2,
+    messages: [{ role: 'tool', tool_call_id: c2.id, content: 'sunny' }] });
+  assert.equal(t2.choices[0].message.content, ANSWER);
 });
 
 test('responses: previous_response_id continues its named session', async () => {
@@ -312,7 +324,7 @@ const asObject = (text) => {
   assert.ok(v !== null && typeof v === 'object' && !Array.isArray(v), text);
   return v;
 };
-test('response_format json_object: the default model answers with JSON.parse-able objects', async () => {
+test('response_format json_object / json_schema: the default model answers with JSON.parse-able objects', async () => {
   if (!jsonClient) { console.log('  (skipped: no default model)'); return; }
   const messages = [{ role: 'user', content: 'Describe a Python list of three primes as a JSON object.' }];
   const plain = await jsonClient.chat.completions.create({ model: 'ds4', messages, temperature: 0, max_tokens: 48 });
@@ -335,9 +347,18 @@ test('response_format json_object: the default model answers with JSON.parse-abl
   const resp = await jsonClient.responses.create({ model: 'ds4', input: 'A config file as JSON.', temperature: 0,
                                                    max_output_tokens: 40, text: { format: { type: 'json_object' } } });
   asObject(resp.output_text);
+  // json_schema: the schema is written into the prompt and the answer is one JSON object
+  // (the schema itself is not enforced); a root that is not an object is refused.
+  const schema = { type: 'object', properties: { primes: { type: 'array', items: { type: 'integer' } } } };
+  const s = await jsonClient.chat.completions.create({ model: 'ds4', messages, temperature: 0, max_tokens: 64,
+    response_format: { type: 'json_schema', json_schema: { name: 'primes', strict: true, schema } } });
+  asObject(s.choices[0].message.content);
+  const rs = await jsonClient.responses.create({ model: 'ds4', input: 'Three primes.', temperature: 0, max_output_tokens: 40,
+                                                 text: { format: { type: 'json_schema', name: 'primes', schema } } });
+  asObject(rs.output_text);
   await assert.rejects(jsonClient.chat.completions.create({ model: 'ds4', messages,
-    response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'object' } } } }),
-    (e) => e.status === 400 && e.code === 'unsupported_parameter');
+    response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'array' } } } }),
+    (e) => e.status === 400 && e.param === 'response_format.json_schema.schema');
 });
 
 test('errors through the SDKs', async () => {
