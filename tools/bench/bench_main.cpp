@@ -42,9 +42,10 @@ const char *kUsage =
     "  --cold              do not prewarm the cache from the store's hot set\n"
     "  --expert-store DIR  the expert store (re-laid-out experts + use counts) to use\n"
     "  --no-prefetch       no prediction of the next layer's experts\n"
-    "  --hit-curve         print the experts read on demand by each decoded token, and the\n"
-    "                      tokens until the cache is steady: the first token from which the\n"
-    "                      mean misses of 8 tokens are within 20% (+1) of the last half's mean\n"
+    "  --hit-curve         print the experts read on demand by each decoded token (the first,\n"
+    "                      untimed one included), the tokens until the cache is steady: the\n"
+    "                      first token from which the mean misses of 8 tokens are within 20%\n"
+    "                      (+1) of the last half's mean, and the misses of the first tokens\n"
     "  --prompt-seed S     seed of the random prompt (default 1): a restart measured with\n"
     "                      another prompt than the run that saved the use counts\n"
     "  --page-out-experts  (without --ssd-streaming) after the prewarm, ask the kernel to\n"
@@ -166,12 +167,17 @@ int main(int argc, char **argv) {
         s.sync(toks);
         const double prefill_s = now() - t0;
         const ds4::ExpertSourceStats e_pre = m->experts().stats();
-        // One warm-up decode step, then the timed ones.
-        s.eval(s.argmax());
+        // One warm-up decode step, then the timed ones. The hit curve starts at the warm-up
+        // step: a cold cache misses most there, which is what a restart's prewarm saves.
+        std::vector<uint64_t> miss_curve;  // demand misses of each decoded token (--hit-curve)
+        {
+            const uint64_t before = m->experts().stats().misses;
+            s.eval(s.argmax());
+            if (hit_curve) miss_curve.push_back(m->experts().stats().misses - before);
+        }
         const ds4::ExpertSourceStats e0 = m->experts().stats();
         const uint64_t b0 = s.executor().stats().weight_bytes;
         const double t1 = now();
-        std::vector<uint64_t> miss_curve;  // demand misses of each timed token (--hit-curve)
         for (int i = 1; i < gen; ++i) {
             const uint64_t before = hit_curve ? m->experts().stats().misses : 0;
             s.eval(s.argmax());
@@ -252,7 +258,11 @@ int main(int argc, char **argv) {
                     if (m / double(w) <= steady * 1.2 + 1) reached = i;
                 }
                 std::printf("steady           %.1f misses/token (mean of the last half), reached after %zu decoded tokens\n",
-                            steady, reached + 1);  // +1: the untimed warm-up token
+                            steady, reached);
+                uint64_t first = 0;
+                for (size_t i = 0; i < std::min<size_t>(16, n); ++i) first += miss_curve[i];
+                std::printf("first tokens     %llu misses in the prefill, %llu in the first %zu decoded tokens\n",
+                            (unsigned long long)e_pre.misses, (unsigned long long)first, std::min<size_t>(16, n));
             }
         }
     } catch (const std::exception &e) {
