@@ -128,6 +128,7 @@ int main(int argc, char **argv) {
         if (!json) ds4::tools::say_backend("ds4-bench", *m);
         m->prewarm();
         const double open_s = now() - t_open;
+        const ds4::ExpertSourceStats e_warm = m->experts().stats();  // what the hot-set prewarm loaded
         if (page_out) {
             if (so.enabled) throw std::runtime_error("--page-out-experts is for the mapped (resident) path");
             uint64_t paged = 0;
@@ -223,8 +224,12 @@ int main(int argc, char **argv) {
         if (so.enabled && !json) {
             std::printf("expert cache     %llu experts, %.2f GB (%llu resident after the run)\n", (unsigned long long)e1.capacity,
                         e1.capacity_bytes / 1e9, (unsigned long long)e1.resident);
+            if (e_warm.resident)
+                std::printf("prewarm          %llu experts of the stored hot set, %.2f GB read in %.2f s (%.2f GB/s)\n",
+                            (unsigned long long)e_warm.resident, e_warm.bytes_read / 1e9, e_warm.demand_read_ns / 1e9,
+                            e_warm.demand_read_ns ? e_warm.bytes_read / double(e_warm.demand_read_ns) : 0.0);
             std::printf("prefill experts  %llu used, %llu read (%.2f GB)\n", (unsigned long long)(e_pre.acquired),
-                        (unsigned long long)(e_pre.misses + e_pre.prefetched), e_pre.bytes_read / 1e9);
+                        (unsigned long long)(e_pre.misses + e_pre.prefetched), (e_pre.bytes_read - e_warm.bytes_read) / 1e9);
             const double pre_used = double(e1.prefetch_used - e0.prefetch_used), late = double(e1.late - e0.late);
             std::printf("decode hit rate  %.1f%% not read on demand (%.0f of %.0f experts were); %.1f%% already cached\n"
                         "                 before the token (not prefetched for it), %.0f waited on their prefetch\n",
