@@ -483,6 +483,13 @@ void StreamingExperts::flush_usage() {
     opt_.store->add_usage(counts, n_expert_);
 }
 
+bool StreamingExperts::cached(int layer, int expert) const {
+    if (layer < 0 || layer >= n_layer_ || expert < 0 || expert >= n_expert_) return false;
+    std::lock_guard<std::mutex> lk(mu_);
+    const int s = slot_of_[layer * n_expert_ + expert];
+    return s >= 0 && slots_[s].state == State::Ready;
+}
+
 ExpertSourceStats StreamingExperts::stats() const {
     std::lock_guard<std::mutex> lk(mu_);
     ExpertSourceStats s = st_;

@@ -90,6 +90,8 @@ public:
 
     // Bytes of one record in the store layout (gate, up, down each rounded to the block).
     uint64_t record_bytes(int layer) const;
+    // Whether the expert is loaded in the cache now (what a prewarm brought in, for tests).
+    bool cached(int layer, int expert) const;
     // Hands the use counts gathered so far to the store (also done every so many tokens
     // and on destruction).
     void flush_usage();

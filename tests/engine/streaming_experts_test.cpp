@@ -8,12 +8,15 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "bridge/expert_store_link.h"
+#include "engine/backend/streaming_experts.h"
 #include "engine/common/error.h"
 #include "engine/model/model.h"
 #include "engine/model/session.h"
@@ -198,47 +201,75 @@ TEST(ExpertStore, CorruptRecordIsDetectedRefetchedAndReplaced) {
     }
 }
 
+// A restart with the use counts persisted by the previous run (flushed on close: 40 tokens
+// are fewer than the periodic flush's interval) loads, before the first token, exactly the
+// most used experts up to the budget: every prewarmed expert was used at least as often as
+// every one left out (ties at the cut may go either way). Its first tokens then miss less
+// than a cold start's with the same budget and prompt (deterministic: no prefetch thread).
 TEST(ExpertStore, RestartPrewarmsTheHotSet) {
     TempDir dir;
     auto resident = Model::open(kTrained, {2});
     const ModelConfig &c = resident->config();
+    const int n_layer = c.n_layer, n_expert = c.n_expert;
     // Half the experts: the hot half fits, and no prefetch, so misses show what the cache held.
-    const uint64_t cap = (uint64_t)c.n_expert * c.n_layer / 2;
-    std::vector<int32_t> toks = {5};
-    auto decode = [&](Model &m, int n) {
+    const uint64_t cap = (uint64_t)n_expert * n_layer / 2;
+    auto decode = [&](Model &m, std::vector<int32_t> toks, int n) {
         Session s(m, 128);
         s.sync(toks);
         for (int i = 0; i < n; ++i) s.eval(s.argmax());
     };
     {
         auto m = Model::open(kTrained, with_store(cap, dir.path()));
-        decode(*m, 40);
+        decode(*m, {5}, 40);
     }  // the use counts are flushed on close
-    std::unique_ptr<kvstore::ExpertStore> st;
-    ASSERT_TRUE(kvstore::ExpertStore::open(dir.path(), resident->fingerprint(), &st));
-    const auto hot = st->hot_set(cap);
-    ASSERT_FALSE(hot.empty());
-    EXPECT_GE(st->use_count(hot.front().first, hot.front().second), st->use_count(hot.back().first, hot.back().second));
-    st.reset();
+    std::vector<uint64_t> count((size_t)n_layer * n_expert);
+    uint64_t used = 0;
+    {
+        std::unique_ptr<kvstore::ExpertStore> st;
+        ASSERT_TRUE(kvstore::ExpertStore::open(dir.path(), resident->fingerprint(), &st));
+        for (int l = 0; l < n_layer; ++l)
+            for (int e = 0; e < n_expert; ++e) used += (count[(size_t)l * n_expert + e] = st->use_count(l, e)) > 0;
+    }
+    ASSERT_GT(used, 0u) << "no use counts persisted at close";
+    // 41 tokens of 2 experts in each of 6 layers: the prompt's token and the decoded ones.
+    uint64_t total = 0;
+    for (uint64_t x : count) total += x;
+    EXPECT_EQ(total, 41u * n_layer * c.n_expert_used);
 
-    // A warm restart loads the hot set before the first token; a cold one does not, and
-    // its first tokens miss more.
-    auto first_tokens_misses = [&](bool cold, uint64_t *resident_after_prewarm) {
+    // Another prompt than the run that counted, as a restarted daemon's first request.
+    const std::vector<int32_t> prompt = {1000, 77, 4242};
+    auto first_tokens_misses = [&](bool cold, std::vector<bool> *prewarmed) {
         auto m = Model::open(kTrained, with_store(cap, dir.path(), cold, /*prefetch=*/false));
+        auto *se = dynamic_cast<StreamingExperts *>(&m->experts());
+        EXPECT_NE(se, nullptr);
+        if (!se) return uint64_t(0);
         m->prewarm();
-        *resident_after_prewarm = m->experts().stats().resident;
+        prewarmed->assign(count.size(), false);
+        for (int l = 0; l < n_layer; ++l)
+            for (int e = 0; e < n_expert; ++e) (*prewarmed)[(size_t)l * n_expert + e] = se->cached(l, e);
         const uint64_t before = m->experts().stats().misses;
-        decode(*m, 8);
+        decode(*m, prompt, 8);
         return m->experts().stats().misses - before;
     };
-    uint64_t warm_resident = 0, cold_resident = 0;
-    const uint64_t warm = first_tokens_misses(false, &warm_resident);
-    const uint64_t cold = first_tokens_misses(true, &cold_resident);
-    EXPECT_EQ(warm_resident, std::min<uint64_t>(cap, hot.size()));
-    EXPECT_EQ(cold_resident, 0u);
+    std::vector<bool> warm_set, cold_set;
+    const uint64_t warm = first_tokens_misses(false, &warm_set);
+    const uint64_t cold = first_tokens_misses(true, &cold_set);
+    uint64_t n_warm = 0, min_in = UINT64_MAX, max_out = 0;
+    for (size_t k = 0; k < count.size(); ++k) {
+        EXPECT_FALSE(cold_set[k]) << "a cold start prewarmed expert " << k % n_expert << " of layer " << k / n_expert;
+        if (warm_set[k]) {
+            ++n_warm;
+            min_in = std::min(min_in, count[k]);
+            EXPECT_GT(count[k], 0u) << "an unused expert was prewarmed";
+        } else {
+            max_out = std::max(max_out, count[k]);
+        }
+    }
+    EXPECT_EQ(n_warm, std::min<uint64_t>(cap, used));
+    EXPECT_GE(min_in, max_out) << "an expert used " << max_out << " times was left out for one used " << min_in << " times";
     EXPECT_LT(warm, cold);
-    std::printf("first 9 tokens after a restart: %llu misses prewarmed (%llu resident), %llu cold\n",
-                (unsigned long long)warm, (unsigned long long)warm_resident, (unsigned long long)cold);
+    std::printf("first 3+8 tokens after a restart: %llu misses prewarmed (%llu of %llu used experts loaded), %llu cold\n",
+                (unsigned long long)warm, (unsigned long long)n_warm, (unsigned long long)used, (unsigned long long)cold);
 }
 
 // Compaction of a real store: the trained model's experts and a second model whose GGUF is
@@ -309,7 +340,9 @@ TEST(ExpertStore, CompactionDropsGoneModelsHolesAndCorruptRecords) {
     ASSERT_EQ(models.size(), 2u);
     for (const auto &m : models) {
         EXPECT_TRUE(m.source_present) << m.source;
-        if (m.fingerprint == resident->fingerprint()) EXPECT_GT(m.file_bytes, m.record_bytes) << "replaced records left holes";
+        if (m.fingerprint == resident->fingerprint()) {
+            EXPECT_GT(m.file_bytes, m.record_bytes) << "replaced records left holes";
+        }
     }
     ASSERT_EQ(std::remove(other.c_str()), 0);
     ASSERT_TRUE(kvstore::ExpertStore::compact(store, {}, &rep));

@@ -42,9 +42,10 @@ const char *kUsage =
     "  --cold              do not prewarm the cache from the store's hot set\n"
     "  --expert-store DIR  the expert store (re-laid-out experts + use counts) to use\n"
     "  --no-prefetch       no prediction of the next layer's experts\n"
-    "  --hit-curve         print the experts read on demand by each decoded token, and the\n"
-    "                      tokens until the cache is steady: the first token from which the\n"
-    "                      mean misses of 8 tokens are within 20% (+1) of the last half's mean\n"
+    "  --hit-curve         print the experts read on demand by each decoded token (the first,\n"
+    "                      untimed one included), the tokens until the cache is steady: the\n"
+    "                      first token from which the mean misses of 8 tokens are within 20%\n"
+    "                      (+1) of the last half's mean, and the misses of the first tokens\n"
     "  --prompt-seed S     seed of the random prompt (default 1): a restart measured with\n"
     "                      another prompt than the run that saved the use counts\n"
     "  --page-out-experts  (without --ssd-streaming) after the prewarm, ask the kernel to\n"
@@ -127,6 +128,7 @@ int main(int argc, char **argv) {
         if (!json) ds4::tools::say_backend("ds4-bench", *m);
         m->prewarm();
         const double open_s = now() - t_open;
+        const ds4::ExpertSourceStats e_warm = m->experts().stats();  // what the hot-set prewarm loaded
         if (page_out) {
             if (so.enabled) throw std::runtime_error("--page-out-experts is for the mapped (resident) path");
             uint64_t paged = 0;
@@ -166,12 +168,17 @@ int main(int argc, char **argv) {
         s.sync(toks);
         const double prefill_s = now() - t0;
         const ds4::ExpertSourceStats e_pre = m->experts().stats();
-        // One warm-up decode step, then the timed ones.
-        s.eval(s.argmax());
+        // One warm-up decode step, then the timed ones. The hit curve starts at the warm-up
+        // step: a cold cache misses most there, which is what a restart's prewarm saves.
+        std::vector<uint64_t> miss_curve;  // demand misses of each decoded token (--hit-curve)
+        {
+            const uint64_t before = m->experts().stats().misses;
+            s.eval(s.argmax());
+            if (hit_curve) miss_curve.push_back(m->experts().stats().misses - before);
+        }
         const ds4::ExpertSourceStats e0 = m->experts().stats();
         const uint64_t b0 = s.executor().stats().weight_bytes;
         const double t1 = now();
-        std::vector<uint64_t> miss_curve;  // demand misses of each timed token (--hit-curve)
         for (int i = 1; i < gen; ++i) {
             const uint64_t before = hit_curve ? m->experts().stats().misses : 0;
             s.eval(s.argmax());
@@ -217,8 +224,12 @@ int main(int argc, char **argv) {
         if (so.enabled && !json) {
             std::printf("expert cache     %llu experts, %.2f GB (%llu resident after the run)\n", (unsigned long long)e1.capacity,
                         e1.capacity_bytes / 1e9, (unsigned long long)e1.resident);
+            if (e_warm.resident)
+                std::printf("prewarm          %llu experts of the stored hot set, %.2f GB read in %.2f s (%.2f GB/s)\n",
+                            (unsigned long long)e_warm.resident, e_warm.bytes_read / 1e9, e_warm.demand_read_ns / 1e9,
+                            e_warm.demand_read_ns ? e_warm.bytes_read / double(e_warm.demand_read_ns) : 0.0);
             std::printf("prefill experts  %llu used, %llu read (%.2f GB)\n", (unsigned long long)(e_pre.acquired),
-                        (unsigned long long)(e_pre.misses + e_pre.prefetched), e_pre.bytes_read / 1e9);
+                        (unsigned long long)(e_pre.misses + e_pre.prefetched), (e_pre.bytes_read - e_warm.bytes_read) / 1e9);
             const double pre_used = double(e1.prefetch_used - e0.prefetch_used), late = double(e1.late - e0.late);
             std::printf("decode hit rate  %.1f%% not read on demand (%.0f of %.0f experts were); %.1f%% already cached\n"
                         "                 before the token (not prefetched for it), %.0f waited on their prefetch\n",
@@ -252,7 +263,11 @@ int main(int argc, char **argv) {
                     if (m / double(w) <= steady * 1.2 + 1) reached = i;
                 }
                 std::printf("steady           %.1f misses/token (mean of the last half), reached after %zu decoded tokens\n",
-                            steady, reached + 1);  // +1: the untimed warm-up token
+                            steady, reached);
+                uint64_t first = 0;
+                for (size_t i = 0; i < std::min<size_t>(16, n); ++i) first += miss_curve[i];
+                std::printf("first tokens     %llu misses in the prefill, %llu in the first %zu decoded tokens\n",
+                            (unsigned long long)e_pre.misses, (unsigned long long)first, std::min<size_t>(16, n));
             }
         }
     } catch (const std::exception &e) {
