@@ -63,6 +63,7 @@ class FakeSitePackages(unittest.TestCase):
         with open(cls.stdlib_copy[1], "rb") as f:
             write(f"{p}/stdcopy.py", f.read())                                          # duplicate
         write(f"{p}/__pycache__/core.py", CODE + "# cache\n")                           # never listed
+        os.symlink(os.path.join(site, "nowhere.py"), f"{p}/dangling.py")                # unreadable
         write(os.path.join(site, "fakemod.py"), CODE + "# module\n")                    # kept
         write(os.path.join(site, "faketwin", "twin.py"), CODE)
         for i in range(70):                                                             # the worker pool path
@@ -98,12 +99,12 @@ class FakeSitePackages(unittest.TestCase):
         self.assertEqual(set(by), {"fakepkg", "fakemod", "json"})
         self.assertEqual(by["fakepkg"]["dropped"], {"vendored": 2, "too_large": 1, "too_small": 1, "not_utf8": 1,
                                                     "generated": 1, "long_line": 1, "syntax": 1, "near_heldout": 1,
-                                                    "duplicate": 2})
+                                                    "duplicate": 2, "unreadable": 1})
         self.assertEqual(sorted(r for r, _, _ in files["fakepkg"]),
                          ["fakepkg/core.py", "fakepkg/dup1.py", "fakepkg/shares_two.py"])
         self.assertEqual([r for r, _, _ in files["fakemod"]], ["fakemod.py"])
         self.assertEqual(by["fakepkg"]["licence"], "MIT")
-        self.assertEqual(by["fakepkg"]["files_listed"], 14)
+        self.assertEqual(by["fakepkg"]["files_listed"], 15)
         self.assertEqual(by["fakepkg"]["bytes_candidate"], sum(n for _, _, n in files["fakepkg"]))
 
     def test_stdlib_package_is_excluded_whole(self):
