@@ -7,7 +7,13 @@
 #   tools/train/device_run.sh full    # MAIN_S / DRAFTER_S seconds of training (default 250 each)
 #
 # Optional: INIT_MAIN / INIT_DRAFTER = saved HF folders to continue from (carried along).
+# EXTRA=all (or NAME,NAME from corpus.EXTRA_LICENCES) adds installed packages' Python source to
+# the LM training stream, at most EXTRA_CAP tokens; STDLIB_REPEAT=K puts K copies of the
+# stdlib training part in it (prepare_data.py --extra / --extra-cap-tokens / --stdlib-repeat;
+# the log shows the per-package table, data.json has it).
 # The committed tools/train/tokenizer/ is reused when present, else a tokenizer is trained.
+# With the committed tokenizer, the held-out / validation / train streams must equal those of
+# the committed run (tools/train/run) when the stdlib is the same (prepare_data.py --reference).
 set -u -o pipefail
 MODE=${1:?smoke or full}
 OUT=${OUT:?OUT must name the output folder}
@@ -21,9 +27,16 @@ date -u
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv
 python3 -c "import torch, transformers, tokenizers, sys; print(sys.version.split()[0], torch.__version__, transformers.__version__, tokenizers.__version__)"
 
-TOK=()
-[ -f $T/tokenizer/tokenizer.json ] && TOK=(--tokenizer $T/tokenizer)
-python3 $T/prepare_data.py "$W" "${TOK[@]}" || exit 1
+DATA=()
+if [ -f $T/tokenizer/tokenizer.json ]; then
+    DATA+=(--tokenizer $T/tokenizer)
+    [ -f $T/run/data.json ] && DATA+=(--reference $T/run)
+fi
+[ -n "${EXTRA:-}" ] && DATA+=(--extra "$EXTRA")
+[ -n "${EXTRA_CAP:-}" ] && DATA+=(--extra-cap-tokens "$EXTRA_CAP")
+[ -n "${STDLIB_REPEAT:-}" ] && DATA+=(--stdlib-repeat "$STDLIB_REPEAT")
+echo "prepare_data.py ${DATA[*]}"
+python3 $T/prepare_data.py "$W" "${DATA[@]}" || exit 1
 
 if [ "$MODE" = smoke ]; then
     MAIN=(--steps 30 --check-dense --attn-dropout 0.1)

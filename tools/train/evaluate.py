@@ -8,7 +8,7 @@ i.e. the bf16 weights the converter reads, widened to float32:
   - held-out sample: N_SEQ sequences of 512 tokens at evenly spaced offsets of the held-out
     stream (DIR/heldout_sample.i32, row-major int32); mean next-token loss over the 511
     predicted positions of each sequence (per position: DIR/heldout_nll.f32; argmax at every
-    position: DIR/heldout_argmax.i32); the same on a sample of the LM train stream;
+    position: DIR/heldout_argmax.i32); the same on a sample of the LM train stream's stdlib part;
   - drafter: its held-out loss and its greedy (argmax) agreement with the main model at
     every predicted position of the sample;
   - DIR/fixture_heldout512.json: sequence N_SEQ/2 of the sample with the main model's argmax,
@@ -107,7 +107,9 @@ def main():
     t0 = time.time()
 
     held = np.fromfile(os.path.join(a.work, "heldout.u16"), dtype="<u2")
-    train = np.fromfile(os.path.join(a.work, "lm_train.u16"), dtype="<u2")
+    # The train sample is of the stdlib part (comparable across runs with and without --extra).
+    train_name = "lm_train_stdlib.u16" if os.path.exists(os.path.join(a.work, "lm_train_stdlib.u16")) else "lm_train.u16"
+    train = np.fromfile(os.path.join(a.work, train_name), dtype="<u2")
     hs = pystd.sample_windows(held, a.n_seq, pystd.SEQ)
     ts = pystd.sample_windows(train, a.n_seq, pystd.SEQ)
     hs.astype("<i4").tofile(os.path.join(a.out, "heldout_sample.i32"))

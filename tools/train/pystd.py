@@ -1,16 +1,10 @@
-"""Shared pieces of the ds4-pystd training recipe: corpus, split, tokenizer, model shapes.
+"""Shared pieces of the ds4-pystd training recipe: tokenizer, special tokens, model shapes.
 
-The corpus is the Python standard library of the interpreter that runs this (PSF licence),
-every *.py file under sysconfig's stdlib folder except installed third-party packages. Files
-are split into train / held-out by a hash of their path relative to that folder, so the split
-does not depend on the order of a directory listing or on the machine's install prefix.
+Which files it trains on (the stdlib split, optional extra packages) is corpus.py.
 """
-import glob
-import hashlib
 import importlib.util
 import json
 import os
-import sysconfig
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -33,8 +27,6 @@ BOS, EOS, PAD, USER, ASSISTANT, THINK, END_THINK = (_tf.BOS, _tf.EOS, _tf.PAD, _
 SPECIALS = [BOS, EOS, PAD, USER, ASSISTANT, THINK, END_THINK]   # ids 0..6
 BOS_ID, EOS_ID, PAD_ID = 0, 1, 2
 VOCAB = 8192
-HELDOUT_MOD = 50           # by path hash: bucket 0 (~2% of files) is held out (test), bucket 1
-                           # (~2%) is the validation set that picks the checkpoint
 SEQ = 512
 
 
@@ -46,47 +38,6 @@ def plain_tokenizer(tok):
     return Tokenizer.from_str(json.dumps(d))
 
 
-def stdlib_root():
-    return sysconfig.get_paths()["stdlib"]
-
-
-def corpus_files():
-    """(relative path, absolute path) of every stdlib *.py file, sorted by relative path."""
-    root = stdlib_root()
-    out = []
-    for p in glob.glob(os.path.join(root, "**", "*.py"), recursive=True):
-        rel = os.path.relpath(p, root)
-        parts = rel.split(os.sep)
-        if "site-packages" in parts or "dist-packages" in parts or not os.path.isfile(p):
-            continue
-        out.append((rel, p))
-    return sorted(out)
-
-
-def bucket(rel):
-    return int(hashlib.sha1(rel.encode("utf-8")).hexdigest()[:8], 16) % HELDOUT_MOD
-
-
-def is_heldout(rel):
-    return bucket(rel) == 0
-
-
-def is_validation(rel):
-    return bucket(rel) == 1
-
-
-def read(path):
-    with open(path, encoding="utf-8", errors="replace") as f:
-        return f.read()
-
-
-def split_corpus():
-    train, held = [], []
-    for rel, p in corpus_files():
-        (held if is_heldout(rel) else train).append((rel, p))
-    return train, held
-
-
 def sample_windows(stream, n_seq, seq):
     """n_seq windows of seq tokens at evenly spaced offsets (deterministic)."""
     import numpy as np
@@ -94,14 +45,6 @@ def sample_windows(stream, n_seq, seq):
     if stride < seq:
         raise SystemExit(f"stream of {stream.size} tokens is too short for {n_seq} x {seq}")
     return np.stack([stream[i * stride:i * stride + seq] for i in range(n_seq)]).astype(np.int64)
-
-
-def corpus_digest(files):
-    h = hashlib.sha1()
-    for rel, p in files:
-        h.update(rel.encode())
-        h.update(hashlib.sha1(open(p, "rb").read()).digest())
-    return h.hexdigest()
 
 
 # ---------------------------------------------------------------- model shapes
