@@ -34,7 +34,9 @@ echo "model: $MODEL" >&2
 echo "prompt: $PROMPT" >&2
 echo "---" >&2
 printf '%s' "$PROMPT"
-"$B/bin/ds4" --socket "$SOCK" run --raw --max-tokens "${DS4_MAX_TOKENS:-96}" "$PROMPT"
+# Greedy with a repetition penalty: a model this small loops without one.
+"$B/bin/ds4" --socket "$SOCK" run --raw --max-tokens "${DS4_MAX_TOKENS:-96}" \
+  --repeat-penalty "${DS4_REPEAT_PENALTY:-1.3}" "$PROMPT"
 echo
 echo "---" >&2
 "$B/bin/ds4" --socket "$SOCK" stats >&2
