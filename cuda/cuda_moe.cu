@@ -42,16 +42,27 @@ __global__ void moe_group_kernel(const int *__restrict__ ids, const float *__res
         cnt[e] = n;
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
+    // Starts and the used list in ascending expert order: warp 0 scans 32 experts at a time
+    // (the same values as a serial walk over E, without E dependent steps on one thread).
+    if (threadIdx.x < 32) {
+        const int lane = threadIdx.x;
         int n = 0, pos = 0;
-        for (int e = 0; e < E; ++e) {
-            start[e] = pos;
-            if (!cnt[e]) continue;
-            g.used[n] = e, g.off[n] = pos, ++n;
-            pos += cnt[e];
+        for (int e0 = 0; e0 < E; e0 += 32) {
+            const int e = e0 + lane;
+            const int c = e < E ? cnt[e] : 0, f = c > 0;
+            int ic = c, in = f;   // inclusive scans
+            for (int off = 1; off < 32; off <<= 1) {
+                const int uc = __shfl_up_sync(0xffffffffu, ic, off), uf = __shfl_up_sync(0xffffffffu, in, off);
+                if (lane >= off) ic += uc, in += uf;
+            }
+            if (e < E) {
+                start[e] = pos + ic - c;
+                if (f) g.used[n + in - 1] = e, g.off[n + in - 1] = pos + ic - c;
+            }
+            pos += __shfl_sync(0xffffffffu, ic, 31);
+            n += __shfl_sync(0xffffffffu, in, 31);
         }
-        g.off[n] = pos;
-        *g.n_used = n;
+        if (lane == 0) g.off[n] = pos, *g.n_used = n;
     }
     __syncthreads();
     for (int e = threadIdx.x; e < E; e += blockDim.x) {
@@ -158,10 +169,11 @@ __global__ void __launch_bounds__(32 * kWarps, NT == 1 ? 6 : 4)
     }
 }
 
-// A[r] = sum over the pairs of row r, in pair order, of pw * y[pair].
+// A[r] = sum over the pairs of row r, in pair order, of pw * y[pair]. Blocks split D (one
+// block per row left a decode step's sum on one SM).
 __global__ void moe_combine_kernel(const float *__restrict__ y, int D, int P, MoeGroups g, float *__restrict__ A) {
-    const int r = blockIdx.x;
-    for (int i = threadIdx.x; i < D; i += blockDim.x) {
+    const int r = blockIdx.y;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < D; i += gridDim.x * blockDim.x) {
         float acc = 0.f;
         for (int p = 0; p < P; ++p)
             if (g.prow[p] == r) acc += g.pw[p] * y[(int64_t)p * D + i];
@@ -171,8 +183,8 @@ __global__ void moe_combine_kernel(const float *__restrict__ y, int D, int P, Mo
 
 __global__ void moe_combine_pos_kernel(const float *__restrict__ y, int D, const int *__restrict__ pos,
                                        const float *__restrict__ pw, int K, float *__restrict__ A) {
-    const int r = blockIdx.x;
-    for (int i = threadIdx.x; i < D; i += blockDim.x) {
+    const int r = blockIdx.y;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < D; i += gridDim.x * blockDim.x) {
         float acc = 0.f;
         for (int k = 0; k < K; ++k) {
             const int p = pos[r * K + k];
@@ -242,13 +254,13 @@ void moe_down(cudaStream_t s, const ExpertMats &m, int64_t in, int64_t D, const 
 
 void moe_combine(cudaStream_t s, const float *y, int D, int P, const MoeGroups &g, float *A, int rows) {
     if (rows <= 0) return;
-    moe_combine_kernel<<<(unsigned)rows, 256, 0, s>>>(y, D, P, g, A);
+    moe_combine_kernel<<<dim3((unsigned)((D + 255) / 256), (unsigned)rows), 256, 0, s>>>(y, D, P, g, A);
     DS4_CUDA_LAUNCHED();
 }
 
 void moe_combine_pos(cudaStream_t s, const float *y, int D, const int *pos, const float *pw, int K, float *A, int rows) {
     if (rows <= 0) return;
-    moe_combine_pos_kernel<<<(unsigned)rows, 256, 0, s>>>(y, D, pos, pw, K, A);
+    moe_combine_pos_kernel<<<dim3((unsigned)((D + 255) / 256), (unsigned)rows), 256, 0, s>>>(y, D, pos, pw, K, A);
     DS4_CUDA_LAUNCHED();
 }
 

@@ -54,12 +54,32 @@ __global__ void rmsnorm_kernel(const float *x, int64_t xs, const int32_t *idx, i
     __shared__ double sh[kBlock / 32];
     const int r = blockIdx.x;
     const float *xr = x + (idx ? (int64_t)idx[r] : (int64_t)r) * xs;
+    // One block per row, so a decode step's norm runs on one SM: eight loads go out before
+    // the first add (the plain strided loop waited on each), and the adds keep the order of
+    // that loop, so the sum is the same to the bit.
+    const int64_t B = blockDim.x;
     double ss = 0;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += (double)xr[i] * xr[i];
+    int64_t i = threadIdx.x;
+    for (; i + 7 * B < n; i += 8 * B) {
+        float v[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) v[u] = xr[i + u * B];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) ss += (double)v[u] * v[u];
+    }
+    for (; i < n; i += B) ss += (double)xr[i] * xr[i];
     ss = block_sum(ss, sh);
     const float inv = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
     float *o = out + (int64_t)r * os;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) o[i] = w ? xr[i] * inv * w[i] : xr[i] * inv;
+    i = threadIdx.x;
+    for (; i + 3 * B < n; i += 4 * B) {
+        float v[4], g[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) v[u] = xr[i + u * B], g[u] = w ? w[i + u * B] : 1.f;
+#pragma unroll
+        for (int u = 0; u < 4; ++u) o[i + u * B] = w ? v[u] * inv * g[u] : v[u] * inv;
+    }
+    for (; i < n; i += B) o[i] = w ? xr[i] * inv * w[i] : xr[i] * inv;
 }
 
 __global__ void hc_pre_kernel(const float *mix, const float *base, const float *scale, const float *H, int hc, int D,
@@ -225,16 +245,17 @@ __global__ void indexer_scores_kernel(const float *iq, const float *iw, int IH, 
 
 // The same scores with the row's queries staged in shared memory (rows padded by one float
 // so lanes reading different heads hit different banks): a warp per entry, each lane a
-// few heads over the entry (staged, broadcast), then a shuffle sum over the heads.
-constexpr int kIdxEntriesPerWarp = 4;
+// few heads over the entry (staged, broadcast), then a shuffle sum over the heads. A warp
+// takes `per_warp` entries: 4 when many rows share the launch (the queries are staged once per
+// block), 1 for a decode step, whose few rows would otherwise leave most SMs idle.
 __global__ void __launch_bounds__(kBlock) indexer_scores_shared_kernel(const float *iq, const float *iw, int IH, int Id,
                                                                        const float *const *entries, const int *n_vis,
-                                                                       int max_vis, float *scores) {
+                                                                       int max_vis, float *scores, int per_warp) {
     extern __shared__ float sm[];
     float *qs = sm, *es = sm + (size_t)IH * (Id + 1);
     const int r = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int n = n_vis[r];
-    const int s0 = blockIdx.x * (kBlock / 32) * kIdxEntriesPerWarp;
+    const int s0 = blockIdx.x * (kBlock / 32) * per_warp;
     if (s0 >= n) return;
     const float *q = iq + (int64_t)r * IH * Id;
     for (int i = threadIdx.x; i < IH * Id; i += blockDim.x) qs[(i / Id) * (Id + 1) + i % Id] = q[i];
@@ -242,8 +263,8 @@ __global__ void __launch_bounds__(kBlock) indexer_scores_shared_kernel(const flo
     const float qscale = 1.f / sqrtf((float)Id), wscale = 1.f / sqrtf((float)IH);
     const float *w = iw + (int64_t)r * IH;
     float *e = es + (size_t)warp * Id;
-    for (int j = 0; j < kIdxEntriesPerWarp; ++j) {
-        const int sidx = s0 + warp * kIdxEntriesPerWarp + j;
+    for (int j = 0; j < per_warp; ++j) {
+        const int sidx = s0 + warp * per_warp + j;
         if (sidx >= n) break;   // uniform per warp
         const float *k = entries[r] + (int64_t)sidx * Id;
         for (int i = lane; i < Id; i += 32) e[i] = k[i];
@@ -566,10 +587,28 @@ __global__ void hyper_head_kernel(const float *H, const int32_t *idx, const floa
     const int r = blockIdx.x;
     const float *h = H + (int64_t)idx[r] * hc * D;
     float *yr = y + (int64_t)r * D;
+    // The stream loads of four columns go out together; each column's sum and the running
+    // norm keep the plain loop's order (same bits).
+    float pre[16];
+    for (int k = 0; k < hc; ++k) pre[k] = sigmoidf(mix[r * hc + k] * scale[0] + base[k]) + hc_eps;
     double ss = 0;
-    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    const int B = blockDim.x;
+    int d = threadIdx.x;
+    for (; d + 3 * B < D; d += 4 * B) {
+        float v[4] = {0.f, 0.f, 0.f, 0.f};
+        for (int k = 0; k < hc; ++k) {
+            float hv[4];
+#pragma unroll
+            for (int u = 0; u < 4; ++u) hv[u] = h[(int64_t)k * D + d + u * B];
+#pragma unroll
+            for (int u = 0; u < 4; ++u) v[u] += pre[k] * hv[u];
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u) yr[d + u * B] = v[u], ss += (double)v[u] * v[u];
+    }
+    for (; d < D; d += B) {
         float v = 0;
-        for (int k = 0; k < hc; ++k) v += (sigmoidf(mix[r * hc + k] * scale[0] + base[k]) + hc_eps) * h[(int64_t)k * D + d];
+        for (int k = 0; k < hc; ++k) v += pre[k] * h[(int64_t)k * D + d];
         yr[d] = v;
         ss += (double)v * v;
     }
@@ -593,7 +632,9 @@ void hc_pre_mix(cudaStream_t s, const float *mix, const float *base, const float
                 int iters, float eps, float *post, float *comb, float *X, int rows) {
     if (hc > 16) fail("CUDA backend: more than 16 hyper-connection streams");
     if (rows <= 0) return;
-    hc_pre_kernel<<<rows, kBlock, 0, s>>>(mix, base, scale, H, hc, D, iters, eps, post, comb, X);
+    // 1024 threads: the stream mix over D is the long part and runs on one SM per row; each
+    // output element is still one thread's sum in stream order.
+    hc_pre_kernel<<<rows, 1024, 0, s>>>(mix, base, scale, H, hc, D, iters, eps, post, comb, X);
     DS4_CUDA_LAUNCHED();
 }
 
@@ -637,9 +678,9 @@ void indexer_scores(cudaStream_t s, const float *iq, const float *iw, int IH, in
     if (rows <= 0 || max_vis <= 0) return;
     const size_t shm = sizeof(float) * ((size_t)IH * (Id + 1) + (size_t)(kBlock / 32) * Id);
     if (shm <= 48 * 1024) {
-        const int per_block = (kBlock / 32) * kIdxEntriesPerWarp;
+        const int per_warp = rows <= 4 ? 1 : 4, per_block = (kBlock / 32) * per_warp;
         indexer_scores_shared_kernel<<<dim3((unsigned)((max_vis + per_block - 1) / per_block), rows), kBlock, shm, s>>>(
-            iq, iw, IH, Id, entries, n_vis, max_vis, scores);
+            iq, iw, IH, Id, entries, n_vis, max_vis, scores, per_warp);
     } else {
         indexer_scores_kernel<<<dim3(blocks_for(max_vis, 128), rows), 128, 0, s>>>(iq, iw, IH, Id, entries, n_vis, max_vis, scores);
     }
@@ -713,6 +754,7 @@ void add(cudaStream_t s, float *y, const float *x, int64_t n) {
 
 void hyper_head(cudaStream_t s, const float *H, const int32_t *idx, const float *mix, const float *base, const float *scale,
                 int hc, int D, float hc_eps, const float *norm_w, float rms_eps, float *y, int rows) {
+    if (hc > 16) fail("CUDA backend: more than 16 hyper-connection streams");
     if (rows <= 0) return;
     hyper_head_kernel<<<rows, kBlock, 0, s>>>(H, idx, mix, base, scale, hc, D, hc_eps, norm_w, rms_eps, y);
     DS4_CUDA_LAUNCHED();
