@@ -11,7 +11,8 @@
 #                                       packages
 #   scripts/gpu-test.sh --prebuilt DIR  run binaries packed by --pack (the checkout must be at the
 #                                       same path as where they were packed: the tests read the
-#                                       fixtures and find the tools there)
+#                                       fixtures and find the tools there), or by scripts/gpu-pack.sh
+#                                       and unpacked with scripts/gpu-unpack.sh (DIR build-cuda/bin)
 #
 # Exits non-zero when a test fails or when no usable GPU is present (the tests themselves
 # skip without one; this script exists to run them on one).
@@ -34,13 +35,17 @@ case "${1:-}" in
 --prebuilt)
     # The tests find ds4-convert and ds4-make-model at the path they were built at.
     bin=${DS4_BUILD_DIR:-build-cuda}/bin
+    src=${2:?usage: scripts/gpu-test.sh --prebuilt DIR}
     mkdir -p "$bin"
-    for b in "${BINS[@]}"; do cp "${2:?usage: scripts/gpu-test.sh --prebuilt DIR}/$b" "$bin/"; done ;;
+    # DIR may be bin itself (scripts/gpu-unpack.sh puts the binaries there).
+    if [ "$(cd "$src" && pwd)" != "$(cd "$bin" && pwd)" ]; then
+        for b in "${BINS[@]}"; do cp "$src/$b" "$bin/"; done
+    fi ;;
 "")
     build
     bin=${DS4_BUILD_DIR:-build-cuda}/bin ;;
 *)
-    sed -n '2,17p' "$0" >&2
+    sed -n '2,18p' "$0" >&2
     exit 2 ;;
 esac
 
