@@ -145,6 +145,12 @@ public:
         if (ds4_bridge_expert_stats(m_, &st, e.buf, sizeof e.buf) != 0) e.raise("expert stats");
         return st;
     }
+    ds4_bridge_expert_stats_ex_t expert_stats_ex() const {
+        ds4_bridge_expert_stats_ex_t st{};
+        detail::Err e;
+        if (ds4_bridge_expert_stats_ex(m_, &st, sizeof st, e.buf, sizeof e.buf) != 0) e.raise("expert stats");
+        return st;
+    }
     // Text is length-delimited: NUL bytes are tokenized like any other byte.
     std::vector<int32_t> tokenize(std::string_view text, bool rendered_chat = false) const {
         std::vector<int32_t> out(text.size() + 16);

@@ -591,6 +591,25 @@ int ds4_bridge_expert_stats(ds4_bridge_model *m, ds4_bridge_expert_stats_t *out,
     });
 }
 
+int ds4_bridge_expert_stats_ex(ds4_bridge_model *m, ds4_bridge_expert_stats_ex_t *out, size_t out_size, char *err,
+                               size_t errlen) {
+    NEED(m, "model is NULL");
+    NEED(out, "out is NULL");
+    NEED(out_size >= sizeof(ds4_bridge_expert_stats_t), "out_size must be at least sizeof(ds4_bridge_expert_stats_t)");
+    ds4_bridge_expert_stats_ex_t ex{};
+    if (ds4_bridge_expert_stats(m, &ex.base, err, errlen) != 0) return -1;
+    return guarded(err, errlen, [&] {
+        const ds4::ExpertSourceStats s = m->model->experts().stats();
+        ex.tiers = !ex.base.streaming ? 0 : s.host_capacity_bytes > 0 ? 2 : 1;
+        ex.host_misses = s.host_misses, ex.host_bytes_read = s.host_bytes_read;
+        ex.host_capacity_bytes = s.host_capacity_bytes;
+        const size_t n = std::min(out_size, sizeof ex);
+        std::memcpy(out, &ex, n);
+        if (out_size > n) std::memset(reinterpret_cast<char *>(out) + n, 0, out_size - n);
+        return 0;
+    });
+}
+
 int ds4_bridge_session_create(ds4_bridge_session **out, ds4_bridge_model *m, int ctx_size, char *err, size_t errlen) {
     NEED(out, "out is NULL");
     *out = nullptr;

@@ -174,6 +174,20 @@ DS4_BRIDGE_API int ds4_bridge_memory_stats_ex(ds4_bridge_model *m, ds4_bridge_me
                                               char *err, size_t errlen);
 DS4_BRIDGE_API int ds4_bridge_expert_stats(ds4_bridge_model *m, ds4_bridge_expert_stats_t *out, char *err,
                                            size_t errlen);
+/* The same with the tiers told apart. Streaming on the CUDA backend keeps experts in a VRAM
+ * cache over a RAM cache: base then counts the VRAM tier (base.bytes_read: bytes uploaded,
+ * base.io_busy_ns: the copy stream's busy time) and the host_* fields the RAM tier's reads
+ * from disk. Appended fields only: out_size is sizeof the caller's struct, at least
+ * sizeof(ds4_bridge_expert_stats_t); fields this library does not know are zeroed. */
+typedef struct {
+    ds4_bridge_expert_stats_t base;  /* exactly what ds4_bridge_expert_stats gives */
+    int32_t tiers;                   /* 0 not streaming, 1 one cache (RAM), 2 VRAM over RAM */
+    uint64_t host_misses;            /* experts the RAM tier read from disk (tiers == 2) */
+    uint64_t host_bytes_read;        /* bytes it read */
+    uint64_t host_capacity_bytes;    /* its size */
+} ds4_bridge_expert_stats_ex_t;
+DS4_BRIDGE_API int ds4_bridge_expert_stats_ex(ds4_bridge_model *m, ds4_bridge_expert_stats_ex_t *out, size_t out_size,
+                                              char *err, size_t errlen);
 
 /* Cumulative speculative-decoding counters (POD). "accepted" counts drafts the model agreed
  * with, whether or not the caller kept them; acceptance rate = accepted / drafted, mean

@@ -154,6 +154,24 @@ int main(int argc, char **argv) {
         CHECK(ds4_bridge_expert_stats(sm, &es, E) == 0);
         CHECK(es.streaming == 1 && es.capacity == 8 && es.acquired > 0 && es.bytes_read > 0 && es.resident <= 8);
         CHECK_ERR(ds4_bridge_expert_stats(NULL, &es, err, errlen), "NULL");
+        /* One tier on the CPU: base equals the plain call's, no RAM tier below it. */
+        ds4_bridge_expert_stats_ex_t ex;
+        memset(&ex, 0xAB, sizeof ex);
+        CHECK(ds4_bridge_expert_stats_ex(sm, &ex, sizeof ex, E) == 0);
+        CHECK(ds4_bridge_expert_stats(sm, &es, E) == 0);
+        CHECK(memcmp(&ex.base, &es, sizeof es) == 0);
+        CHECK(ex.tiers == 1 && ex.host_misses == 0 && ex.host_bytes_read == 0 && ex.host_capacity_bytes == 0);
+        /* An older caller's shorter struct: nothing written past it; a longer one: zeroed. */
+        unsigned char buf[sizeof(ds4_bridge_expert_stats_ex_t) + 16];
+        memset(buf, 0xCD, sizeof buf);
+        CHECK(ds4_bridge_expert_stats_ex(sm, (ds4_bridge_expert_stats_ex_t *)buf, sizeof(ds4_bridge_expert_stats_t), E) == 0);
+        CHECK(buf[sizeof(ds4_bridge_expert_stats_t)] == 0xCD && ((ds4_bridge_expert_stats_t *)buf)->streaming == 1);
+        memset(buf, 0xCD, sizeof buf);
+        CHECK(ds4_bridge_expert_stats_ex(sm, (ds4_bridge_expert_stats_ex_t *)buf, sizeof buf, E) == 0);
+        CHECK(buf[sizeof buf - 1] == 0 && ((ds4_bridge_expert_stats_ex_t *)buf)->tiers == 1);
+        CHECK_ERR(ds4_bridge_expert_stats_ex(sm, &ex, sizeof(ds4_bridge_expert_stats_t) - 1, err, errlen), "out_size");
+        CHECK_ERR(ds4_bridge_expert_stats_ex(NULL, &ex, sizeof ex, err, errlen), "NULL");
+        CHECK_ERR(ds4_bridge_expert_stats_ex(sm, NULL, sizeof ex, err, errlen), "NULL");
         ds4_bridge_model_free(sm);
         opt.ssd_streaming_cache_experts = 0;
         opt.n_threads = 0;
@@ -183,6 +201,9 @@ int main(int argc, char **argv) {
         ds4_bridge_expert_stats_t es;
         CHECK(ds4_bridge_expert_stats(m, &es, E) == 0);
         CHECK(es.streaming == 0 && es.misses == 0 && es.bytes_read == 0);
+        ds4_bridge_expert_stats_ex_t ex;
+        CHECK(ds4_bridge_expert_stats_ex(m, &ex, sizeof ex, E) == 0);
+        CHECK(ex.tiers == 0 && ex.base.streaming == 0);
     }
 
     /* ---- model info ---- */

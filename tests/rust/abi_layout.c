@@ -100,6 +100,12 @@ int main(void) {
     F(ds4_bridge_expert_stats_t, resident);
     F(ds4_bridge_expert_stats_t, capacity);
     F(ds4_bridge_expert_stats_t, capacity_bytes);
+    S(ds4_bridge_expert_stats_ex_t);
+    F(ds4_bridge_expert_stats_ex_t, base);
+    F(ds4_bridge_expert_stats_ex_t, tiers);
+    F(ds4_bridge_expert_stats_ex_t, host_misses);
+    F(ds4_bridge_expert_stats_ex_t, host_bytes_read);
+    F(ds4_bridge_expert_stats_ex_t, host_capacity_bytes);
 
     S(ds4_bridge_spec_row);
     F(ds4_bridge_spec_row, session);

@@ -155,6 +155,16 @@ pub struct ds4_bridge_expert_stats_t {
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
+pub struct ds4_bridge_expert_stats_ex_t {
+    pub base: ds4_bridge_expert_stats_t,
+    pub tiers: i32,
+    pub host_misses: u64,
+    pub host_bytes_read: u64,
+    pub host_capacity_bytes: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
 pub struct ds4_bridge_batch_stats_t {
     pub steps: u64,
     pub rows: u64,
@@ -293,6 +303,13 @@ extern "C" {
     pub fn ds4_bridge_expert_stats(
         m: *mut ds4_bridge_model,
         out: *mut ds4_bridge_expert_stats_t,
+        err: *mut c_char,
+        errlen: usize,
+    ) -> c_int;
+    pub fn ds4_bridge_expert_stats_ex(
+        m: *mut ds4_bridge_model,
+        out: *mut ds4_bridge_expert_stats_ex_t,
+        out_size: usize,
         err: *mut c_char,
         errlen: usize,
     ) -> c_int;

@@ -110,6 +110,7 @@ fn rust_layout() -> BTreeMap<String, usize> {
             capacity_bytes,
         }
     );
+    layout!(m, ds4_bridge_expert_stats_ex_t { base, tiers, host_misses, host_bytes_read, host_capacity_bytes });
     layout!(m, ds4_bridge_batch_stats_t { steps, rows, sessions, failed });
     layout!(m, ds4_bridge_spec_counters_t { trials, drafted, accepted, fallbacks, committed, draft_max, draft_width });
     layout!(
