@@ -301,7 +301,7 @@ __global__ void __launch_bounds__(kBlock) attend_rows_kernel(const float *q, con
     extern __shared__ float4 sm4[];
     const int ldk = hd + 4;   // floats per staged row: 16-byte aligned, rows on different banks
     float *qs = reinterpret_cast<float *>(sm4), *ks = qs + (size_t)kAttnHeads * ldk;
-    __shared__ float mx_s[kAttnHeads], inv_s[kAttnHeads];
+    __shared__ float inv_s[kAttnHeads];
     const int hb = H < kAttnHeads ? H : kAttnHeads;
     const int r = blockIdx.x, h0 = blockIdx.y * hb, t = threadIdx.x;
     const AttnRow d = desc[r];
@@ -343,10 +343,7 @@ __global__ void __launch_bounds__(kBlock) attend_rows_kernel(const float *q, con
         for (int k = kk; k < n_keys; k += kAttnKeys) den += lg[k] = expf(lg[k] - mx);
     }
     for (int off = kAttnKeys / 2; off > 0; off >>= 1) den += __shfl_xor_sync(0xffffffffu, den, off);
-    if (hh < hb && kk == 0) {
-        mx_s[hh] = mx;
-        inv_s[hh] = (float)(1.0 / (den + exp((double)sinks[h0 + hh] - mx)));
-    }
+    if (hh < hb && kk == 0) inv_s[hh] = (float)(1.0 / (den + exp((double)sinks[h0 + hh] - mx)));
     // outputs: thread (head hh, dims kk + 16 i)
     float acc[kAttnMaxHd / kAttnKeys];
 #pragma unroll
