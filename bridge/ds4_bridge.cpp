@@ -646,6 +646,18 @@ int ds4_bridge_cache_bytes_for(ds4_bridge_model *m, int ctx_size, int n_tokens, 
     });
 }
 
+int ds4_bridge_drafter_cache_bytes_for(ds4_bridge_model *m, int ctx_size, int n_tokens, uint64_t *bytes_out, char *err,
+                                       size_t errlen) {
+    NEED(m, "model is NULL");
+    NEED(bytes_out, "bytes_out is NULL");
+    NEED(ctx_size > 0, "ctx_size must be positive");
+    NEED(m->drafter, "the model has no drafter");
+    return guarded(err, errlen, [&] {
+        *bytes_out = ds4::Session::cache_bytes_for(*m->drafter, ctx_size, n_tokens);
+        return 0;
+    });
+}
+
 void ds4_bridge_session_free(ds4_bridge_session *s) {
     if (!s) return;
     {

@@ -465,6 +465,11 @@ DS4_BRIDGE_API int ds4_bridge_session_cache_bytes(ds4_bridge_session *s, uint64_
  * a session, so a host can reserve it before the tokens arrive. */
 DS4_BRIDGE_API int ds4_bridge_cache_bytes_for(ds4_bridge_model *m, int ctx_size, int n_tokens, uint64_t *bytes_out,
                                               char *err, size_t errlen);
+/* The same for the drafter session that speculative decoding adds to such a session (same
+ * context; it holds the session's tokens and its drafts): a host reserves both for a request
+ * that speculates. Fails when m has no drafter. */
+DS4_BRIDGE_API int ds4_bridge_drafter_cache_bytes_for(ds4_bridge_model *m, int ctx_size, int n_tokens,
+                                                      uint64_t *bytes_out, char *err, size_t errlen);
 
 #ifdef __cplusplus
 }

@@ -94,6 +94,15 @@ uint64_t BridgeModel::cache_bytes_for(uint32_t ctx, uint64_t n) {
     return b;
 }
 
+uint64_t BridgeModel::drafter_cache_bytes_for(uint32_t ctx, uint64_t n) {
+    char err[256] = {0};
+    uint64_t b = 0;
+    if (ds4_bridge_drafter_cache_bytes_for(m_->handle(), int(ctx), int(std::min<uint64_t>(n, ctx)), &b, err, sizeof err) !=
+        0)
+        throw BridgeFailure(std::string("drafter cache size: ") + err);
+    return b;
+}
+
 uint64_t BridgeSession::cache_bytes() const {
     uint64_t b = 0;
     char err[64];

@@ -70,6 +70,8 @@ public:
     MemorySnapshot memory();
     // Cache bytes of a session of ctx once it has held n tokens (caches grow with use).
     uint64_t cache_bytes_for(uint32_t ctx, uint64_t n);
+    // The same for the drafter session speculation adds to it (the model must have a drafter).
+    uint64_t drafter_cache_bytes_for(uint32_t ctx, uint64_t n);
 
     ds4::bridge::Model &model() { return *m_; }
     uint64_t fingerprint() const { return m_->fingerprint(); }

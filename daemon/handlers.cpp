@@ -462,7 +462,7 @@ void Worker::Impl::on(Request &r, GenerateParams &p) {
                                std::to_string(s->ctx));
     {
         const uint64_t most = std::min<uint64_t>(s->ctx, uint64_t(full.size()) + p.max_tokens);
-        const uint64_t need = model->cache_bytes_for(s->ctx, most);
+        const uint64_t need = request_need(s->ctx, most, p.speculate);
         if (need > cfg.kv_budget) {
             ++kv_refused;
             return reply_error(r, fb::ErrorCode::SessionLimit,

@@ -36,10 +36,16 @@ uint64_t Worker::Impl::kv_in_use() const {
     return sum;
 }
 
+uint64_t Worker::Impl::request_need(uint32_t ctx, uint64_t most, bool speculate) {
+    uint64_t need = model->cache_bytes_for(ctx, most);
+    if (draft_max > 0 && speculate) need += model->drafter_cache_bytes_for(ctx, most + uint64_t(draft_max));
+    return need;
+}
+
 uint64_t Worker::Impl::job_need(const Job &j) {
     const uint32_t ctx = j.session->ctx;
     const uint64_t most = std::min<uint64_t>(ctx, uint64_t(j.full.size()) + j.p.max_tokens);
-    return model->cache_bytes_for(ctx, most);
+    return request_need(ctx, most, j.p.speculate);
 }
 
 bool Worker::Impl::release_for(uint64_t need, const LiveSession *keep) {

@@ -225,6 +225,9 @@ struct Worker::Impl {
     uint64_t kv_in_use() const;
     // What a job's session may hold at most, in cache bytes.
     uint64_t job_need(const Job &j);
+    // The same for a request on a session of ctx reaching `most` tokens: with the drafter's
+    // session (its drafts included) when it speculates.
+    uint64_t request_need(uint32_t ctx, uint64_t most, bool speculate);
     // Frees cache memory until `need` more bytes fit the budget: idle pooled contexts first,
     // then the least recently used idle stored sessions (not `keep`). False when it cannot.
     bool release_for(uint64_t need, const LiveSession *keep);

@@ -180,6 +180,35 @@ TEST(SpecBridge, TrainedPairPayloadAfterASpeculativeTurnIsByteIdentical) {
     EXPECT_GT(c.accepted, 0u) << "the trained drafter agrees with its model often";
 }
 
+// What a host reserves for a speculating session: the target's cache plus the drafter
+// session's (ds4_bridge_drafter_cache_bytes_for), which is what the session then holds.
+TEST(SpecBridge, DrafterCacheBytesCoverWhatASpeculatingSessionHolds) {
+    Model plain = open(kPystd, "");
+    Model m = open(kPystd, kPystdDrafter, 4);
+    const int ctx = 1024, n_turn = 200;
+    const std::vector<int32_t> prompt = m.tokenize("import os\nimport sys\n\n\ndef main(argv):\n    ");
+    Session s(m, ctx);
+    spec_turn(s, prompt, n_turn);
+    ASSERT_GT(s.spec_counters().trials, 0u);
+    const int held = (int)prompt.size() + n_turn;
+    uint64_t target = 0, drafter = 0, session = 0, none = 0;
+    Err e;
+    ASSERT_EQ(ds4_bridge_cache_bytes_for(m.handle(), ctx, held, &target, e.buf, sizeof e.buf), 0) << e.str();
+    ASSERT_EQ(ds4_bridge_drafter_cache_bytes_for(m.handle(), ctx, held + 4, &drafter, e.buf, sizeof e.buf), 0) << e.str();
+    ASSERT_EQ(ds4_bridge_session_cache_bytes(s.handle(), &session, e.buf, sizeof e.buf), 0) << e.str();
+    EXPECT_GT(drafter, 0u);
+    EXPECT_GT(session, target) << "the drafter session holds memory of its own";
+    EXPECT_LE(session, target + drafter) << "the reservation falls short of what the session holds";
+    // The drafter's size follows its own shape: smaller than the target's for the same tokens.
+    EXPECT_LT(drafter, target);
+    // Without a drafter, or with bad arguments, it is an error.
+    EXPECT_NE(ds4_bridge_drafter_cache_bytes_for(plain.handle(), ctx, held, &none, e.buf, sizeof e.buf), 0);
+    EXPECT_TRUE(has(e.str(), "no drafter")) << e.str();
+    EXPECT_NE(ds4_bridge_drafter_cache_bytes_for(m.handle(), 0, held, &none, e.buf, sizeof e.buf), 0);
+    EXPECT_NE(ds4_bridge_drafter_cache_bytes_for(nullptr, ctx, held, &none, e.buf, sizeof e.buf), 0);
+    EXPECT_NE(ds4_bridge_drafter_cache_bytes_for(m.handle(), ctx, held, nullptr, e.buf, sizeof e.buf), 0);
+}
+
 TEST(SpecBridge, BadArgumentsAndCallsDuringATrialAreRefused) {
     Model m = open(DS4_TEST_MODEL, kModels + "/rand320.gguf", 3);
     Session s(m, 32);

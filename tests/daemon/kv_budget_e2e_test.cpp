@@ -232,6 +232,46 @@ TEST_F(KvBudgetE2E, NeverFittingAndTimedOutRequestsAreRefusedClearly) {
     EXPECT_EQ(d.stop(SIGTERM), 0);
 }
 
+// With --drafter a speculating request reserves the drafter session's cache as well as the
+// target's (both from the bridge): a budget that holds the target's alone serves the request
+// without speculation and refuses it at once with it.
+TEST_F(KvBudgetE2E, ASpeculatingRequestReservesTheDrafterSessionToo) {
+    const std::string pystd = DS4_SOURCE_DIR "/models/ds4-pystd-q8_0.gguf";
+    const std::string drafter = DS4_SOURCE_DIR "/models/ds4-pystd-drafter-q8_0.gguf";
+    ds4::bridge::ModelOptions mo;
+    mo.model_path = pystd;
+    mo.drafter_path = drafter;
+    mo.draft_max = 4;
+    mo.n_threads = 1;
+    ds4::bridge::Model pair(mo);
+    constexpr uint32_t ctx = 4096, max_tokens = 64, most = 8 + max_tokens;
+    uint64_t target = 0, draft = 0;
+    char err[256];
+    ASSERT_EQ(ds4_bridge_cache_bytes_for(pair.handle(), ctx, most, &target, err, sizeof err), 0) << err;
+    ASSERT_EQ(ds4_bridge_drafter_cache_bytes_for(pair.handle(), ctx, most + 4, &draft, err, sizeof err), 0) << err;
+    ASSERT_GT(draft, 0u);
+    const uint64_t budget = target + draft / 2;
+    Daemon d;
+    ASSERT_EQ(d.start(DS4D_PATH, pystd, dir->path + "/spec.sock", dir->path + "/spec.log",
+                      {"--drafter", drafter, "--draft-max", "4", "--ctx", std::to_string(ctx), "--kv-budget",
+                       std::to_string(budget), "--kv-wait", "1"}),
+              "");
+    Client c(d.socket);
+    GenerateRequest g = one_shot(max_tokens);
+    g.speculate = true;
+    try {
+        c.generate(g);
+        ADD_FAILURE() << "a speculating request ran on a budget below its target + drafter caches";
+    } catch (const ServerError &e) {
+        EXPECT_EQ(e.code_name, "SessionLimit") << e.what();
+        EXPECT_TRUE(contains(e.server_message, "more than the whole")) << e.what();
+    }
+    g.speculate = false;
+    EXPECT_EQ(c.generate(g).generated_tokens, max_tokens);
+    EXPECT_EQ(c.stats().kv_refused, 1u);
+    EXPECT_EQ(d.stop(SIGTERM), 0) << read_file(d.log);
+}
+
 // A session of 1M context holds cache memory for the tokens it has seen, not for its
 // context: the budget's accounting (and the engine's own) grows by the bytes the bridge
 // predicts for those tokens, a tiny fraction of the full context's.

@@ -620,4 +620,12 @@ extern "C" {
         err: *mut c_char,
         errlen: usize,
     ) -> c_int;
+    pub fn ds4_bridge_drafter_cache_bytes_for(
+        m: *mut ds4_bridge_model,
+        ctx_size: c_int,
+        n_tokens: c_int,
+        bytes_out: *mut u64,
+        err: *mut c_char,
+        errlen: usize,
+    ) -> c_int;
 }
