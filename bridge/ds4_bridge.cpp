@@ -79,6 +79,15 @@ int guarded(char *err, size_t errlen, F &&fn) {
     return -1;
 }
 
+// A size-versioned struct (fields only appended) into the caller's copy of out_size bytes:
+// the fields both know, zeros in any the library does not.
+template <class T>
+void copy_versioned(void *out, size_t out_size, const T &v) {
+    const size_t n = std::min(out_size, sizeof v);
+    std::memcpy(out, &v, n);
+    if (out_size > n) std::memset(static_cast<char *>(out) + n, 0, out_size - n);
+}
+
 int bad(char *err, size_t errlen, const char *msg) {
     set_err(err, errlen, msg);
     return -1;
@@ -476,9 +485,7 @@ int ds4_bridge_drafter_device(ds4_bridge_model *m, ds4_bridge_drafter_device_t *
         d.layout_hash = st.layout.layout_hash;
         std::memcpy(d.uuid, st.layout.uuid, sizeof d.uuid);
         std::snprintf(d.why, sizeof d.why, "%s", st.why.c_str());
-        const size_t n = std::min(out_size, sizeof d);
-        std::memcpy(out, &d, n);
-        if (out_size > n) std::memset(reinterpret_cast<char *>(out) + n, 0, out_size - n);
+        copy_versioned(out, out_size, d);
         return 0;
     });
 }
@@ -567,9 +574,7 @@ int ds4_bridge_memory_stats_ex(ds4_bridge_model *m, ds4_bridge_memory_ex_t *out,
         if (m->drafter_shared) ex.shared_bytes = w.mapped_bytes;
     }
     ex.private_bytes = ex.base.weights_bytes + ex.base.cache_bytes + ex.base.scratch_bytes - ex.shared_bytes;
-    const size_t n = std::min(out_size, sizeof ex);
-    std::memcpy(out, &ex, n);
-    if (out_size > n) std::memset(reinterpret_cast<char *>(out) + n, 0, out_size - n);
+    copy_versioned(out, out_size, ex);
     return 0;
 }
 
@@ -603,9 +608,7 @@ int ds4_bridge_expert_stats_ex(ds4_bridge_model *m, ds4_bridge_expert_stats_ex_t
         ex.tiers = !ex.base.streaming ? 0 : s.host_capacity_bytes > 0 ? 2 : 1;
         ex.host_misses = s.host_misses, ex.host_bytes_read = s.host_bytes_read;
         ex.host_capacity_bytes = s.host_capacity_bytes;
-        const size_t n = std::min(out_size, sizeof ex);
-        std::memcpy(out, &ex, n);
-        if (out_size > n) std::memset(reinterpret_cast<char *>(out) + n, 0, out_size - n);
+        copy_versioned(out, out_size, ex);
         return 0;
     });
 }

@@ -616,13 +616,18 @@ uint64_t pss_kb(pid_t pid) {
 // drafter); a private load adds the whole file again. Token-identical output either way.
 TEST_F(DrafterShareE2E, TwoProcessesCountTheDrafterOnce) {
     TempDir d;
+    // Private copies of the files: PSS divides a file's pages among every process that maps
+    // them, and other tests running beside this one map the committed model pair.
+    const std::string model = d.path + "/model.gguf", drafter = d.path + "/drafter.gguf";
+    std::filesystem::copy_file(kModel, model);
+    std::filesystem::copy_file(kDrafter, drafter);
     Daemon dd;
-    ASSERT_EQ(dd.start(DS4D_PATH, kModel, d.path + "/p.sock", d.path + "/p.log", {"--drafter", kDrafter}), "");
-    const uint64_t drafter_kb = std::filesystem::file_size(kDrafter) / 1024;
+    ASSERT_EQ(dd.start(DS4D_PATH, model, d.path + "/p.sock", d.path + "/p.log", {"--drafter", drafter}), "");
+    const uint64_t drafter_kb = std::filesystem::file_size(drafter) / 1024;
     const std::string text = kPrompts[0];
     const uint64_t ds4d_before = pss_kb(dd.pid);
 
-    ImporterProcess imp({DS4_IMPORTER_PATH, kModel, "--import", dd.socket, "40", text});
+    ImporterProcess imp({DS4_IMPORTER_PATH, model, "--import", dd.socket, "40", text});
     ASSERT_TRUE(imp.wait_ready());
     const uint64_t ds4d_with_importer = pss_kb(dd.pid), importer = pss_kb(imp.pid);
     EXPECT_EQ(imp.lines["shared"], "1");
@@ -634,7 +639,7 @@ TEST_F(DrafterShareE2E, TwoProcessesCountTheDrafterOnce) {
     EXPECT_GT(shared_b, 0u);
     EXPECT_EQ(imp.finish(), 0);
 
-    ImporterProcess priv({DS4_IMPORTER_PATH, kModel, "--private", kDrafter, "40", text});
+    ImporterProcess priv({DS4_IMPORTER_PATH, model, "--private", drafter, "40", text});
     ASSERT_TRUE(priv.wait_ready());
     const uint64_t ds4d_with_private = pss_kb(dd.pid), private_loader = pss_kb(priv.pid);
     EXPECT_EQ(priv.lines["shared"], "0");
