@@ -82,51 +82,77 @@ __global__ void rmsnorm_kernel(const float *x, int64_t xs, const int32_t *idx, i
     for (; i < n; i += B) o[i] = w ? xr[i] * inv * w[i] : xr[i] * inv;
 }
 
-__global__ void hc_pre_kernel(const float *mix, const float *base, const float *scale, const float *H, int hc, int D,
-                              int iters, float eps, float *post, float *comb, float *X) {
-    __shared__ float pre[16], cb[256];   // the mixer is built in shared memory, then stored
-    const int t = blockIdx.x, nmix = (2 + hc) * hc, tid = threadIdx.x;
-    const float *m = mix + (int64_t)t * nmix;
-    if (tid < hc) {
-        const int k = tid;
-        pre[k] = sigmoidf(m[k] * scale[0] + base[k]) + eps;
-        post[t * hc + k] = 2.f * sigmoidf(m[hc + k] * scale[1] + base[hc + k]);
-        // row j = tid of the mixer: softmax + eps
-        const int j = tid;
-        float mx = -INFINITY;
-        for (int k2 = 0; k2 < hc; ++k2) {
-            cb[j * hc + k2] = m[2 * hc + j * hc + k2] * scale[2] + base[2 * hc + j * hc + k2];
-            mx = fmaxf(mx, cb[j * hc + k2]);
-        }
-        double sd = 0;
-        for (int k2 = 0; k2 < hc; ++k2) sd += cb[j * hc + k2] = expf(cb[j * hc + k2] - mx);
-        const float inv = (float)(1.0 / sd);
-        for (int k2 = 0; k2 < hc; ++k2) cb[j * hc + k2] = cb[j * hc + k2] * inv + eps;
-    }
-    __syncthreads();
-    // Sinkhorn: columns, then (rows, columns) for the remaining iterations. A thread per
-    // element; each sums its row or column in the serial order, so the result is the same.
+// Sinkhorn: columns, then (rows, columns) for the remaining iterations. A thread per element
+// (tid < hc * hc); each sums its row or column in the serial order, so the result is the same
+// whichever threads run it. SYNC: __syncwarp when one warp holds the mixer, else __syncthreads.
+template <bool kWarp>
+__device__ __forceinline__ void hc_sinkhorn(float *cb, int hc, int iters, float eps, int tid) {
     const bool mine = tid < hc * hc;
     const int mj = mine ? tid / hc : 0, mk = mine ? tid % hc : 0;
+    auto sync = [] {
+        if (kWarp) __syncwarp();
+        else __syncthreads();
+    };
     for (int it = 0; it < iters; ++it) {
         if (it > 0) {
             float s = 0;
             if (mine)
                 for (int k2 = 0; k2 < hc; ++k2) s += cb[mj * hc + k2];
-            __syncthreads();
+            sync();
             if (mine) cb[mj * hc + mk] /= s + eps;
-            __syncthreads();
+            sync();
         }
         float s = 0;
         if (mine)
             for (int j2 = 0; j2 < hc; ++j2) s += cb[j2 * hc + mk];
-        __syncthreads();
+        sync();
         if (mine) cb[mj * hc + mk] /= s + eps;
-        __syncthreads();
+        sync();
     }
-    for (int i = threadIdx.x; i < hc * hc; i += blockDim.x) comb[(int64_t)t * hc * hc + i] = cb[i];
+}
+
+// Block (row t, slice y): every block derives the pre weights (a few sigmoids, same bits in
+// each) and mixes its slice of D; block 0 also builds post and the Sinkhorn mixer. With four
+// streams the mixer is 16 elements, so its 2 x iters steps synchronise one warp, not the
+// block: the 1024-thread single block this replaced spent most of its time in barriers.
+__global__ void hc_pre_kernel(const float *mix, const float *base, const float *scale, const float *H, int hc, int D,
+                              int iters, float eps, float *post, float *comb, float *X) {
+    __shared__ float pre[16], cb[256];
+    const int t = blockIdx.x, nmix = (2 + hc) * hc, tid = threadIdx.x;
+    const bool lead = blockIdx.y == 0;
+    const float *m = mix + (int64_t)t * nmix;
+    if (tid < hc) {
+        const int k = tid;
+        pre[k] = sigmoidf(m[k] * scale[0] + base[k]) + eps;
+        if (lead) {
+            post[t * hc + k] = 2.f * sigmoidf(m[hc + k] * scale[1] + base[hc + k]);
+            // row j = tid of the mixer: softmax + eps
+            const int j = tid;
+            float mx = -INFINITY;
+            for (int k2 = 0; k2 < hc; ++k2) {
+                cb[j * hc + k2] = m[2 * hc + j * hc + k2] * scale[2] + base[2 * hc + j * hc + k2];
+                mx = fmaxf(mx, cb[j * hc + k2]);
+            }
+            double sd = 0;
+            for (int k2 = 0; k2 < hc; ++k2) sd += cb[j * hc + k2] = expf(cb[j * hc + k2] - mx);
+            const float inv = (float)(1.0 / sd);
+            for (int k2 = 0; k2 < hc; ++k2) cb[j * hc + k2] = cb[j * hc + k2] * inv + eps;
+        }
+    }
+    __syncthreads();
+    if (lead) {
+        if (hc * hc <= 32) {
+            if (tid < 32) {
+                hc_sinkhorn<true>(cb, hc, iters, eps, tid);
+                if (tid < hc * hc) comb[(int64_t)t * hc * hc + tid] = cb[tid];
+            }
+        } else {
+            hc_sinkhorn<false>(cb, hc, iters, eps, tid);
+            for (int i = tid; i < hc * hc; i += blockDim.x) comb[(int64_t)t * hc * hc + i] = cb[i];
+        }
+    }
     const float *h = H + (int64_t)t * hc * D;
-    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    for (int d = blockIdx.y * blockDim.x + tid; d < D; d += gridDim.y * blockDim.x) {
         float v = 0;
         for (int k = 0; k < hc; ++k) v += pre[k] * h[(int64_t)k * D + d];
         X[(int64_t)t * D + d] = v;
@@ -384,9 +410,13 @@ __global__ void __launch_bounds__(kBlock) attend_rows_kernel(const float *q, con
 // sum exp(s - m) v -- and attend_merge_kernel rescales the splits to the common max (the sink
 // included) and divides once.
 constexpr int kSplitKeys = 32;
+// Each split's exp(s - m) is computed once into shared memory (every thread had recomputed
+// all 32 per output element) and the key loop is unrolled so the key rows' loads go out
+// together; the fma chain per element keeps key order, so the bits are unchanged.
 __global__ void __launch_bounds__(kBlock) attend_split_kernel(const float *q, const AttnRow *desc, int H, int hd, int window,
                                                               float *part, int max_splits) {
-    __shared__ float p[kSplitKeys];
+    __shared__ float p[kSplitKeys], ew[kSplitKeys];
+    __shared__ const float *kp[kSplitKeys];
     __shared__ float shf[kBlock / 32];
     const int rh = blockIdx.x, r = rh / H, h = rh % H, sp = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const AttnRow d = desc[r];
@@ -398,13 +428,16 @@ __global__ void __launch_bounds__(kBlock) attend_split_kernel(const float *q, co
         if (threadIdx.x == 0) out[hd] = -INFINITY, out[hd + 1] = 0.f;
         return;
     }
+    if (threadIdx.x < nk) kp[threadIdx.x] = attn_key(d, w0, n_win, hd, k0 + threadIdx.x);
+    __syncthreads();
     const float *qv = q + ((int64_t)r * H + h) * hd;
     const float scale = 1.f / sqrtf((float)hd);
     float mx = -INFINITY;
     for (int j = warp; j < nk; j += kBlock / 32) {
-        const float4 *kv = reinterpret_cast<const float4 *>(attn_key(d, w0, n_win, hd, k0 + j));
+        const float4 *kv = reinterpret_cast<const float4 *>(kp[j]);
         const float4 *q4 = reinterpret_cast<const float4 *>(qv);
         float sc = 0;
+#pragma unroll 4
         for (int i = lane; i < hd / 4; i += 32) {
             const float4 a = q4[i], b = kv[i];
             sc = fmaf(a.x, b.x, sc), sc = fmaf(a.y, b.y, sc), sc = fmaf(a.z, b.z, sc), sc = fmaf(a.w, b.w, sc);
@@ -415,36 +448,79 @@ __global__ void __launch_bounds__(kBlock) attend_split_kernel(const float *q, co
         mx = fmaxf(mx, sc);
     }
     mx = block_max(mx, shf);   // synchronises: p is complete
-    float l = 0.f;
-    for (int j = 0; j < nk; ++j) l += expf(p[j] - mx);
+    if (threadIdx.x < nk) ew[threadIdx.x] = expf(p[threadIdx.x] - mx);
+    __syncthreads();
     for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        float v[kSplitKeys];
+#pragma unroll
+        for (int j = 0; j < kSplitKeys; ++j) v[j] = j < nk ? kp[j][i] : 0.f;
         float acc = 0.f;
-        for (int j = 0; j < nk; ++j) acc = fmaf(expf(p[j] - mx), attn_key(d, w0, n_win, hd, k0 + j)[i], acc);
+#pragma unroll
+        for (int j = 0; j < kSplitKeys; ++j)
+            if (j < nk) acc = fmaf(ew[j], v[j], acc);
         out[i] = acc;
     }
-    if (threadIdx.x == 0) out[hd] = mx, out[hd + 1] = l;
+    if (threadIdx.x == 0) {
+        float l = 0.f;
+        for (int j = 0; j < nk; ++j) l += ew[j];
+        out[hd] = mx, out[hd + 1] = l;
+    }
 }
 
+// The splits' factors exp(m_s - m) once into shared memory (kMergeChunk at a time), then each
+// output element sums its splits in order with the loads unrolled: same bits as a serial walk.
+constexpr int kMergeChunk = 64;
 __global__ void __launch_bounds__(kBlock) attend_merge_kernel(const float *part, int H, int hd, const float *sinks, int max_splits,
                                                               float *o) {
+    __shared__ float f[kMergeChunk];
+    __shared__ double dd[kMergeChunk], den_s;
     const int rh = blockIdx.x, h = rh % H;
     const float *pp = part + (int64_t)rh * max_splits * (hd + 2);
     float mx = sinks[h];
     for (int sp = 0; sp < max_splits; ++sp) mx = fmaxf(mx, pp[(int64_t)sp * (hd + 2) + hd]);
+    // den in split order, as a serial walk: thread 0 adds what the others computed
     double den = exp((double)sinks[h] - mx);
-    for (int sp = 0; sp < max_splits; ++sp) {
-        const float *ps = pp + (int64_t)sp * (hd + 2);
-        if (ps[hd + 1] > 0.f) den += (double)ps[hd + 1] * exp((double)ps[hd] - mx);
-    }
-    const float inv = (float)(1.0 / den);
     float *ov = o + (int64_t)rh * hd;
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-        float acc = 0.f;
-        for (int sp = 0; sp < max_splits; ++sp) {
-            const float *ps = pp + (int64_t)sp * (hd + 2);
-            if (ps[hd + 1] > 0.f) acc = fmaf(ps[i], expf(ps[hd] - mx), acc);
+    float acc[2] = {0.f, 0.f};   // hd <= 2 * kBlock (checked at launch)
+    for (int s0 = 0; s0 < max_splits; s0 += kMergeChunk) {
+        const int ns = max_splits - s0 < kMergeChunk ? max_splits - s0 : kMergeChunk;
+        __syncthreads();
+        if (threadIdx.x < ns) {
+            const float *ps = pp + (int64_t)(s0 + threadIdx.x) * (hd + 2);
+            const bool live = ps[hd + 1] > 0.f;
+            f[threadIdx.x] = live ? expf(ps[hd] - mx) : 0.f;
+            dd[threadIdx.x] = live ? (double)ps[hd + 1] * exp((double)ps[hd] - mx) : -1.0;
         }
-        ov[i] = acc * inv;
+        __syncthreads();
+        if (threadIdx.x == 0)
+            for (int j = 0; j < ns; ++j)
+                if (dd[j] >= 0.0) den += dd[j];
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+            const int i = threadIdx.x + u * kBlock;
+            if (i >= hd) continue;
+            float a = acc[u];
+            int j = 0;
+            for (; j + 8 <= ns; j += 8) {
+                float v[8];
+#pragma unroll
+                for (int k = 0; k < 8; ++k) v[k] = pp[(int64_t)(s0 + j + k) * (hd + 2) + i];
+#pragma unroll
+                for (int k = 0; k < 8; ++k)
+                    if (dd[j + k] >= 0.0) a = fmaf(v[k], f[j + k], a);
+            }
+            for (; j < ns; ++j)
+                if (dd[j] >= 0.0) a = fmaf(pp[(int64_t)(s0 + j) * (hd + 2) + i], f[j], a);
+            acc[u] = a;
+        }
+    }
+    if (threadIdx.x == 0) den_s = den;
+    __syncthreads();
+    const float inv = (float)(1.0 / den_s);
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+        const int i = threadIdx.x + u * kBlock;
+        if (i < hd) ov[i] = acc[u] * inv;
     }
 }
 
@@ -629,9 +705,9 @@ void hc_pre_mix(cudaStream_t s, const float *mix, const float *base, const float
                 int iters, float eps, float *post, float *comb, float *X, int rows) {
     if (hc > 16) fail("CUDA backend: more than 16 hyper-connection streams");
     if (rows <= 0) return;
-    // 1024 threads: the stream mix over D is the long part and runs on one SM per row; each
-    // output element is still one thread's sum in stream order.
-    hc_pre_kernel<<<rows, 1024, 0, s>>>(mix, base, scale, H, hc, D, iters, eps, post, comb, X);
+    // blocks of 256 split D (two elements a thread); hc * hc <= 256 fits the general Sinkhorn
+    hc_pre_kernel<<<dim3((unsigned)rows, (unsigned)blocks_for(D, 2 * kBlock)), kBlock, 0, s>>>(mix, base, scale, H, hc, D, iters,
+                                                                                               eps, post, comb, X);
     DS4_CUDA_LAUNCHED();
 }
 
@@ -706,7 +782,7 @@ void attend(cudaStream_t s, const float *q, const AttnRow *desc, int H, int hd, 
         return;
     }
     const int splits = (max_keys + kSplitKeys - 1) / kSplitKeys;
-    if (splits > 1) {
+    if (splits > 1 && hd <= 2 * kBlock) {
         attend_split_kernel<<<dim3((unsigned)(rows * H), (unsigned)splits), kBlock, 0, s>>>(q, desc, H, hd, window, scratch, splits);
         DS4_CUDA_LAUNCHED();
         attend_merge_kernel<<<rows * H, kBlock, 0, s>>>(scratch, H, hd, sinks, splits, o);
