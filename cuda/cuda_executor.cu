@@ -120,9 +120,16 @@ public:
     void hc_pre(const WeightView &fn, const float *base, const float *scale) override {
         PROFILE("hc_pre");
         const int hc = c_.hc_mult, D = c_.n_embd, nmix = (2 + hc) * hc;
-        float *flat = flat_.need((size_t)R_ * hc * D), *mix = mix_.need((size_t)R_ * nmix);
-        rmsnorm_rows(s_, H_.get(), (int64_t)hc * D, nullptr, (int64_t)hc * D, nullptr, c_.rms_eps, flat, (int64_t)hc * D, R_);
-        mm(fn, flat, R_, (int64_t)hc * D, mix, nmix);
+        float *mix = mix_.need((size_t)R_ * nmix);
+        if (fn.empty()) fail("matmul: weight not bound");
+        if (f32_act_ || !matmul_rms(s_, fn.type, wdev(fn.data), (int64_t)hc * D, nmix, fn.row_bytes, H_.get(), R_, (int64_t)hc * D,
+                                    c_.rms_eps, mix, nmix)) {
+            float *flat = flat_.need((size_t)R_ * hc * D);
+            rmsnorm_rows(s_, H_.get(), (int64_t)hc * D, nullptr, (int64_t)hc * D, nullptr, c_.rms_eps, flat, (int64_t)hc * D, R_);
+            mm(fn, flat, R_, (int64_t)hc * D, mix, nmix);
+        } else {
+            stats_.weight_bytes += fn.bytes();
+        }
         hc_pre_mix(s_, mix, dw_.device(base), dw_.device(scale), H_.get(), hc, D, c_.hc_iters, c_.hc_eps, post_.get(),
                    comb_.get(), X_.get(), R_);
     }

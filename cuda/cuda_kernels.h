@@ -14,6 +14,8 @@ constexpr int64_t kMmaMinTokens = 16;
 
 void init_quant_tables();
 void init_qmatmul_tables();
+// Whether one-token integer products over rows of `in` elements stage them (cuda_qblocks.cuh).
+bool stage_rows(int64_t in);
 
 // y[t*ys + o] = sum_i W[o, i] * x[t*xs + i] with f32 activations, W in its GGUF encoding
 // (the engine uses it for F32 / F16 / BF16 weights; block formats go through matmul_q).
@@ -63,6 +65,10 @@ void matmul_q_grouped(cudaStream_t s, gguf::Type type, const void *w, int64_t in
 // dst row r = src row idx[r] (row_bytes a multiple of 16).
 void gather_bytes(cudaStream_t s, const uint8_t *src, uint64_t row_bytes, const int *idx, uint8_t *dst, int rows);
 // out[r*os + i] = W[ids[r], i] decoded, for r < rows.
+// y = W . rmsnorm(x) (unit norm weight) for fewer than kMmaMinTokens rows of f32 / f16 / bf16 weights, the
+// norm folded into the product; false (nothing launched) where it does not apply.
+bool matmul_rms(cudaStream_t s, gguf::Type type, const void *w, int64_t in, int64_t out, uint64_t row_bytes, const float *x,
+                int64_t n_tok, int64_t x_stride, float eps, float *y, int64_t y_stride);
 void dequant_rows(cudaStream_t s, gguf::Type type, const void *w, uint64_t row_bytes, int64_t n, const int32_t *ids,
                   int64_t rows, float *out, int64_t out_stride);
 

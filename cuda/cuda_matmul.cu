@@ -100,25 +100,28 @@ template <> __device__ __forceinline__ void deq8<16>(const uint8_t *row, int64_t
 
 constexpr int kTileTok = 8, kWarps = 4;
 
-template <int T>
+// NT: the tile (1 for a one-token product: its chunk loop is unrolled so the loads of four
+// chunks go out together; the sums keep chunk order either way).
+template <int T, int NT = kTileTok>
 __global__ void __launch_bounds__(32 * kWarps) matmul_kernel(const uint8_t *__restrict__ w, int64_t in, int64_t out,
                                                              uint64_t row_bytes, const float *__restrict__ x, int64_t n_tok,
                                                              int64_t x_stride, float *__restrict__ y, int64_t y_stride) {
     const int lane = threadIdx.x & 31;
     const int64_t o = (int64_t)blockIdx.x * kWarps + (threadIdx.x >> 5);
     if (o >= out) return;
-    const int64_t t0 = (int64_t)blockIdx.y * kTileTok;
-    const int nt = (int)(n_tok - t0 < kTileTok ? n_tok - t0 : kTileTok);
+    const int64_t t0 = (int64_t)blockIdx.y * NT;
+    const int nt = (int)(n_tok - t0 < NT ? n_tok - t0 : NT);
     const uint8_t *row = w + (uint64_t)o * row_bytes;
-    float acc[kTileTok];
+    float acc[NT];
 #pragma unroll
-    for (int t = 0; t < kTileTok; ++t) acc[t] = 0.f;
+    for (int t = 0; t < NT; ++t) acc[t] = 0.f;
     const int64_t chunks = in >> 3;
+#pragma unroll(NT == 1 ? 4 : 1)
     for (int64_t c = lane; c < chunks; c += 32) {
         float wv[8];
         deq8<T>(row, c, wv);
 #pragma unroll
-        for (int t = 0; t < kTileTok; ++t) {
+        for (int t = 0; t < NT; ++t) {
             if (t < nt) {
                 const float *xr = x + (t0 + t) * x_stride + 8 * c;
                 float s = 0.f;
@@ -129,7 +132,7 @@ __global__ void __launch_bounds__(32 * kWarps) matmul_kernel(const uint8_t *__re
         }
     }
 #pragma unroll
-    for (int t = 0; t < kTileTok; ++t) {
+    for (int t = 0; t < NT; ++t) {
         float v = acc[t];
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
@@ -141,26 +144,27 @@ __global__ void __launch_bounds__(32 * kWarps) matmul_kernel(const uint8_t *__re
 // decode): a warp per row would leave most of the GPU idle while each warp walks the whole
 // input, so a block of kSplitWarps warps splits each row's input and sums in shared memory.
 constexpr int kSplitWarps = 8;
-template <int T>
+template <int T, int NT = kTileTok>
 __global__ void __launch_bounds__(32 * kSplitWarps) matmul_split_kernel(const uint8_t *__restrict__ w, int64_t in, int64_t out,
                                                                        uint64_t row_bytes, const float *__restrict__ x,
                                                                        int64_t n_tok, int64_t x_stride, float *__restrict__ y,
                                                                        int64_t y_stride) {
-    __shared__ float part[kSplitWarps][kTileTok];
+    __shared__ float part[kSplitWarps][NT];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t o = blockIdx.x;
-    const int64_t t0 = (int64_t)blockIdx.y * kTileTok;
-    const int nt = (int)(n_tok - t0 < kTileTok ? n_tok - t0 : kTileTok);
+    const int64_t t0 = (int64_t)blockIdx.y * NT;
+    const int nt = (int)(n_tok - t0 < NT ? n_tok - t0 : NT);
     const uint8_t *row = w + (uint64_t)o * row_bytes;
-    float acc[kTileTok];
+    float acc[NT];
 #pragma unroll
-    for (int t = 0; t < kTileTok; ++t) acc[t] = 0.f;
+    for (int t = 0; t < NT; ++t) acc[t] = 0.f;
     const int64_t chunks = in >> 3;
+#pragma unroll(NT == 1 ? 4 : 1)
     for (int64_t c = threadIdx.x; c < chunks; c += 32 * kSplitWarps) {
         float wv[8];
         deq8<T>(row, c, wv);
 #pragma unroll
-        for (int t = 0; t < kTileTok; ++t) {
+        for (int t = 0; t < NT; ++t) {
             if (t < nt) {
                 const float *xr = x + (t0 + t) * x_stride + 8 * c;
                 float s = 0.f;
@@ -171,7 +175,7 @@ __global__ void __launch_bounds__(32 * kSplitWarps) matmul_split_kernel(const ui
         }
     }
 #pragma unroll
-    for (int t = 0; t < kTileTok; ++t) {
+    for (int t = 0; t < NT; ++t) {
         float v = acc[t];
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
@@ -182,6 +186,47 @@ __global__ void __launch_bounds__(32 * kSplitWarps) matmul_split_kernel(const ui
         float v = 0.f;
         for (int k = 0; k < kSplitWarps; ++k) v += part[k][threadIdx.x];
         y[(t0 + threadIdx.x) * y_stride + o] = v;
+    }
+}
+
+// y[t][o] = W[o] . rmsnorm(x[t]) (unit weight) for one-token rows: the hyper-connection mix
+// of a decode step, where the norm of the 16384-wide stream row was a kernel of its own on
+// one SM. Block (o, t) takes the row's sum of squares in the pass that takes the dot
+// (x is read from L2 by every block; it is 64 KB), and scales the dot once:
+// (W . x) * inv for W . (x * inv) -- equal up to rounding, as in any reordered sum.
+template <int T>
+__global__ void __launch_bounds__(32 * kSplitWarps) matmul_rms_kernel(const uint8_t *__restrict__ w, int64_t in, uint64_t row_bytes,
+                                                                      const float *__restrict__ x, int64_t x_stride, float eps,
+                                                                      float *__restrict__ y, int64_t y_stride) {
+    __shared__ float part[kSplitWarps];
+    __shared__ double part_ss[kSplitWarps];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t o = blockIdx.x, t = blockIdx.y;
+    const uint8_t *row = w + (uint64_t)o * row_bytes;
+    const float *xr = x + t * x_stride;
+    float acc = 0.f;
+    double ss = 0;
+    const int64_t chunks = in >> 3;
+#pragma unroll 4
+    for (int64_t c = threadIdx.x; c < chunks; c += 32 * kSplitWarps) {
+        float wv[8];
+        deq8<T>(row, c, wv);
+        const float4 a = reinterpret_cast<const float4 *>(xr)[2 * c], b = reinterpret_cast<const float4 *>(xr)[2 * c + 1];
+        const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+        float s = 0.f;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) s = fmaf(wv[i], xv[i], s), ss += (double)xv[i] * xv[i];
+        acc += s;
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off), ss += __shfl_xor_sync(0xffffffffu, ss, off);
+    if (lane == 0) part[warp] = acc, part_ss[warp] = ss;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float v = 0.f;
+        double q = 0;
+        for (int k = 0; k < kSplitWarps; ++k) v += part[k], q += part_ss[k];
+        y[t * y_stride + o] = v * (float)(1.0 / sqrt(q / (double)in + (double)eps));
     }
 }
 
@@ -217,12 +262,24 @@ template <int T> struct MatmulLaunch {
     static void run(cudaStream_t s, const uint8_t *w, int64_t in, int64_t out, uint64_t rb, const float *x, int64_t n_tok,
                     int64_t xs, float *y, int64_t ys) {
         const unsigned tiles = (unsigned)((n_tok + kTileTok - 1) / kTileTok);
+        const bool one = n_tok == 1;
         if (out * tiles < 2048 && in >= 2048) {
-            matmul_split_kernel<T><<<dim3((unsigned)out, tiles), 32 * kSplitWarps, 0, s>>>(w, in, out, rb, x, n_tok, xs, y, ys);
+            const dim3 grid((unsigned)out, tiles);
+            if (one) matmul_split_kernel<T, 1><<<grid, 32 * kSplitWarps, 0, s>>>(w, in, out, rb, x, n_tok, xs, y, ys);
+            else matmul_split_kernel<T><<<grid, 32 * kSplitWarps, 0, s>>>(w, in, out, rb, x, n_tok, xs, y, ys);
         } else {
             const dim3 grid((unsigned)((out + kWarps - 1) / kWarps), tiles);
-            matmul_kernel<T><<<grid, 32 * kWarps, 0, s>>>(w, in, out, rb, x, n_tok, xs, y, ys);
+            if (one) matmul_kernel<T, 1><<<grid, 32 * kWarps, 0, s>>>(w, in, out, rb, x, n_tok, xs, y, ys);
+            else matmul_kernel<T><<<grid, 32 * kWarps, 0, s>>>(w, in, out, rb, x, n_tok, xs, y, ys);
         }
+        DS4_CUDA_LAUNCHED();
+    }
+};
+
+template <int T> struct MatmulRmsLaunch {
+    static void run(cudaStream_t s, const uint8_t *w, int64_t in, int64_t out, uint64_t rb, const float *x, int64_t n_tok,
+                    int64_t xs, float eps, float *y, int64_t ys) {
+        matmul_rms_kernel<T><<<dim3((unsigned)out, (unsigned)n_tok), 32 * kSplitWarps, 0, s>>>(w, in, rb, x, xs, eps, y, ys);
         DS4_CUDA_LAUNCHED();
     }
 };
@@ -247,6 +304,20 @@ void matmul(cudaStream_t s, gguf::Type type, const void *w, int64_t in, int64_t 
     if (in % 8) failf("CUDA backend: rows of %lld elements are not a multiple of 8", (long long)in);
     if (type == gguf::Type::F16 && matmul_f16_mma(s, w, in, out, row_bytes, x, n_tok, x_stride, y, y_stride)) return;
     by_type<MatmulLaunch>(type, s, static_cast<const uint8_t *>(w), in, out, row_bytes, x, n_tok, x_stride, y, y_stride);
+}
+
+bool matmul_rms(cudaStream_t s, gguf::Type type, const void *w, int64_t in, int64_t out, uint64_t row_bytes, const float *x,
+                int64_t n_tok, int64_t x_stride, float eps, float *y, int64_t y_stride) {
+    using gguf::Type;
+    if (n_tok <= 0 || out <= 0) return true;
+    if (n_tok >= kMmaMinTokens || in % 8 || x_stride % 4 || (uintptr_t)x % 16) return false;   // the products' own boundary
+    const auto *wp = static_cast<const uint8_t *>(w);
+    switch (type) {
+    case Type::F32: MatmulRmsLaunch<0>::run(s, wp, in, out, row_bytes, x, n_tok, x_stride, eps, y, y_stride); return true;
+    case Type::F16: MatmulRmsLaunch<1>::run(s, wp, in, out, row_bytes, x, n_tok, x_stride, eps, y, y_stride); return true;
+    case Type::BF16: MatmulRmsLaunch<30>::run(s, wp, in, out, row_bytes, x, n_tok, x_stride, eps, y, y_stride); return true;
+    default: return false;
+    }
 }
 
 void dequant_rows(cudaStream_t s, gguf::Type type, const void *w, uint64_t row_bytes, int64_t n, const int32_t *ids,

@@ -25,6 +25,7 @@ namespace {
 
 using gguf::Type;
 constexpr int kWarps = 4;
+constexpr int kRowsPerWarp = 4;   // staged one-row kernels
 
 __global__ void moe_group_kernel(const int *__restrict__ ids, const float *__restrict__ w, int P, int K, int E,
                                  MoeGroups g) {
@@ -75,7 +76,7 @@ __global__ void moe_group_kernel(const int *__restrict__ ids, const float *__res
 
 // h[j][o] = SwiGLU(gate_e[o] . x[prow[j]], up_e[o] . x[prow[j]]) for the pairs j of expert
 // used[blockIdx.y]; output rows o split kWarps per block, a warp each.
-template <int T, int NT>
+template <int T, int NT, bool SG = false>
 __global__ void __launch_bounds__(32 * kWarps, NT == 1 ? 6 : 4)
     moe_gate_up_kernel(const uint8_t *__restrict__ gate, const uint8_t *__restrict__ up, uint64_t eb_g, uint64_t eb_u,
                        uint64_t rb_g, uint64_t rb_u, int64_t in, int64_t F, const uint8_t *__restrict__ xq, uint64_t qrow,
@@ -90,46 +91,68 @@ __global__ void __launch_bounds__(32 * kWarps, NT == 1 ? 6 : 4)
         __syncthreads();
     }
     const int lane = threadIdx.x & 31;
-    const int64_t o = (int64_t)blockIdx.x * kWarps + (threadIdx.x >> 5);
-    if (o >= F) return;
     const int e = slot ? slot[g.used[u]] : g.used[u], p0 = g.off[u], p1 = g.off[u + 1];
-    const uint8_t *grow = gate + (uint64_t)e * eb_g + (uint64_t)o * rb_g;
-    const uint8_t *urow = up + (uint64_t)e * eb_u + (uint64_t)o * rb_u;
     const int64_t nblk = in / Fm::kQK, chunks = in >> 3;
-    for (int j0 = p0; j0 < p1; j0 += NT) {
-        const int nt = p1 - j0 < NT ? p1 - j0 : NT;
-        const uint8_t *xr[NT];
-        float ag[NT], agm[NT], au[NT], aum[NT];
-#pragma unroll
-        for (int t = 0; t < NT; ++t) {
-            xr[t] = xq + (uint64_t)g.prow[j0 + (t < nt ? t : 0)] * qrow;
-            ag[t] = agm[t] = au[t] = aum[t] = 0.f;
-        }
-#pragma unroll(NT == 1 ? 4 : 2)
-        for (int64_t c = lane; c < chunks; c += 32) {
-            const Chunk kg = Fm::load(grow, c, grid_s), ku = Fm::load(urow, c, grid_s);
-            const int64_t blk = c / (Fm::kQK / 8);
-#pragma unroll
-            for (int t = 0; t < NT; ++t)
-                if (t < nt) {
-                    chunk_dot<T>(kg, xr[t], in, nblk, c, blk, ag[t], agm[t]);
-                    chunk_dot<T>(ku, xr[t], in, nblk, c, blk, au[t], aum[t]);
+    if constexpr (SG) {
+        // one row (NT == 1): kRowsPerWarp output rows a warp, so the block's prologue (the
+        // expert, its pairs, the grid table) is paid once for all of them; gate and up of a
+        // row are staged together
+        __shared__ __align__(16) uint8_t stage_s[kWarps][2 * Stage<T>::kBytes];
+        for (int r = 0; r < kRowsPerWarp; ++r) {
+            const int64_t o = ((int64_t)blockIdx.x * kRowsPerWarp + r) * kWarps + (threadIdx.x >> 5);
+            if (o >= F) break;
+            const uint8_t *rows[2] = {gate + (uint64_t)e * eb_g + (uint64_t)o * rb_g, up + (uint64_t)e * eb_u + (uint64_t)o * rb_u};
+            for (int j = p0; j < p1; ++j) {
+                float a[2] = {0.f, 0.f}, am[2] = {0.f, 0.f};
+                staged_rows_dot<T, 2>(rows, stage_s[threadIdx.x >> 5], in, xq + (uint64_t)g.prow[j] * qrow, in, 0, grid_s, lane, a,
+                                      am);
+                const float vg = warp_dot_total<T>(a[0], am[0]), vu = warp_dot_total<T>(a[1], am[1]);
+                if (lane == 0) {
+                    const float x = fminf(vg, lim), b = fminf(fmaxf(vu, -lim), lim);
+                    h[(int64_t)j * F + o] = x / (1.f + expf(-x)) * b;
                 }
+            }
         }
-#pragma unroll
-        for (int t = 0; t < NT; ++t) {
-            const float vg = warp_dot_total<T>(ag[t], agm[t]), vu = warp_dot_total<T>(au[t], aum[t]);
-            if (lane == 0 && t < nt) {
-                // as swiglu_kernel
-                const float a = fminf(vg, lim), b = fminf(fmaxf(vu, -lim), lim);
-                h[(int64_t)(j0 + t) * F + o] = a / (1.f + expf(-a)) * b;
+    } else {
+        const int64_t o = (int64_t)blockIdx.x * kWarps + (threadIdx.x >> 5);
+        if (o >= F) return;
+        const uint8_t *grow = gate + (uint64_t)e * eb_g + (uint64_t)o * rb_g;
+        const uint8_t *urow = up + (uint64_t)e * eb_u + (uint64_t)o * rb_u;
+        for (int j0 = p0; j0 < p1; j0 += NT) {
+            const int nt = p1 - j0 < NT ? p1 - j0 : NT;
+            const uint8_t *xr[NT];
+            float ag[NT], agm[NT], au[NT], aum[NT];
+    #pragma unroll
+            for (int t = 0; t < NT; ++t) {
+                xr[t] = xq + (uint64_t)g.prow[j0 + (t < nt ? t : 0)] * qrow;
+                ag[t] = agm[t] = au[t] = aum[t] = 0.f;
+            }
+    #pragma unroll(NT == 1 ? 4 : 2)
+            for (int64_t c = lane; c < chunks; c += 32) {
+                const Chunk kg = Fm::load(grow, c, grid_s), ku = Fm::load(urow, c, grid_s);
+                const int64_t blk = c / (Fm::kQK / 8);
+    #pragma unroll
+                for (int t = 0; t < NT; ++t)
+                    if (t < nt) {
+                        chunk_dot<T>(kg, xr[t], in, nblk, c, blk, ag[t], agm[t]);
+                        chunk_dot<T>(ku, xr[t], in, nblk, c, blk, au[t], aum[t]);
+                    }
+            }
+    #pragma unroll
+            for (int t = 0; t < NT; ++t) {
+                const float vg = warp_dot_total<T>(ag[t], agm[t]), vu = warp_dot_total<T>(au[t], aum[t]);
+                if (lane == 0 && t < nt) {
+                    // as swiglu_kernel
+                    const float a = fminf(vg, lim), b = fminf(fmaxf(vu, -lim), lim);
+                    h[(int64_t)(j0 + t) * F + o] = a / (1.f + expf(-a)) * b;
+                }
             }
         }
     }
 }
 
 // y[j][o] = down_e[o] . hq[j] for the pairs j of expert used[blockIdx.y].
-template <int T, int NT>
+template <int T, int NT, bool SG = false>
 __global__ void __launch_bounds__(32 * kWarps, NT == 1 ? 6 : 4)
     moe_down_kernel(const uint8_t *__restrict__ down, uint64_t eb, uint64_t rb, int64_t in, int64_t D,
                     const uint8_t *__restrict__ hq, uint64_t qrow, MoeGroups g, float *__restrict__ y,
@@ -143,28 +166,43 @@ __global__ void __launch_bounds__(32 * kWarps, NT == 1 ? 6 : 4)
         __syncthreads();
     }
     const int lane = threadIdx.x & 31;
-    const int64_t o = (int64_t)blockIdx.x * kWarps + (threadIdx.x >> 5);
-    if (o >= D) return;
     const int e = slot ? slot[g.used[u]] : g.used[u], p0 = g.off[u], p1 = g.off[u + 1];
-    const uint8_t *row = down + (uint64_t)e * eb + (uint64_t)o * rb;
     const int64_t nblk = in / Fm::kQK, chunks = in >> 3;
-    for (int j0 = p0; j0 < p1; j0 += NT) {
-        const int nt = p1 - j0 < NT ? p1 - j0 : NT;
-        float acc[NT], accm[NT];
-#pragma unroll
-        for (int t = 0; t < NT; ++t) acc[t] = accm[t] = 0.f;
-#pragma unroll(NT == 1 ? 4 : 2)
-        for (int64_t c = lane; c < chunks; c += 32) {
-            const Chunk k = Fm::load(row, c, grid_s);
-            const int64_t blk = c / (Fm::kQK / 8);
-#pragma unroll
-            for (int t = 0; t < NT; ++t)
-                if (t < nt) chunk_dot<T>(k, hq + (uint64_t)(j0 + t) * qrow, in, nblk, c, blk, acc[t], accm[t]);
+    if constexpr (SG) {   // as moe_gate_up_kernel's
+        __shared__ __align__(16) uint8_t stage_s[kWarps][Stage<T>::kBytes];
+        for (int r = 0; r < kRowsPerWarp; ++r) {
+            const int64_t o = ((int64_t)blockIdx.x * kRowsPerWarp + r) * kWarps + (threadIdx.x >> 5);
+            if (o >= D) break;
+            const uint8_t *rows[1] = {down + (uint64_t)e * eb + (uint64_t)o * rb};
+            for (int j = p0; j < p1; ++j) {
+                float a[1] = {0.f}, am[1] = {0.f};
+                staged_rows_dot<T, 1>(rows, stage_s[threadIdx.x >> 5], in, hq + (uint64_t)j * qrow, in, 0, grid_s, lane, a, am);
+                const float v = warp_dot_total<T>(a[0], am[0]);
+                if (lane == 0) y[(int64_t)j * D + o] = v;
+            }
         }
-#pragma unroll
-        for (int t = 0; t < NT; ++t) {
-            const float v = warp_dot_total<T>(acc[t], accm[t]);
-            if (lane == 0 && t < nt) y[(int64_t)(j0 + t) * D + o] = v;
+    } else {
+        const int64_t o = (int64_t)blockIdx.x * kWarps + (threadIdx.x >> 5);
+        if (o >= D) return;
+        const uint8_t *row = down + (uint64_t)e * eb + (uint64_t)o * rb;
+        for (int j0 = p0; j0 < p1; j0 += NT) {
+            const int nt = p1 - j0 < NT ? p1 - j0 : NT;
+            float acc[NT], accm[NT];
+    #pragma unroll
+            for (int t = 0; t < NT; ++t) acc[t] = accm[t] = 0.f;
+    #pragma unroll(NT == 1 ? 4 : 2)
+            for (int64_t c = lane; c < chunks; c += 32) {
+                const Chunk k = Fm::load(row, c, grid_s);
+                const int64_t blk = c / (Fm::kQK / 8);
+    #pragma unroll
+                for (int t = 0; t < NT; ++t)
+                    if (t < nt) chunk_dot<T>(k, hq + (uint64_t)(j0 + t) * qrow, in, nblk, c, blk, acc[t], accm[t]);
+            }
+    #pragma unroll
+            for (int t = 0; t < NT; ++t) {
+                const float v = warp_dot_total<T>(acc[t], accm[t]);
+                if (lane == 0 && t < nt) y[(int64_t)(j0 + t) * D + o] = v;
+            }
         }
     }
 }
@@ -198,7 +236,11 @@ template <int T>
 void launch_gate_up(cudaStream_t s, const ExpertMats &m, int64_t in, int64_t F, const uint8_t *xq, uint64_t qrow,
                     const MoeGroups &g, int max_used, bool one_row, float *h, float lim, int u0) {
     const dim3 grid((unsigned)((F + kWarps - 1) / kWarps), (unsigned)max_used);
-    if (one_row)
+    const dim3 sgrid((unsigned)((F + kWarps * kRowsPerWarp - 1) / (kWarps * kRowsPerWarp)), (unsigned)max_used);
+    if (one_row && stage_rows(in) && stageable(m.gate, m.rb_gate) && stageable(m.up, m.rb_up) && m.eb_gate % 16 == 0 && m.eb_up % 16 == 0)
+        moe_gate_up_kernel<T, 1, true><<<sgrid, 32 * kWarps, 0, s>>>(m.gate, m.up, m.eb_gate, m.eb_up, m.rb_gate, m.rb_up, in, F,
+                                                                    xq, qrow, g, h, lim, g_grid_addr, m.slot, u0);
+    else if (one_row)
         moe_gate_up_kernel<T, 1><<<grid, 32 * kWarps, 0, s>>>(m.gate, m.up, m.eb_gate, m.eb_up, m.rb_gate, m.rb_up, in, F, xq,
                                                               qrow, g, h, lim, g_grid_addr, m.slot, u0);
     else
@@ -211,7 +253,11 @@ template <int T>
 void launch_down(cudaStream_t s, const ExpertMats &m, int64_t in, int64_t D, const uint8_t *hq, uint64_t qrow,
                  const MoeGroups &g, int max_used, bool one_row, float *y, int u0) {
     const dim3 grid((unsigned)((D + kWarps - 1) / kWarps), (unsigned)max_used);
-    if (one_row)
+    const dim3 sgrid((unsigned)((D + kWarps * kRowsPerWarp - 1) / (kWarps * kRowsPerWarp)), (unsigned)max_used);
+    if (one_row && stage_rows(in) && stageable(m.down, m.rb_down) && m.eb_down % 16 == 0)
+        moe_down_kernel<T, 1, true><<<sgrid, 32 * kWarps, 0, s>>>(m.down, m.eb_down, m.rb_down, in, D, hq, qrow, g, y, g_grid_addr,
+                                                                 m.slot, u0);
+    else if (one_row)
         moe_down_kernel<T, 1><<<grid, 32 * kWarps, 0, s>>>(m.down, m.eb_down, m.rb_down, in, D, hq, qrow, g, y, g_grid_addr, m.slot, u0);
     else
         moe_down_kernel<T, 8><<<grid, 32 * kWarps, 0, s>>>(m.down, m.eb_down, m.rb_down, in, D, hq, qrow, g, y, g_grid_addr, m.slot, u0);

@@ -84,15 +84,11 @@ __global__ void rmsnorm_kernel(const float *x, int64_t xs, const int32_t *idx, i
 
 // Sinkhorn: columns, then (rows, columns) for the remaining iterations. A thread per element
 // (tid < hc * hc); each sums its row or column in the serial order, so the result is the same
-// whichever threads run it. SYNC: __syncwarp when one warp holds the mixer, else __syncthreads.
-template <bool kWarp>
+// whichever threads run it (hc_pre_kernel's one-warp form gives the same bits).
 __device__ __forceinline__ void hc_sinkhorn(float *cb, int hc, int iters, float eps, int tid) {
     const bool mine = tid < hc * hc;
     const int mj = mine ? tid / hc : 0, mk = mine ? tid % hc : 0;
-    auto sync = [] {
-        if (kWarp) __syncwarp();
-        else __syncthreads();
-    };
+    auto sync = [] { __syncthreads(); };
     for (int it = 0; it < iters; ++it) {
         if (it > 0) {
             float s = 0;
@@ -111,10 +107,42 @@ __device__ __forceinline__ void hc_sinkhorn(float *cb, int hc, int iters, float 
     }
 }
 
+// The same Sinkhorn on one warp with the mixer in registers (hc * hc <= 32): each row /
+// column sum gathers its elements by shuffles, then adds them in the serial order. HC: hc
+// known at compile time (4, V4's), so the gathers go out together; 0 = any.
+template <int HC>
+__device__ __forceinline__ float hc_sinkhorn_warp(const float *cb, int hc_rt, int iters, float eps, int tid) {
+    const int hc = HC ? HC : hc_rt;
+    const bool mine = tid < hc * hc;
+    const int mj = mine ? tid / hc : 0, mk = mine ? tid % hc : 0;
+    float x = mine ? cb[tid] : 0.f;
+    constexpr int kMax = HC ? HC : 5;   // hc * hc <= 32
+    for (int it = 0; it < iters; ++it) {
+        float g[kMax];
+        if (it > 0) {
+#pragma unroll
+            for (int k2 = 0; k2 < kMax; ++k2) g[k2] = __shfl_sync(0xffffffffu, x, k2 < hc ? mj * hc + k2 : 0);
+            float sr = 0;
+#pragma unroll
+            for (int k2 = 0; k2 < kMax; ++k2)
+                if (k2 < hc) sr += g[k2];
+            if (mine) x /= sr + eps;
+        }
+#pragma unroll
+        for (int j2 = 0; j2 < kMax; ++j2) g[j2] = __shfl_sync(0xffffffffu, x, j2 < hc ? j2 * hc + mk : 0);
+        float sc = 0;
+#pragma unroll
+        for (int j2 = 0; j2 < kMax; ++j2)
+            if (j2 < hc) sc += g[j2];
+        if (mine) x /= sc + eps;
+    }
+    return x;
+}
+
 // Block (row t, slice y): every block derives the pre weights (a few sigmoids, same bits in
 // each) and mixes its slice of D; block 0 also builds post and the Sinkhorn mixer. With four
-// streams the mixer is 16 elements, so its 2 x iters steps synchronise one warp, not the
-// block: the 1024-thread single block this replaced spent most of its time in barriers.
+// streams the mixer is 16 elements: one warp runs its 2 x iters steps in registers, with no
+// barrier (the 1024-thread single block this replaced spent most of its time in barriers).
 __global__ void hc_pre_kernel(const float *mix, const float *base, const float *scale, const float *H, int hc, int D,
                               int iters, float eps, float *post, float *comb, float *X) {
     __shared__ float pre[16], cb[256];
@@ -143,11 +171,11 @@ __global__ void hc_pre_kernel(const float *mix, const float *base, const float *
     if (lead) {
         if (hc * hc <= 32) {
             if (tid < 32) {
-                hc_sinkhorn<true>(cb, hc, iters, eps, tid);
-                if (tid < hc * hc) comb[(int64_t)t * hc * hc + tid] = cb[tid];
+                const float x = hc == 4 ? hc_sinkhorn_warp<4>(cb, 4, iters, eps, tid) : hc_sinkhorn_warp<0>(cb, hc, iters, eps, tid);
+                if (tid < hc * hc) comb[(int64_t)t * hc * hc + tid] = x;
             }
         } else {
-            hc_sinkhorn<false>(cb, hc, iters, eps, tid);
+            hc_sinkhorn(cb, hc, iters, eps, tid);
             for (int i = tid; i < hc * hc; i += blockDim.x) comb[(int64_t)t * hc * hc + i] = cb[i];
         }
     }

@@ -35,8 +35,9 @@ template <int T> struct Fmt;
 template <> struct Fmt<8> {   // Q8_0 weights, Q8_0 activations
     static constexpr int kQK = 32;
     static constexpr int kAlign = 2;
-    __device__ static __forceinline__ Chunk load(const uint8_t *row, int64_t c, const uint64_t *) {
-        const uint8_t *b = row + (c >> 2) * sizeof(quant::BlockQ8_0);
+    template <class I>
+    __device__ static __forceinline__ Chunk load(const uint8_t *row, I c, const uint64_t *) {
+        const uint8_t *b = row + (c >> 2) * (I)sizeof(quant::BlockQ8_0);
         const uint8_t *qs = b + 2 + 8 * (c & 3);
         return {(int)ld32_2(qs), (int)ld32_2(qs + 4), 1, 0, h2f(ld16(b)), 0.f};
     }
@@ -45,8 +46,9 @@ template <> struct Fmt<8> {   // Q8_0 weights, Q8_0 activations
 template <> struct Fmt<12> {   // Q4_K
     static constexpr int kQK = 256;
     static constexpr int kAlign = 8;
-    __device__ static __forceinline__ Chunk load(const uint8_t *row, int64_t c, const uint64_t *) {
-        const uint8_t *b = row + (c >> 5) * sizeof(quant::BlockQ4_K);
+    template <class I>
+    __device__ static __forceinline__ Chunk load(const uint8_t *row, I c, const uint64_t *) {
+        const uint8_t *b = row + (c >> 5) * (I)sizeof(quant::BlockQ4_K);
         const int cc = (int)(c & 31), j = cc >> 2, hi = (cc >> 2) & 1;
         const uint2 q = *reinterpret_cast<const uint2 *>(b + 16 + 32 * (cc >> 3) + 8 * (cc & 3));
         const int sh = 4 * hi;
@@ -67,8 +69,9 @@ template <> struct Fmt<12> {   // Q4_K
 template <> struct Fmt<10> {   // Q2_K
     static constexpr int kQK = 256;
     static constexpr int kAlign = 4;
-    __device__ static __forceinline__ Chunk load(const uint8_t *row, int64_t c, const uint64_t *) {
-        const uint8_t *b = row + (c >> 5) * sizeof(quant::BlockQ2_K);
+    template <class I>
+    __device__ static __forceinline__ Chunk load(const uint8_t *row, I c, const uint64_t *) {
+        const uint8_t *b = row + (c >> 5) * (I)sizeof(quant::BlockQ2_K);
         const int e0 = (int)(c & 31) * 8, half = e0 >> 7, r = e0 & 127, sh = 2 * (r >> 5), l0 = r & 31;
         const uint8_t *qs = b + 16 + 32 * half + l0;
         const uint8_t sc = b[e0 >> 4];
@@ -84,8 +87,9 @@ __device__ __forceinline__ uint32_t sign_mask4(uint32_t b) { return ((b * 0x0020
 template <> struct Fmt<16> {   // IQ2_XXS
     static constexpr int kQK = 256;
     static constexpr int kAlign = 2;
-    __device__ static __forceinline__ Chunk load(const uint8_t *row, int64_t c, const uint64_t *grid) {
-        const uint8_t *b = row + (c >> 5) * sizeof(quant::BlockIQ2_XXS);
+    template <class I>
+    __device__ static __forceinline__ Chunk load(const uint8_t *row, I c, const uint64_t *grid) {
+        const uint8_t *b = row + (c >> 5) * (I)sizeof(quant::BlockIQ2_XXS);
         const int e0 = (int)(c & 31) * 8, g = e0 >> 5, l = (e0 & 31) >> 3;
         const uint8_t *qs = b + 2 + 8 * g;
         const uint32_t a1 = ld32_2(qs + 4);
@@ -125,6 +129,20 @@ __device__ __forceinline__ void chunk_dot(const Chunk &k, const uint8_t *xr, int
     }
 }
 
+// chunk_dot with the activation row's pieces already offset to chunk c's piece (c local,
+// the piece starting an activation block): the same arithmetic, so the same bits.
+template <int T>
+__device__ __forceinline__ void chunk_dot_p(const Chunk &k, const int2 *xv, const float *xd, const int16_t *bs, int c, float &acc,
+                                            float &accm) {
+    const int2 x = xv[c];
+    const float d = xd[c / (Fmt<T>::kQK / 8)];
+    const int s = __dp4a(k.w0, x.x, __dp4a(k.w1, x.y, 0)) * k.sc;
+    if (T == 8) acc += (k.d * d) * (float)s;
+    else if (T == 16) acc += (0.125f * d * k.d) * (float)s;
+    else acc += (d * k.d) * (float)s;
+    if (has_min(T) && !(c & 1)) accm += (d * k.dmin) * (float)(k.mn * (int)bs[c >> 1]);
+}
+
 // The row's value from each lane's partial sums (same on every lane).
 template <int T>
 __device__ __forceinline__ float warp_dot_total(float v, float m) {
@@ -134,6 +152,75 @@ __device__ __forceinline__ float warp_dot_total(float v, float m) {
         if (has_min(T)) m += __shfl_xor_sync(0xffffffffu, m, off);
     }
     return v - m;
+}
+
+// ---------------------------------------------------------------------------------------
+// Staged rows (one-token products): the chunk loads above are 1- to 4-byte reads at 2-byte
+// alignment, four or five per chunk, and a one-token product is bound by issuing them. A warp
+// instead copies a piece of its row (whole blocks, kElems elements) into shared memory with
+// 16-byte loads -- about nine a lane for a 4096-wide Q8_0 row, all in flight together -- and
+// decodes its chunks from there. Each lane still takes chunks lane, lane + 32, ... in
+// ascending order through chunk_dot, so the sums are the unstaged loop's, bit for bit.
+template <int T> struct Stage {
+    static constexpr int kBlockBytes = T == 8    ? (int)sizeof(quant::BlockQ8_0)
+                                       : T == 10 ? (int)sizeof(quant::BlockQ2_K)
+                                       : T == 12 ? (int)sizeof(quant::BlockQ4_K)
+                                                 : (int)sizeof(quant::BlockIQ2_XXS);
+    static constexpr int kElems = 4096;
+    static constexpr int kBytes = kElems / Fmt<T>::kQK * kBlockBytes;   // a multiple of 16 for every format
+    static constexpr int kLoads = (kBytes / 16 + 31) / 32;              // 16-byte loads a lane, at most
+};
+
+// Whether rows at w, row_bytes apart, can be staged (16-byte loads from every row start).
+__host__ __device__ inline bool stageable(const void *w, uint64_t row_bytes) {
+    return (uintptr_t)w % 16 == 0 && row_bytes % 16 == 0;
+}
+
+// acc[i]/accm[i] += row i . xr over `in` elements for R rows of one token; sw: R staging
+// buffers of Stage<T>::kBytes (16-byte aligned, this warp's own). The activation chunk of
+// weight chunk c is c + cg of a row of xn elements (grouped products; else cg = 0, xn = in).
+template <int T, int R>
+__device__ __forceinline__ void staged_rows_dot(const uint8_t *const (&rows)[R], uint8_t *sw, int64_t in, const uint8_t *xr,
+                                                int64_t xn, int64_t cg, const uint64_t *grid, int lane, float (&acc)[R],
+                                                float (&accm)[R]) {
+    using F = Fmt<T>;
+    using S = Stage<T>;
+    const int64_t nblk = xn / F::kQK;
+    for (int64_t e0 = 0; e0 < in; e0 += S::kElems) {
+        const int64_t ne = in - e0 < S::kElems ? in - e0 : S::kElems;
+        const int n16 = (int)(ne / F::kQK * S::kBlockBytes / 16);
+        const uint64_t off = (uint64_t)(e0 / F::kQK) * S::kBlockBytes;
+        uint4 v[R][S::kLoads];
+        __syncwarp();   // the previous piece is decoded
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int i = 0; i < S::kLoads; ++i)
+                if (lane + 32 * i < n16) v[r][i] = __ldg(reinterpret_cast<const uint4 *>(rows[r] + off) + lane + 32 * i);
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int i = 0; i < S::kLoads; ++i)
+                if (lane + 32 * i < n16) reinterpret_cast<uint4 *>(sw + r * S::kBytes)[lane + 32 * i] = v[r][i];
+        __syncwarp();
+        // 32-bit indices inside the piece and activation pointers advanced once per piece: the
+        // loop is bound by instruction issue, and 64-bit index math was most of it. The piece's
+        // first activation chunk starts an activation block (pieces and groups are whole blocks),
+        // so block and bsum indices split as below.
+        const int64_t xb = (e0 >> 3) + cg;
+        const int2 *xv = reinterpret_cast<const int2 *>(xr) + xb;
+        const float *xd = reinterpret_cast<const float *>(xr + xn) + xb / (F::kQK / 8);
+        const int16_t *bs = reinterpret_cast<const int16_t *>(xr + xn + 4 * nblk) + xb / 2;
+        const int cn = (int)(ne >> 3);
+#pragma unroll 4
+        for (int c = lane; c < cn; c += 32) {
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const Chunk k = F::load(sw + r * S::kBytes, c, grid);
+                chunk_dot_p<T>(k, xv, xd, bs, c, acc[r], accm[r]);
+            }
+        }
+    }
 }
 
 }  // namespace

@@ -105,7 +105,8 @@ __global__ void __launch_bounds__(128) quantize_kernel(const float *__restrict__
 constexpr int kWarps = 4;
 
 // NT: tokens per tile (1 for decode, so the registers of a bigger tile do not cut occupancy).
-template <int T, int NT>
+// SG: one-token rows staged through shared memory (staged_rows_dot; same bits).
+template <int T, int NT, bool SG = false>
 __global__ void __launch_bounds__(32 * kWarps, NT == 1 ? 6 : 4) qmatmul_kernel(const uint8_t *__restrict__ w, int64_t in, int64_t out,
                                                               uint64_t row_bytes, const uint8_t *__restrict__ xq,
                                                               uint64_t qrow, int64_t n_tok, float *__restrict__ y,
@@ -125,25 +126,34 @@ __global__ void __launch_bounds__(32 * kWarps, NT == 1 ? 6 : 4) qmatmul_kernel(c
     const uint8_t *row = w + (uint64_t)o * row_bytes;
     const uint8_t *xt = xq + (uint64_t)t0 * qrow;
     const int64_t nblk = xg.xn / F::kQK, cg = (o / xg.opg) * xg.gchunks;
-    float acc[NT], accm[NT];
-#pragma unroll
-    for (int t = 0; t < NT; ++t) acc[t] = accm[t] = 0.f;
-    const int64_t chunks = in >> 3;
-#pragma unroll(NT == 1 ? 4 : 2)
-    for (int64_t c = lane; c < chunks; c += 32) {
-        const Chunk k = F::load(row, c, grid_s);
-        const int64_t xc = c + cg, blk = xc / (F::kQK / 8);
-#pragma unroll
-        for (int t = 0; t < NT; ++t) {
-            if (t < nt) {
-                chunk_dot<T>(k, xt + (uint64_t)t * qrow, xg.xn, nblk, xc, blk, acc[t], accm[t]);
+    if constexpr (SG) {
+        __shared__ __align__(16) uint8_t stage_s[kWarps][Stage<T>::kBytes];
+        const uint8_t *rows[1] = {row};
+        float a[1] = {0.f}, am[1] = {0.f};
+        staged_rows_dot<T, 1>(rows, stage_s[threadIdx.x >> 5], in, xq, xg.xn, cg, grid_s, lane, a, am);
+        const float v = warp_dot_total<T>(a[0], am[0]);
+        if (lane == 0) y[o] = v;
+    } else {
+        float acc[NT], accm[NT];
+    #pragma unroll
+        for (int t = 0; t < NT; ++t) acc[t] = accm[t] = 0.f;
+        const int64_t chunks = in >> 3;
+    #pragma unroll(NT == 1 ? 4 : 2)
+        for (int64_t c = lane; c < chunks; c += 32) {
+            const Chunk k = F::load(row, c, grid_s);
+            const int64_t xc = c + cg, blk = xc / (F::kQK / 8);
+    #pragma unroll
+            for (int t = 0; t < NT; ++t) {
+                if (t < nt) {
+                    chunk_dot<T>(k, xt + (uint64_t)t * qrow, xg.xn, nblk, xc, blk, acc[t], accm[t]);
+                }
             }
         }
-    }
-#pragma unroll
-    for (int t = 0; t < NT; ++t) {
-        const float v = warp_dot_total<T>(acc[t], accm[t]);
-        if (lane == 0 && t < nt) y[(t0 + t) * y_stride + o] = v;
+    #pragma unroll
+        for (int t = 0; t < NT; ++t) {
+            const float v = warp_dot_total<T>(acc[t], accm[t]);
+            if (lane == 0 && t < nt) y[(t0 + t) * y_stride + o] = v;
+        }
     }
 }
 
@@ -156,7 +166,10 @@ void launch(cudaStream_t s, const uint8_t *w, int64_t in, int64_t out, uint64_t 
         failf("CUDA backend: %s weights at a misaligned address or row size", gguf::type_name(Type(T)));
     if (T == 16 && !g_grid_addr) fail("CUDA backend: init_qmatmul_tables was not called");
     const unsigned rows = (unsigned)((out + kWarps - 1) / kWarps);
-    if (n_tok == 1) qmatmul_kernel<T, 1><<<dim3(rows, 1), 32 * kWarps, 0, s>>>(w, in, out, rb, xq, qrow, n_tok, y, ys, g_grid_addr, xg);
+    if (n_tok == 1 && stageable(w, rb) && stage_rows(in))
+        qmatmul_kernel<T, 1, true><<<dim3(rows, 1), 32 * kWarps, 0, s>>>(w, in, out, rb, xq, qrow, n_tok, y, ys, g_grid_addr, xg);
+    else if (n_tok == 1)
+        qmatmul_kernel<T, 1><<<dim3(rows, 1), 32 * kWarps, 0, s>>>(w, in, out, rb, xq, qrow, n_tok, y, ys, g_grid_addr, xg);
     else qmatmul_kernel<T, 8><<<dim3(rows, (unsigned)((n_tok + 7) / 8)), 32 * kWarps, 0, s>>>(w, in, out, rb, xq, qrow, n_tok, y, ys, g_grid_addr, xg);
     DS4_CUDA_LAUNCHED();
 }
@@ -170,6 +183,10 @@ __global__ void gather_bytes_kernel(const uint4 *__restrict__ src, uint64_t row1
 }
 
 }  // namespace
+
+// Staging pays where a lane has more than one round of chunk loads: rows of 1024 elements
+// (4 chunks a lane) ran slower staged, 2048 and up faster (ncu and decode tok/s, H200).
+bool stage_rows(int64_t in) { return in >= 2048; }
 
 void init_qmatmul_tables() {
     DS4_CUDA_CHECK(cudaMemcpyToSymbol(g_iq2xxs_grid, quant::kIq2xxsGrid, sizeof(quant::kIq2xxsGrid)));
