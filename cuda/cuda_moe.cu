@@ -77,7 +77,7 @@ __global__ void moe_group_kernel(const int *__restrict__ ids, const float *__res
 // h[j][o] = SwiGLU(gate_e[o] . x[prow[j]], up_e[o] . x[prow[j]]) for the pairs j of expert
 // used[blockIdx.y]; output rows o split kWarps per block, a warp each.
 template <int T, int NT, bool SG = false>
-__global__ void __launch_bounds__(32 * kWarps, NT == 1 ? 6 : 4)
+__global__ void __launch_bounds__(32 * kWarps, SG ? 8 : NT == 1 ? 6 : 4)
     moe_gate_up_kernel(const uint8_t *__restrict__ gate, const uint8_t *__restrict__ up, uint64_t eb_g, uint64_t eb_u,
                        uint64_t rb_g, uint64_t rb_u, int64_t in, int64_t F, const uint8_t *__restrict__ xq, uint64_t qrow,
                        MoeGroups g, float *__restrict__ h, float lim, const uint64_t *__restrict__ grid_g,
@@ -153,7 +153,7 @@ __global__ void __launch_bounds__(32 * kWarps, NT == 1 ? 6 : 4)
 
 // y[j][o] = down_e[o] . hq[j] for the pairs j of expert used[blockIdx.y].
 template <int T, int NT, bool SG = false>
-__global__ void __launch_bounds__(32 * kWarps, NT == 1 ? 6 : 4)
+__global__ void __launch_bounds__(32 * kWarps, SG ? 8 : NT == 1 ? 6 : 4)
     moe_down_kernel(const uint8_t *__restrict__ down, uint64_t eb, uint64_t rb, int64_t in, int64_t D,
                     const uint8_t *__restrict__ hq, uint64_t qrow, MoeGroups g, float *__restrict__ y,
                     const uint64_t *__restrict__ grid_g, const int *__restrict__ slot, int u0) {

@@ -190,18 +190,26 @@ __device__ __forceinline__ void staged_rows_dot(const uint8_t *const (&rows)[R],
         const int64_t ne = in - e0 < S::kElems ? in - e0 : S::kElems;
         const int n16 = (int)(ne / F::kQK * S::kBlockBytes / 16);
         const uint64_t off = (uint64_t)(e0 / F::kQK) * S::kBlockBytes;
-        uint4 v[R][S::kLoads];
+        // in rounds of kRound loads a lane, each stored before the next is issued: few
+        // registers held, so the staged kernels run more warps per SM (their launch bounds)
+        constexpr int kRound = 4;
         __syncwarp();   // the previous piece is decoded
 #pragma unroll
-        for (int r = 0; r < R; ++r)
+        for (int i0 = 0; i0 < S::kLoads; i0 += kRound) {
+            uint4 v[R][kRound];
 #pragma unroll
-            for (int i = 0; i < S::kLoads; ++i)
-                if (lane + 32 * i < n16) v[r][i] = __ldg(reinterpret_cast<const uint4 *>(rows[r] + off) + lane + 32 * i);
+            for (int r = 0; r < R; ++r)
 #pragma unroll
-        for (int r = 0; r < R; ++r)
+                for (int i = 0; i < kRound; ++i)
+                    if (i0 + i < S::kLoads && lane + 32 * (i0 + i) < n16)
+                        v[r][i] = __ldg(reinterpret_cast<const uint4 *>(rows[r] + off) + lane + 32 * (i0 + i));
 #pragma unroll
-            for (int i = 0; i < S::kLoads; ++i)
-                if (lane + 32 * i < n16) reinterpret_cast<uint4 *>(sw + r * S::kBytes)[lane + 32 * i] = v[r][i];
+            for (int r = 0; r < R; ++r)
+#pragma unroll
+                for (int i = 0; i < kRound; ++i)
+                    if (i0 + i < S::kLoads && lane + 32 * (i0 + i) < n16)
+                        reinterpret_cast<uint4 *>(sw + r * S::kBytes)[lane + 32 * (i0 + i)] = v[r][i];
+        }
         __syncwarp();
         // 32-bit indices inside the piece and activation pointers advanced once per piece: the
         // loop is bound by instruction issue, and 64-bit index math was most of it. The piece's

@@ -107,7 +107,7 @@ constexpr int kWarps = 4;
 // NT: tokens per tile (1 for decode, so the registers of a bigger tile do not cut occupancy).
 // SG: one-token rows staged through shared memory (staged_rows_dot; same bits).
 template <int T, int NT, bool SG = false>
-__global__ void __launch_bounds__(32 * kWarps, NT == 1 ? 6 : 4) qmatmul_kernel(const uint8_t *__restrict__ w, int64_t in, int64_t out,
+__global__ void __launch_bounds__(32 * kWarps, SG ? 8 : NT == 1 ? 6 : 4) qmatmul_kernel(const uint8_t *__restrict__ w, int64_t in, int64_t out,
                                                               uint64_t row_bytes, const uint8_t *__restrict__ xq,
                                                               uint64_t qrow, int64_t n_tok, float *__restrict__ y,
                                                               int64_t y_stride, const uint64_t *__restrict__ grid_g,
