@@ -151,8 +151,10 @@ public:
         const int H = c.n_head, hd = c.head_dim, D = c.n_embd;
         float *kvb = kvb_.need((size_t)R_ * hd);
         forget(qr_.get());
-        mm(L.q_a, XN_.get(), R_, D, qr_.get(), c.q_lora);
-        mm(L.kv, XN_.get(), R_, D, kvb, hd);
+        if (!mm_pair(L.q_a, L.kv, XN_.get(), D, qr_.get(), kvb)) {
+            mm(L.q_a, XN_.get(), R_, D, qr_.get(), c.q_lora);
+            mm(L.kv, XN_.get(), R_, D, kvb, hd);
+        }
         rmsnorm_rows(s_, qr_.get(), c.q_lora, nullptr, c.q_lora, dw_.device(L.q_a_norm.data()), c.rms_eps, qr_.get(), c.q_lora, R_);
         mm(L.q_b, qr_.get(), R_, c.q_lora, q_.get(), (int64_t)H * hd);
         const float *inv = dw_.device(rope.inv_freq.data());
@@ -649,6 +651,19 @@ private:
         uint64_t qrow = 0;
         const uint8_t *xq = quantised(w.type, x, n_tok, xs, w.in, &qrow);
         mmq(w, xq, qrow, n_tok, y, ys, tensor_cores);
+    }
+    // One token's products by a and b over the same input x (D elements, quantised once) in one
+    // launch; false when they do not pair (types, f32 activations, several rows).
+    bool mm_pair(const WeightView &a, const WeightView &b, const float *x, int64_t D, float *ya, float *yb) {
+        if (R_ != 1 || f32_act_ || a.empty() || b.empty() || a.type != b.type || act_type(a.type) == gguf::Type::F32 ||
+            a.in != D || b.in != D)
+            return false;
+        uint64_t qrow = 0;
+        const uint8_t *xq = quantised(a.type, x, 1, D, D, &qrow);
+        if (!matmul_q_pair(s_, a.type, D, wdev(a.data), a.out, a.row_bytes, ya, wdev(b.data), b.out, b.row_bytes, yb, xq, qrow))
+            return false;
+        stats_.weight_bytes += a.bytes() + b.bytes();
+        return true;
     }
     // Device address of a weight: a VRAM expert slot as it is, anything else through the
     // placed tensors.

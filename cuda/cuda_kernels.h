@@ -51,6 +51,10 @@ void quantize_act(cudaStream_t s, gguf::Type weight, const float *x, int64_t n_t
 // parts; their float sums are ordered differently.
 void matmul_q(cudaStream_t s, gguf::Type type, const void *w, int64_t in, int64_t out, uint64_t row_bytes, const uint8_t *xq,
               uint64_t qrow, int64_t n_tok, float *y, int64_t y_stride, bool tensor_cores = true);
+// Two one-token products over the same quantised input (in elements) in one launch, each row
+// as matmul_q computes it; false (nothing launched) where it does not apply.
+bool matmul_q_pair(cudaStream_t s, gguf::Type type, int64_t in, const void *w0, int64_t out0, uint64_t rb0, float *y0, const void *w1,
+                   int64_t out1, uint64_t rb1, float *y1, const uint8_t *xq, uint64_t qrow);
 // The tensor-core product (grouped as matmul_q_grouped; out_per_group = out, group_chunks =
 // 0 when plain); false when the format or shape is not handled (nothing launched).
 bool matmul_q_mma(cudaStream_t s, gguf::Type type, const void *w, int64_t in, int64_t out, uint64_t row_bytes,

@@ -129,7 +129,7 @@ __global__ void __launch_bounds__(32 * kWarps, SG ? 8 : NT == 1 ? 6 : 4)
             }
     #pragma unroll(NT == 1 ? 4 : 2)
             for (int64_t c = lane; c < chunks; c += 32) {
-                const Chunk kg = Fm::load(grow, c, grid_s), ku = Fm::load(urow, c, grid_s);
+                const Chunk kg = load_dot<T>(grow, c, grid_s), ku = load_dot<T>(urow, c, grid_s);
                 const int64_t blk = c / (Fm::kQK / 8);
     #pragma unroll
                 for (int t = 0; t < NT; ++t)
@@ -192,7 +192,7 @@ __global__ void __launch_bounds__(32 * kWarps, SG ? 8 : NT == 1 ? 6 : 4)
             for (int t = 0; t < NT; ++t) acc[t] = accm[t] = 0.f;
     #pragma unroll(NT == 1 ? 4 : 2)
             for (int64_t c = lane; c < chunks; c += 32) {
-                const Chunk k = Fm::load(row, c, grid_s);
+                const Chunk k = load_dot<T>(row, c, grid_s);
                 const int64_t blk = c / (Fm::kQK / 8);
     #pragma unroll
                 for (int t = 0; t < NT; ++t)

@@ -28,6 +28,7 @@ struct Chunk {
     int w0, w1;
     int sc, mn;
     float d, dmin;
+    uint32_t m0, m1;   // IQ2_XXS through load_dot: sign masks (0xFF bytes negate), w0 / w1 unsigned
 };
 
 template <int T> struct Fmt;
@@ -101,7 +102,37 @@ template <> struct Fmt<16> {   // IQ2_XXS
         const uint32_t w0 = __vsub4((uint32_t)gv ^ m0, m0), w1 = __vsub4((uint32_t)(gv >> 32) ^ m1, m1);
         return {(int)w0, (int)w1, (int)(2 * (a1 >> 28) + 1), 0, h2f(ld16(b)), 0.f};
     }
+    // The same chunk with the grid bytes unsigned and the signs as byte masks: a dot takes
+    // g . x - 2 (g & m) . x, the same integer as ((g ^ m) - m) . x without the per-byte
+    // subtraction (emulated on this hardware) -- grid bytes are below 128.
+    template <class I>
+    __device__ static __forceinline__ Chunk load_split(const uint8_t *row, I c, const uint64_t *grid) {
+        const uint8_t *b = row + (c >> 5) * (I)sizeof(quant::BlockIQ2_XXS);
+        const int e0 = (int)(c & 31) * 8, g = e0 >> 5, l = (e0 & 31) >> 3;
+        const uint8_t *qs = b + 2 + 8 * g;
+        const uint32_t a1 = ld32_2(qs + 4);
+        const uint64_t gv = grid[qs[l]];
+        const uint32_t s7 = (a1 >> (7 * l)) & 127;
+        const uint32_t s8 = s7 | ((__popc(s7) & 1u) << 7);
+        return {(int)(uint32_t)gv, (int)(uint32_t)(gv >> 32), (int)(2 * (a1 >> 28) + 1), 0, h2f(ld16(b)), 0.f,
+                sign_mask4(s8 & 15), sign_mask4(s8 >> 4)};
+    }
 };
+
+// The chunk as the dot kernels take it (chunk_dot / chunk_dot_p).
+template <int T, class I>
+__device__ __forceinline__ Chunk load_dot(const uint8_t *row, I c, const uint64_t *grid) {
+    if constexpr (T == 16) return Fmt<16>::load_split(row, c, grid);
+    else return Fmt<T>::load(row, c, grid);
+}
+
+// The chunk's integer dot with activation words x0, x1 (before the sub-block scale).
+template <int T>
+__device__ __forceinline__ int chunk_idot(const Chunk &k, int x0, int x1) {
+    const int s = __dp4a(k.w0, x0, __dp4a(k.w1, x1, 0));
+    if constexpr (T == 16) return s - 2 * __dp4a((int)((uint32_t)k.w0 & k.m0), x0, __dp4a((int)((uint32_t)k.w1 & k.m1), x1, 0));
+    else return s;
+}
 
 // Grouped products: output row o reads the activation slice starting at chunk
 // (o / opg) * gchunks of a quantised row of xn elements (plain products: xn = in, gchunks 0).
@@ -118,7 +149,7 @@ __device__ __forceinline__ void chunk_dot(const Chunk &k, const uint8_t *xr, int
                                           float &acc, float &accm) {
     const int2 xv = reinterpret_cast<const int2 *>(xr)[c];
     const float xd = reinterpret_cast<const float *>(xr + in)[blk];
-    const int s = __dp4a(k.w0, xv.x, __dp4a(k.w1, xv.y, 0)) * k.sc;
+    const int s = chunk_idot<T>(k, xv.x, xv.y) * k.sc;
     // the CPU's factor order: activation scale times weight scale
     if (T == 8) acc += (k.d * xd) * (float)s;
     else if (T == 16) acc += (0.125f * xd * k.d) * (float)s;
@@ -136,7 +167,7 @@ __device__ __forceinline__ void chunk_dot_p(const Chunk &k, const int2 *xv, cons
                                             float &accm) {
     const int2 x = xv[c];
     const float d = xd[c / (Fmt<T>::kQK / 8)];
-    const int s = __dp4a(k.w0, x.x, __dp4a(k.w1, x.y, 0)) * k.sc;
+    const int s = chunk_idot<T>(k, x.x, x.y) * k.sc;
     if (T == 8) acc += (k.d * d) * (float)s;
     else if (T == 16) acc += (0.125f * d * k.d) * (float)s;
     else acc += (d * k.d) * (float)s;
@@ -224,7 +255,7 @@ __device__ __forceinline__ void staged_rows_dot(const uint8_t *const (&rows)[R],
         for (int c = lane; c < cn; c += 32) {
 #pragma unroll
             for (int r = 0; r < R; ++r) {
-                const Chunk k = F::load(sw + r * S::kBytes, c, grid);
+                const Chunk k = load_dot<T>(sw + r * S::kBytes, c, grid);
                 chunk_dot_p<T>(k, xv, xd, bs, c, acc[r], accm[r]);
             }
         }

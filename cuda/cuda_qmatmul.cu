@@ -16,6 +16,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_kernels.h"
@@ -140,7 +141,7 @@ __global__ void __launch_bounds__(32 * kWarps, SG ? 8 : NT == 1 ? 6 : 4) qmatmul
         const int64_t chunks = in >> 3;
     #pragma unroll(NT == 1 ? 4 : 2)
         for (int64_t c = lane; c < chunks; c += 32) {
-            const Chunk k = F::load(row, c, grid_s);
+            const Chunk k = load_dot<T>(row, c, grid_s);
             const int64_t xc = c + cg, blk = xc / (F::kQK / 8);
     #pragma unroll
             for (int t = 0; t < NT; ++t) {
@@ -158,6 +159,53 @@ __global__ void __launch_bounds__(32 * kWarps, SG ? 8 : NT == 1 ? 6 : 4) qmatmul
 }
 
 __device__ uint64_t g_iq2xxs_grid[256];
+
+// Two products of one quantised token with the same input width in one launch (a decode
+// step's q_a and kv): blocks [0, b0) take the first matrix, the rest the second. Each row is
+// computed as qmatmul_kernel's one-token path computes it, so the bits are the same.
+struct QPair {
+    const uint8_t *w[2];
+    int64_t out[2];
+    uint64_t rb[2];
+    float *y[2];
+    unsigned b0;
+};
+template <int T, bool SG>
+__global__ void __launch_bounds__(32 * kWarps, SG ? 8 : 6) qmatmul_pair_kernel(QPair p, int64_t in, const uint8_t *__restrict__ xq,
+                                                                                const uint64_t *__restrict__ grid_g) {
+    using F = Fmt<T>;
+    __shared__ uint64_t grid_s[T == 16 ? 256 : 1];
+    if (T == 16) {
+        for (int i = threadIdx.x; i < 256; i += blockDim.x) grid_s[i] = grid_g[i];
+        __syncthreads();
+    }
+    const int lane = threadIdx.x & 31, m = blockIdx.x >= p.b0;
+    // selects, not p.w[m]: a kernel parameter indexed at run time goes through local memory
+    const int64_t o = (int64_t)(blockIdx.x - (m ? p.b0 : 0)) * kWarps + (threadIdx.x >> 5);
+    if (o >= (m ? p.out[1] : p.out[0])) return;
+    const uint8_t *row = (m ? p.w[1] : p.w[0]) + (uint64_t)o * (m ? p.rb[1] : p.rb[0]);
+    float *y = m ? p.y[1] : p.y[0];
+    float v;
+    if constexpr (SG) {
+        __shared__ __align__(16) uint8_t stage_s[kWarps][Stage<T>::kBytes];
+        const uint8_t *rows[1] = {row};
+        float a[1] = {0.f}, am[1] = {0.f};
+        staged_rows_dot<T, 1>(rows, stage_s[threadIdx.x >> 5], in, xq, in, 0, grid_s, lane, a, am);
+        v = warp_dot_total<T>(a[0], am[0]);
+    } else {
+        const int64_t nblk = in / F::kQK, chunks = in >> 3;
+        float acc = 0.f, accm = 0.f;
+#pragma unroll 4
+        for (int64_t c = lane; c < chunks; c += 32) {
+            const Chunk k = load_dot<T>(row, c, grid_s);
+            chunk_dot<T>(k, xq, in, nblk, c, c / (F::kQK / 8), acc, accm);
+        }
+        v = warp_dot_total<T>(acc, accm);
+    }
+    if (lane == 0) y[o] = v;
+}
+
+
 
 template <int T>
 void launch(cudaStream_t s, const uint8_t *w, int64_t in, int64_t out, uint64_t rb, const uint8_t *xq, uint64_t qrow,
@@ -250,6 +298,31 @@ void matmul_q_impl(cudaStream_t s, Type type, const void *w, int64_t in, int64_t
 void matmul_q(cudaStream_t s, Type type, const void *w, int64_t in, int64_t out, uint64_t row_bytes, const uint8_t *xq,
               uint64_t qrow, int64_t n_tok, float *y, int64_t y_stride, bool tensor_cores) {
     matmul_q_impl(s, type, w, in, out, row_bytes, xq, qrow, n_tok, y, y_stride, XGroups{in, out > 0 ? out : 1, 0}, tensor_cores);
+}
+
+bool matmul_q_pair(cudaStream_t s, Type type, int64_t in, const void *w0, int64_t out0, uint64_t rb0, float *y0, const void *w1,
+                   int64_t out1, uint64_t rb1, float *y1, const uint8_t *xq, uint64_t qrow) {
+    if (out0 <= 0 || out1 <= 0 || qrow < act_row_bytes(type, in)) return false;
+    const auto *a = static_cast<const uint8_t *>(w0), *b = static_cast<const uint8_t *>(w1);
+    QPair p{{a, b}, {out0, out1}, {rb0, rb1}, {y0, y1}, (unsigned)((out0 + kWarps - 1) / kWarps)};
+    const dim3 grid(p.b0 + (unsigned)((out1 + kWarps - 1) / kWarps));
+    const bool sg = stage_rows(in) && stageable(a, rb0) && stageable(b, rb1);
+    auto go = [&](auto T) -> bool {
+        constexpr int t = decltype(T)::value;
+        if ((uintptr_t)a % Fmt<t>::kAlign || rb0 % Fmt<t>::kAlign || (uintptr_t)b % Fmt<t>::kAlign || rb1 % Fmt<t>::kAlign) return false;
+        if (t == 16 && !g_grid_addr) fail("CUDA backend: init_qmatmul_tables was not called");
+        if (sg) qmatmul_pair_kernel<t, true><<<grid, 32 * kWarps, 0, s>>>(p, in, xq, g_grid_addr);
+        else qmatmul_pair_kernel<t, false><<<grid, 32 * kWarps, 0, s>>>(p, in, xq, g_grid_addr);
+        DS4_CUDA_LAUNCHED();
+        return true;
+    };
+    switch (type) {
+    case Type::Q8_0: return go(std::integral_constant<int, 8>{});
+    case Type::Q2_K: return go(std::integral_constant<int, 10>{});
+    case Type::Q4_K: return go(std::integral_constant<int, 12>{});
+    case Type::IQ2_XXS: return go(std::integral_constant<int, 16>{});
+    default: return false;
+    }
 }
 
 void matmul_q_grouped(cudaStream_t s, Type type, const void *w, int64_t in, int64_t out, uint64_t row_bytes, const uint8_t *xq,
