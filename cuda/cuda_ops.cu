@@ -117,23 +117,23 @@ __device__ __forceinline__ float hc_sinkhorn_warp(const float *cb, int hc_rt, in
     const int mj = mine ? tid / hc : 0, mk = mine ? tid % hc : 0;
     float x = mine ? cb[tid] : 0.f;
     constexpr int kMax = HC ? HC : 5;   // hc * hc <= 32
-    for (int it = 0; it < iters; ++it) {
+    // the sum of elements base, base + step, ... (hc of them) in that order
+    auto line_sum = [&](int base, int step) {
         float g[kMax];
+#pragma unroll
+        for (int k = 0; k < kMax; ++k) g[k] = __shfl_sync(0xffffffffu, x, k < hc ? base + k * step : 0);
+        float s = 0;
+#pragma unroll
+        for (int k = 0; k < kMax; ++k)
+            if (k < hc) s += g[k];
+        return s;
+    };
+    for (int it = 0; it < iters; ++it) {
         if (it > 0) {
-#pragma unroll
-            for (int k2 = 0; k2 < kMax; ++k2) g[k2] = __shfl_sync(0xffffffffu, x, k2 < hc ? mj * hc + k2 : 0);
-            float sr = 0;
-#pragma unroll
-            for (int k2 = 0; k2 < kMax; ++k2)
-                if (k2 < hc) sr += g[k2];
+            const float sr = line_sum(mj * hc, 1);
             if (mine) x /= sr + eps;
         }
-#pragma unroll
-        for (int j2 = 0; j2 < kMax; ++j2) g[j2] = __shfl_sync(0xffffffffu, x, j2 < hc ? j2 * hc + mk : 0);
-        float sc = 0;
-#pragma unroll
-        for (int j2 = 0; j2 < kMax; ++j2)
-            if (j2 < hc) sc += g[j2];
+        const float sc = line_sum(mk, hc);
         if (mine) x /= sc + eps;
     }
     return x;

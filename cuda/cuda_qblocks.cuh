@@ -88,34 +88,38 @@ __device__ __forceinline__ uint32_t sign_mask4(uint32_t b) { return ((b * 0x0020
 template <> struct Fmt<16> {   // IQ2_XXS
     static constexpr int kQK = 256;
     static constexpr int kAlign = 2;
+    // Chunk c's 8 grid bytes (unsigned, below 128), its 8 sign bits, the block's 4-bit
+    // sub-block scale word and its f16 scale.
+    struct Raw {
+        uint64_t gv;
+        uint32_t s8, a1;
+        float d;
+    };
     template <class I>
-    __device__ static __forceinline__ Chunk load(const uint8_t *row, I c, const uint64_t *grid) {
+    __device__ static __forceinline__ Raw raw(const uint8_t *row, I c, const uint64_t *grid) {
         const uint8_t *b = row + (c >> 5) * (I)sizeof(quant::BlockIQ2_XXS);
         const int e0 = (int)(c & 31) * 8, g = e0 >> 5, l = (e0 & 31) >> 3;
         const uint8_t *qs = b + 2 + 8 * g;
         const uint32_t a1 = ld32_2(qs + 4);
-        const uint64_t gv = grid[qs[l]];
         const uint32_t s7 = (a1 >> (7 * l)) & 127;
-        const uint32_t s8 = s7 | ((__popc(s7) & 1u) << 7);
-        const uint32_t m0 = sign_mask4(s8 & 15), m1 = sign_mask4(s8 >> 4);
+        return {grid[qs[l]], s7 | ((__popc(s7) & 1u) << 7), a1, h2f(ld16(b))};
+    }
+    template <class I>
+    __device__ static __forceinline__ Chunk load(const uint8_t *row, I c, const uint64_t *grid) {
+        const Raw r = raw(row, c, grid);
+        const uint32_t m0 = sign_mask4(r.s8 & 15), m1 = sign_mask4(r.s8 >> 4);
         // per byte: (g ^ m) - m negates where m = 0xFF
-        const uint32_t w0 = __vsub4((uint32_t)gv ^ m0, m0), w1 = __vsub4((uint32_t)(gv >> 32) ^ m1, m1);
-        return {(int)w0, (int)w1, (int)(2 * (a1 >> 28) + 1), 0, h2f(ld16(b)), 0.f};
+        const uint32_t w0 = __vsub4((uint32_t)r.gv ^ m0, m0), w1 = __vsub4((uint32_t)(r.gv >> 32) ^ m1, m1);
+        return {(int)w0, (int)w1, (int)(2 * (r.a1 >> 28) + 1), 0, r.d, 0.f};
     }
     // The same chunk with the grid bytes unsigned and the signs as byte masks: a dot takes
     // g . x - 2 (g & m) . x, the same integer as ((g ^ m) - m) . x without the per-byte
     // subtraction (emulated on this hardware) -- grid bytes are below 128.
     template <class I>
     __device__ static __forceinline__ Chunk load_split(const uint8_t *row, I c, const uint64_t *grid) {
-        const uint8_t *b = row + (c >> 5) * (I)sizeof(quant::BlockIQ2_XXS);
-        const int e0 = (int)(c & 31) * 8, g = e0 >> 5, l = (e0 & 31) >> 3;
-        const uint8_t *qs = b + 2 + 8 * g;
-        const uint32_t a1 = ld32_2(qs + 4);
-        const uint64_t gv = grid[qs[l]];
-        const uint32_t s7 = (a1 >> (7 * l)) & 127;
-        const uint32_t s8 = s7 | ((__popc(s7) & 1u) << 7);
-        return {(int)(uint32_t)gv, (int)(uint32_t)(gv >> 32), (int)(2 * (a1 >> 28) + 1), 0, h2f(ld16(b)), 0.f,
-                sign_mask4(s8 & 15), sign_mask4(s8 >> 4)};
+        const Raw r = raw(row, c, grid);
+        return {(int)(uint32_t)r.gv, (int)(uint32_t)(r.gv >> 32), (int)(2 * (r.a1 >> 28) + 1), 0, r.d, 0.f,
+                sign_mask4(r.s8 & 15), sign_mask4(r.s8 >> 4)};
     }
 };
 
