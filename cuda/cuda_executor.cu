@@ -797,6 +797,33 @@ public:
     std::unique_ptr<SessionState> make_state(const CacheGeometry &g) const override {
         return std::make_unique<CudaSessionState>(g);
     }
+    // 1 GiB copied device to device (one untimed copy, then five timed on a stream of its
+    // own); 0 when the memory is not there -- a benchmark then prints no ceiling.
+    double device_copy_bytes_per_s() const override {
+        const size_t n = size_t(1) << 30;
+        void *a = nullptr, *b = nullptr;
+        cudaStream_t st = nullptr;
+        cudaEvent_t e0 = nullptr, e1 = nullptr;
+        double rate = 0;
+        if (cudaMalloc(&a, n) == cudaSuccess && cudaMalloc(&b, n) == cudaSuccess &&
+            cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) == cudaSuccess && cudaEventCreate(&e0) == cudaSuccess &&
+            cudaEventCreate(&e1) == cudaSuccess && cudaMemsetAsync(a, 1, n, st) == cudaSuccess &&
+            cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, st) == cudaSuccess && cudaEventRecord(e0, st) == cudaSuccess) {
+            bool ok = true;
+            for (int i = 0; i < 5 && ok; ++i) ok = cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, st) == cudaSuccess;
+            float ms = 0;
+            if (ok && cudaEventRecord(e1, st) == cudaSuccess && cudaEventSynchronize(e1) == cudaSuccess &&
+                cudaEventElapsedTime(&ms, e0, e1) == cudaSuccess && ms > 0)
+                rate = 5.0 * 2.0 * (double)n / (ms * 1e-3);
+        }
+        cudaGetLastError();   // a failed allocation leaves nothing sticky behind
+        if (e1) cudaEventDestroy(e1);
+        if (e0) cudaEventDestroy(e0);
+        if (st) cudaStreamDestroy(st);
+        cudaFree(b);
+        cudaFree(a);
+        return rate;
+    }
     std::unique_ptr<Executor> make_executor(int) const override { return std::make_unique<CudaExecutor>(c_, dw_); }
     DeviceShareState device_share() const override { return dw_.share(); }
 

@@ -170,6 +170,10 @@ public:
     virtual int prefill_chunk() const = 0;
     // The device weights' sharing (DeviceShareOptions); nothing on backends without a device.
     virtual DeviceShareState device_share() const { return {}; }
+    // The device memory's copy rate measured now (bytes read plus bytes written per second by
+    // a device-to-device copy): the ceiling a benchmark's achieved rate is set against. 0 on
+    // backends without device memory of their own, or when the measurement could not run.
+    virtual double device_copy_bytes_per_s() const { return 0; }
 };
 
 }  // namespace ds4

@@ -31,7 +31,8 @@ const char *kUsage =
     "  --gen-tokens N      tokens decoded greedily after the prompt (default 32)\n"
     "  --threads N         engine threads (default: all cores)\n"
     "  --backend B         auto (default: CUDA when a usable GPU is present), cpu or cuda;\n"
-    "                      the bandwidth measured is the host's (achieved GB/s is the backend's)\n"
+    "                      the bandwidth measured is the host's (achieved GB/s is the backend's);\n"
+    "                      with cuda also the device's copy rate, and achieved as a share of it\n"
     "  --json              one JSON object instead of text\n"
     "  --ssd-streaming     routed experts read from disk (io_uring, O_DIRECT) into a bounded\n"
     "                      cache instead of used from the mapping; reports hit rate, bytes\n"
@@ -148,6 +149,7 @@ int main(int argc, char **argv) {
             bw = ds4::measure_read_bandwidth(pool);
             n_threads = pool.size();
         }
+        const double dev_bw = m->backend().device_copy_bytes_per_s();   // 0 without device memory
         // The disk's raw O_DIRECT read bandwidth on the model file itself (16 requests of
         // 4 MiB in flight, into memory), the ceiling for streamed expert reads.
         double raw_gbs = 0;
@@ -204,11 +206,13 @@ int main(int argc, char **argv) {
                         "\"prefill_tok_s\":%.3f,\"decode_tok_s\":%.3f,\"bytes_per_token\":%.0f,\"achieved_gb_s\":%.3f,"
                         "\"machine_read_gb_s\":%.3f,\"fraction_of_bandwidth\":%.4f,\"ssd_streaming\":%s,\"hit_rate\":%.4f,"
                         "\"expert_bytes_per_token\":%.0f,\"read_gb_s\":%.3f,\"read_hidden\":%.4f,\"disk_raw_gb_s\":%.3f,"
-                        "\"cache_bytes\":%llu,\"host_tier_bytes\":%llu,\"host_read_bytes_per_token\":%.0f}\n",
+                        "\"cache_bytes\":%llu,\"host_tier_bytes\":%llu,\"host_read_bytes_per_token\":%.0f,"
+                        "\"device_copy_gb_s\":%.3f,\"fraction_of_device_copy\":%.4f}\n",
                         model.c_str(), m->backend().name().c_str(), n_threads, open_s, prompt, gen, prompt / prefill_s, dec_tps, bytes_per_tok,
                         achieved / 1e9, bw / 1e9, achieved / bw, so.enabled ? "true" : "false", hit, n_dec > 0 ? rd_bytes / n_dec : 0.0,
                         read_gbs, hidden, raw_gbs, (unsigned long long)e1.capacity_bytes, (unsigned long long)e1.host_capacity_bytes,
-                        n_dec > 0 ? double(e1.host_bytes_read - e0.host_bytes_read) / n_dec : 0.0);
+                        n_dec > 0 ? double(e1.host_bytes_read - e0.host_bytes_read) / n_dec : 0.0, dev_bw / 1e9,
+                        dev_bw > 0 ? achieved / dev_bw : 0.0);
         } else {
             std::printf("model            %s\n                 %s\n", model.c_str(), c.summary().c_str());
             std::printf("backend          %s\n", m->backend().name().c_str());
@@ -220,6 +224,10 @@ int main(int argc, char **argv) {
             std::printf("achieved         %.2f GB/s\n", achieved / 1e9);
             std::printf("machine read bw  %.2f GB/s (measured now)\n", bw / 1e9);
             std::printf("fraction         %.1f%% of measured bandwidth\n", 100 * achieved / bw);
+            if (dev_bw > 0) {
+                std::printf("device copy bw   %.2f GB/s (device to device, bytes read + written, measured now)\n", dev_bw / 1e9);
+                std::printf("device fraction  %.1f%% of the device copy rate\n", 100 * achieved / dev_bw);
+            }
         }
         if (so.enabled && !json) {
             std::printf("expert cache     %llu experts, %.2f GB (%llu resident after the run)\n", (unsigned long long)e1.capacity,
