@@ -126,9 +126,11 @@ __global__ void __launch_bounds__(kThreads) hmma_kernel(const __half *__restrict
 
 bool matmul_f16_mma(cudaStream_t s, const void *w, int64_t in, int64_t out, uint64_t row_bytes, const float *x, int64_t n_tok,
                     int64_t x_stride, float *y, int64_t y_stride) {
-    // 16-byte pieces of weight rows and activation rows; whole row tiles (few outputs keep
-    // the split-K kernel, which spreads a long input over a block)
-    if (n_tok < kMmaMinTokens || out < kBM || in % 8 || row_bytes % 16 || (uintptr_t)w % 16 || x_stride % 4 ||
+    // 16-byte pieces of weight rows and activation rows. A tile's rows past `out` are zeros:
+    // with few outputs (the 24 of the hyper-connection mix over a 16384-wide input) most of
+    // the tile idles, and split-K spreads the long input, yet it measured far faster than the
+    // CUDA-core kernel that keeps each row's input in one block. Below 16 outputs, that kernel.
+    if (n_tok < kMmaMinTokens || out < 16 || in % 8 || row_bytes % 16 || (uintptr_t)w % 16 || x_stride % 4 ||
         (uintptr_t)x % 16 || (out + kBM - 1) / kBM > 65535)
         return false;
     const int64_t tn = (n_tok + kBN - 1) / kBN, tm = (out + kBM - 1) / kBM, ksteps = (in + kBK - 1) / kBK;

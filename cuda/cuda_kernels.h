@@ -29,7 +29,7 @@ int splitk_count(int64_t blocks, int64_t ksteps);
 float *splitk_alloc(cudaStream_t s, int splits, int64_t n_tok, int64_t out);
 void splitk_finish(cudaStream_t s, float *part, int splits, int64_t n_tok, int64_t out, float *y, int64_t ys);
 
-// F16 weights on the tensor cores for kMmaMinTokens+ rows and 64+ outputs (cuda_hmma.cu;
+// F16 weights on the tensor cores for kMmaMinTokens+ rows and 16+ outputs (cuda_hmma.cu;
 // activations split into two f16 parts); false when the shape is not handled. matmul()
 // takes this path by itself.
 bool matmul_f16_mma(cudaStream_t s, const void *w, int64_t in, int64_t out, uint64_t row_bytes, const float *x, int64_t n_tok,

@@ -29,6 +29,9 @@ bool mma_type_supported(gguf::Type t);
 namespace {
 
 constexpr int kBM = 64, kBN = 64, kBK = 256, kStride = kBK + 16;   // padded rows: no bank conflicts
+// A weight row's bytes of one k-step (Q8_0: 8 blocks, 272 bytes; IQ2_XXS 66; Q2_K 84) copied
+// from the 16-byte boundary at or below their start, so at most 14 bytes of lead.
+constexpr int kRawRow = 288, kRawPieces = kRawRow / 16;
 
 __device__ __forceinline__ void mma_s8(int (&c)[4], int a0, int a1, int a2, int a3, int b0, int b1) {
     asm(
@@ -39,12 +42,49 @@ __device__ __forceinline__ void mma_s8(int (&c)[4], int a0, int a1, int a2, int 
 
 __device__ __forceinline__ int ld_s32(const int8_t *p) { return *reinterpret_cast<const int *>(p); }
 
+// Asynchronous copies to shared memory (they hold no registers while in flight). cp16 copies
+// n <= 16 bytes from a 16-byte aligned source and zero-fills the rest of the 16.
+__device__ __forceinline__ void cp16(void *dst, const void *src, int n) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src),
+                 "r"(n));
+}
+__device__ __forceinline__ void cp4(void *dst, const void *src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// An int32 dot of one 32-element block (|c| <= 32 * 128 * 128 < 2^22) as a float, exactly:
+// the magic-number conversion takes an integer add and a float add, where the conversion
+// instruction issues at a quarter of their rate.
+__device__ __forceinline__ float i2f_small(int c) { return __int_as_float(c + 0x4B400000) - 12582912.f; }
+
+// One k-step's operands as copied from global memory: raw weight bytes (decoded into ws by
+// the block), activations with their scales (and Q8_K sums of 16), used in place.
+struct MmqStage {
+    int8_t w[kBM][kRawRow];
+    int8_t x[kBN][kStride];
+    float xd[kBN][8];
+    int16_t xb[kBN][16];
+};
+struct MmqShared {
+    MmqStage st[2];
+    int8_t ws[kBM][kStride];
+    float wd[kBM][8];     // Q8_0: block scales; IQ2_XXS: [0] = d; Q2_K: [0] = d, [1] = dmin
+    int8_t wsc[kBM][16];  // IQ2_XXS: odd sub-block scales (8); Q2_K: sub-block mins (16)
+    uint64_t xrow[kBN];   // byte offset of each token's activation row; ~0: none
+    uint64_t grid_s[256];
+};
+
 // Block: 8 warps, tile rows [m0, m0 + 64) x tokens [n0, n0 + 64); warp w owns rows
-// 16 (w % 4).. of the tile for tokens 32 (w / 4).. (4 n-tiles of 8). Each step's global
-// loads are issued together before any is stored (one memory latency per step, not one per
-// row). Fragment layout of m16n8k32 (PTX ISA), g = lane / 4, q = lane % 4: A regs = rows g,
-// g+8 at k 4q.. and 16+4q..; B regs = token g at k 4q.. and 16+4q..; C = (row g | g+8,
-// token 2q | 2q+1).
+// 16 (w % 4).. of the tile for tokens 32 (w / 4).. (4 n-tiles of 8). Two stages: the next
+// k-step's weights and activations are copied (cp.async) while this one is decoded and
+// multiplied, so a block waits for memory once, not once per k-step. Fragment layout of
+// m16n8k32 (PTX ISA), g = lane / 4, q = lane % 4: A regs = rows g, g+8 at k 4q.. and
+// 16+4q..; B regs = token g at k 4q.. and 16+4q..; C = (row g | g+8, token 2q | 2q+1).
 constexpr int kThreads = 256, kWarpsM = 4, kNT = 4;   // n-tiles per warp
 template <int T>
 __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(const uint8_t *__restrict__ w, int64_t in, int64_t out, uint64_t rb,
@@ -53,17 +93,13 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(const uint8_t *__restr
                                                        XGroups xg, const MmaTile *__restrict__ tiles, uint64_t eb,
                                                        const int *__restrict__ rowidx, int64_t kper, int64_t zstride) {
     constexpr int QKA = T == 8 ? 32 : 256;   // activation block
-    __shared__ __align__(16) int8_t ws[kBM][kStride];
-    __shared__ __align__(16) int8_t xs[kBN][kStride];
-    __shared__ float wd[kBM][8];     // Q8_0: block scales; IQ2_XXS: [0] = d; Q2_K: [0] = d, [1] = dmin
-    __shared__ int8_t wsc[kBM][16];  // IQ2_XXS: odd sub-block scales (8); Q2_K: sub-block mins (16)
-    __shared__ float xd[kBN][8];     // activation scales (Q8_0: per 32; Q8_K: [0])
-    __shared__ int16_t xb[kBN][16];  // Q8_K sums of 16 (Q2_K)
-    __shared__ uint64_t xrow[kBN];   // byte offset of each token's activation row; ~0: none
-    __shared__ uint64_t grid_s[T == 16 ? 256 : 1];
+    constexpr int QKW = T == 8 ? 32 : 256;   // weight block
+    constexpr int BB = T == 8 ? 34 : T == 10 ? 84 : 66;   // its bytes
+    extern __shared__ __align__(16) uint8_t smem_raw[];
+    MmqShared &sh = *reinterpret_cast<MmqShared *>(smem_raw);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, q = lane & 3;
     if (T == 16) {
-        for (int i = tid; i < 256; i += kThreads) grid_s[i] = grid_g[i];
+        for (int i = tid; i < 256; i += kThreads) sh.grid_s[i] = grid_g[i];
     }
     const int64_t m0 = (int64_t)blockIdx.y * kBM;
     int64_t n0 = (int64_t)blockIdx.x * kBN;
@@ -76,8 +112,9 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(const uint8_t *__restr
     const int64_t xnblk = xg.xn / QKA;
     if (tid < kBN) {
         const int64_t t = n0 + tid;
-        xrow[tid] = t < n_tok ? (uint64_t)(rowidx ? rowidx[t] : t) * qrow : ~uint64_t(0);
+        sh.xrow[tid] = t < n_tok ? (uint64_t)(rowidx ? rowidx[t] : t) * qrow : ~uint64_t(0);
     }
+    __syncthreads();   // grid_s, xrow are written
 
     float acc[kNT][4];
     int isum[kNT][4];
@@ -86,63 +123,79 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(const uint8_t *__restr
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[u][i] = 0.f;
 
-    // Each step loads, then computes; two blocks per SM overlap each other's loads. (A
-    // software pipeline -- the next step's loads in flight during the MMA -- needs ~240
-    // registers, so one block per SM, and measured 25% slower on a prefill.)
-    constexpr int kRows = kBM / (kThreads / 32), kPieces = kBN * 16 / kThreads;
-    Chunk kc[kRows];
-    uint4 xv[kPieces];
-    float dv[kPieces];
-    int16_t bv[kPieces];
-    // weights: warp w takes rows w, w + 8, ..., lane = chunk of 8; activations in 16-byte
-    // pieces with their scales (and Q8_K sums)
-    auto fetch = [&](int64_t k0, int kl) {
-#pragma unroll
-        for (int i = 0; i < kRows; ++i) {
-            const int64_t row = m0 + warp + 8 * i;
-            if (row < out && 8 * lane < kl) kc[i] = Fmt<T>::load(w + (uint64_t)row * rb, (k0 >> 3) + lane, grid_s);
-            else kc[i] = Chunk{0, 0, 0, 0, 0.f, 0.f};
-        }
-#pragma unroll
-        for (int j = 0; j < kPieces; ++j) {
-            const int i = tid + kThreads * j, n = i >> 4, part = i & 15;
-            const uint64_t off = xrow[n];
-            xv[j] = make_uint4(0u, 0u, 0u, 0u), dv[j] = 0.f, bv[j] = 0;
-            if (off != ~uint64_t(0)) {
-                const uint8_t *xr = xq + off;
-                if (16 * part < kl) xv[j] = *reinterpret_cast<const uint4 *>(xr + xoff + k0 + 16 * part);
-                if (part < 8 && (T == 8 ? 32 * part < kl : part == 0))
-                    dv[j] = reinterpret_cast<const float *>(xr + xg.xn)[(xoff + k0) / QKA + (T == 8 ? part : 0)];
-                if (T == 10) bv[j] = reinterpret_cast<const int16_t *>(xr + xg.xn + 4 * xnblk)[(xoff + k0) / 16 + part];
-            }
-        }
-    };
-    __syncthreads();   // grid_s, xrow are written
     // split-K: this block's input range (kper a multiple of kBK); its partial sums at y + z * zstride
     const int64_t kbeg = (int64_t)blockIdx.z * kper, kend = kbeg + kper < in ? kbeg + kper : in;
     y += (int64_t)blockIdx.z * zstride;
-    for (int64_t k0 = kbeg; k0 < kend; k0 += kBK) {
+    const int nsteps = (int)((kend - kbeg + kBK - 1) / kBK);
+
+    // Copies of step i into stage i % 2: rows' raw bytes in 16-byte pieces, 16-byte
+    // activation pieces, 4-byte scales and sums. Invalid tokens and rows are not copied: their
+    // outputs are never stored and an integer product does not mix columns.
+    auto issue = [&](int i) {
+        MmqStage &st = sh.st[i & 1];
+        const int64_t k0 = kbeg + (int64_t)i * kBK;
         const int kl = (int)(kend - k0 < kBK ? kend - k0 : kBK);
-        if (k0 > kbeg) __syncthreads();   // the previous step's tiles are consumed
-        fetch(k0, kl);
-#pragma unroll
-        for (int i = 0; i < kRows; ++i) {
-            const int rr = warp + 8 * i;
-            const Chunk &k = kc[i];
-            const uint2 v = T == 10 ? make_uint2((uint32_t)k.w0 * (uint32_t)k.sc, (uint32_t)k.w1 * (uint32_t)k.sc)
-                                    : make_uint2((uint32_t)k.w0, (uint32_t)k.w1);
-            *reinterpret_cast<uint2 *>(&ws[rr][8 * lane]) = v;
-            if (T == 8 && (lane & 3) == 0) wd[rr][lane >> 2] = k.d;
-            if (T == 16 && (lane & 3) == 0) wsc[rr][lane >> 2] = (int8_t)k.sc;
-            if (T == 10 && (lane & 1) == 0) wsc[rr][lane >> 1] = (int8_t)k.mn;
-            if (T != 8 && lane == 0) wd[rr][0] = k.d, wd[rr][1] = k.dmin;
+        const uint64_t boff = (uint64_t)(k0 / QKW) * BB, len = (uint64_t)(kl / QKW) * BB;
+        for (int j = tid; j < kBM * kRawPieces; j += kThreads) {
+            const int r = j / kRawPieces, p = j - r * kRawPieces;
+            const int64_t row = m0 + r;
+            if (row >= out) continue;
+            const uint8_t *gs = w + (uint64_t)row * rb + boff;
+            const uint8_t *a = reinterpret_cast<const uint8_t *>((uintptr_t)gs & ~uintptr_t(15)) + 16 * p;
+            const int64_t left = (int64_t)(gs + len - a);
+            if (left > 0) cp16(&st.w[r][16 * p], a, left < 16 ? (int)left : 16);
         }
 #pragma unroll
-        for (int j = 0; j < kPieces; ++j) {
-            const int i = tid + kThreads * j, n = i >> 4, part = i & 15;
-            *reinterpret_cast<uint4 *>(&xs[n][16 * part]) = xv[j];
-            if (part < 8) xd[n][part] = dv[j];
-            if (T == 10) xb[n][part] = bv[j];
+        for (int j = 0; j < kBN * 16 / kThreads; ++j) {
+            const int e = tid + kThreads * j, n = e >> 4, part = e & 15;
+            const uint64_t off = sh.xrow[n];
+            if (off == ~uint64_t(0) || 16 * part >= kl) continue;
+            cp16(&st.x[n][16 * part], xq + off + xoff + k0 + 16 * part, 16);
+        }
+#pragma unroll
+        for (int j = 0; j < kBN * 8 / kThreads; ++j) {
+            const int e = tid + kThreads * j, n = e >> 3, part = e & 7;
+            const uint64_t off = sh.xrow[n];
+            if (off == ~uint64_t(0)) continue;
+            const uint8_t *xr = xq + off;
+            if (T == 8 ? 32 * part < kl : part == 0)
+                cp4(&st.xd[n][part], reinterpret_cast<const float *>(xr + xg.xn) + (xoff + k0) / QKA + (T == 8 ? part : 0));
+            if (T == 10) {
+                const int16_t *sums = reinterpret_cast<const int16_t *>(xr + xg.xn + 4 * xnblk) + (xoff + k0) / 16;
+                cp4(&st.xb[n][2 * part], sums + 2 * part);
+            }
+        }
+    };
+
+    issue(0);
+    cp_commit();
+    for (int i = 0; i < nsteps; ++i) {
+        const int64_t k0 = kbeg + (int64_t)i * kBK;
+        const int kl = (int)(kend - k0 < kBK ? kend - k0 : kBK);
+        __syncthreads();   // step i - 1's tiles are consumed: ws and stage (i + 1) % 2 are free
+        if (i + 1 < nsteps) issue(i + 1);
+        cp_commit();
+        cp_wait<1>();      // this thread's copies of step i have landed
+        __syncthreads();   // everyone's have
+        const MmqStage &st = sh.st[i & 1];
+        // decode: warp w takes rows w, w + 8, ..., lane = chunk of 8
+        const uint64_t boff = (uint64_t)(k0 / QKW) * BB;
+#pragma unroll 2
+        for (int r8 = 0; r8 < kBM / 8; ++r8) {
+            const int rr = warp + 8 * r8;
+            const int64_t row = m0 + rr;
+            Chunk k{0, 0, 0, 0, 0.f, 0.f};
+            if (row < out && 8 * lane < kl) {
+                const int lead = (int)((uintptr_t)(w + (uint64_t)row * rb + boff) & 15);
+                k = Fmt<T>::load(reinterpret_cast<const uint8_t *>(st.w[rr]) + lead, lane, sh.grid_s);
+            }
+            const uint2 v = T == 10 ? make_uint2((uint32_t)k.w0 * (uint32_t)k.sc, (uint32_t)k.w1 * (uint32_t)k.sc)
+                                    : make_uint2((uint32_t)k.w0, (uint32_t)k.w1);
+            *reinterpret_cast<uint2 *>(&sh.ws[rr][8 * lane]) = v;
+            if (T == 8 && (lane & 3) == 0) sh.wd[rr][lane >> 2] = k.d;
+            if (T == 16 && (lane & 3) == 0) sh.wsc[rr][lane >> 2] = (int8_t)k.sc;
+            if (T == 10 && (lane & 1) == 0) sh.wsc[rr][lane >> 1] = (int8_t)k.mn;
+            if (T != 8 && lane == 0) sh.wd[rr][0] = k.d, sh.wd[rr][1] = k.dmin;
         }
         __syncthreads();
 
@@ -151,34 +204,34 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(const uint8_t *__restr
 #pragma unroll
             for (int u = 0; u < kNT; ++u)
 #pragma unroll
-                for (int i = 0; i < 4; ++i) isum[u][i] = 0;
+                for (int i2 = 0; i2 < 4; ++i2) isum[u][i2] = 0;
         }
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
             if (T == 8 && 32 * j >= kl) break;
-            const int a0 = ld_s32(&ws[r0][32 * j + 4 * q]), a1 = ld_s32(&ws[r1][32 * j + 4 * q]);
-            const int a2 = ld_s32(&ws[r0][32 * j + 16 + 4 * q]), a3 = ld_s32(&ws[r1][32 * j + 16 + 4 * q]);
+            const int a0 = ld_s32(&sh.ws[r0][32 * j + 4 * q]), a1 = ld_s32(&sh.ws[r1][32 * j + 4 * q]);
+            const int a2 = ld_s32(&sh.ws[r0][32 * j + 16 + 4 * q]), a3 = ld_s32(&sh.ws[r1][32 * j + 16 + 4 * q]);
             int s0 = 1, s1 = 1;
             float f0 = 0.f, f1 = 0.f;
-            if (T == 16) s0 = wsc[r0][j], s1 = wsc[r1][j];
-            if (T == 8) f0 = wd[r0][j], f1 = wd[r1][j];
+            if (T == 16) s0 = sh.wsc[r0][j], s1 = sh.wsc[r1][j];
+            if (T == 8) f0 = sh.wd[r0][j], f1 = sh.wd[r1][j];
             int c[kNT][4];
 #pragma unroll
             for (int u = 0; u < kNT; ++u) {
                 const int n = nb + 8 * u + g;
                 c[u][0] = c[u][1] = c[u][2] = c[u][3] = 0;
-                mma_s8(c[u], a0, a1, a2, a3, ld_s32(&xs[n][32 * j + 4 * q]), ld_s32(&xs[n][32 * j + 16 + 4 * q]));
+                mma_s8(c[u], a0, a1, a2, a3, ld_s32(&st.x[n][32 * j + 4 * q]), ld_s32(&st.x[n][32 * j + 16 + 4 * q]));
             }
 #pragma unroll
             for (int u = 0; u < kNT; ++u) {
                 if (T == 8) {
                     const int t0 = nb + 8 * u + 2 * q;
-                    const float x0 = xd[t0][j], x1 = xd[t0 + 1][j];
+                    const float x0 = st.xd[t0][j], x1 = st.xd[t0 + 1][j];
                     // the CPU's factor order: weight scale times activation scale
-                    acc[u][0] += (f0 * x0) * (float)c[u][0];
-                    acc[u][1] += (f0 * x1) * (float)c[u][1];
-                    acc[u][2] += (f1 * x0) * (float)c[u][2];
-                    acc[u][3] += (f1 * x1) * (float)c[u][3];
+                    acc[u][0] += (f0 * x0) * i2f_small(c[u][0]);
+                    acc[u][1] += (f0 * x1) * i2f_small(c[u][1]);
+                    acc[u][2] += (f1 * x0) * i2f_small(c[u][2]);
+                    acc[u][3] += (f1 * x1) * i2f_small(c[u][3]);
                 } else {
                     isum[u][0] += c[u][0] * s0, isum[u][1] += c[u][1] * s0;
                     isum[u][2] += c[u][2] * s1, isum[u][3] += c[u][3] * s1;
@@ -186,11 +239,11 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(const uint8_t *__restr
             }
         }
         if (T != 8) {
-            const float d0 = wd[r0][0], d1 = wd[r1][0], m0f = wd[r0][1], m1f = wd[r1][1];
+            const float d0 = sh.wd[r0][0], d1 = sh.wd[r1][0], m0f = sh.wd[r0][1], m1f = sh.wd[r1][1];
 #pragma unroll
             for (int u = 0; u < kNT; ++u) {
                 const int t0 = nb + 8 * u + 2 * q;
-                const float x0 = xd[t0][0], x1 = xd[t0 + 1][0];
+                const float x0 = st.xd[t0][0], x1 = st.xd[t0 + 1][0];
                 if (T == 16) {
                     acc[u][0] += (0.125f * x0 * d0) * (float)isum[u][0];
                     acc[u][1] += (0.125f * x1 * d0) * (float)isum[u][1];
@@ -200,7 +253,7 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(const uint8_t *__restr
                     int ms[4] = {0, 0, 0, 0};
 #pragma unroll
                     for (int j = 0; j < 16; ++j) {
-                        const int b0 = xb[t0][j], b1 = xb[t0 + 1][j], w0 = wsc[r0][j], w1 = wsc[r1][j];
+                        const int b0 = st.xb[t0][j], b1 = st.xb[t0 + 1][j], w0 = sh.wsc[r0][j], w1 = sh.wsc[r1][j];
                         ms[0] += w0 * b0, ms[1] += w0 * b1, ms[2] += w1 * b0, ms[3] += w1 * b1;
                     }
                     acc[u][0] += (x0 * d0) * (float)isum[u][0] - (x0 * m0f) * (float)ms[0];
@@ -226,21 +279,31 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(const uint8_t *__restr
     }
 }
 
+// The kernel's dynamic shared memory (over the 48 KB default), opted in once per format.
+template <int T>
+void mmq_opt_in() {
+    static const cudaError_t e =
+        cudaFuncSetAttribute(mmq_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sizeof(MmqShared));
+    DS4_CUDA_CHECK(e);
+}
+
 template <int T>
 void launch(cudaStream_t s, const uint8_t *w, int64_t in, int64_t out, uint64_t rb, const uint8_t *xq, uint64_t qrow,
             int64_t n_tok, float *y, int64_t ys, XGroups xg, const MmaTile *tiles = nullptr, int n_tiles = 0, uint64_t eb = 0,
             const int *rowidx = nullptr) {
     const int64_t tn = tiles ? n_tiles : (n_tok + kBN - 1) / kBN, tm = (out + kBM - 1) / kBM, ksteps = (in + kBK - 1) / kBK;
     const int splits = tiles ? 1 : splitk_count(tn * tm, ksteps);
+    mmq_opt_in<T>();
+    const size_t shm = sizeof(MmqShared);
     if (splits == 1) {
-        mmq_kernel<T><<<dim3((unsigned)tn, (unsigned)tm), kThreads, 0, s>>>(w, in, out, rb, xq, qrow, n_tok, y, ys, g_grid_addr, xg,
+        mmq_kernel<T><<<dim3((unsigned)tn, (unsigned)tm), kThreads, shm, s>>>(w, in, out, rb, xq, qrow, n_tok, y, ys, g_grid_addr, xg,
                                                                           tiles, eb, rowidx, ksteps * kBK, 0);
         DS4_CUDA_LAUNCHED();
         return;
     }
     const int64_t per = (ksteps + splits - 1) / splits, z = (ksteps + per - 1) / per;
     float *part = splitk_alloc(s, (int)z, n_tok, out);
-    mmq_kernel<T><<<dim3((unsigned)tn, (unsigned)tm, (unsigned)z), kThreads, 0, s>>>(w, in, out, rb, xq, qrow, n_tok, part, out,
+    mmq_kernel<T><<<dim3((unsigned)tn, (unsigned)tm, (unsigned)z), kThreads, shm, s>>>(w, in, out, rb, xq, qrow, n_tok, part, out,
                                                                                    g_grid_addr, xg, tiles, eb, rowidx, per * kBK,
                                                                                    n_tok * out);
     DS4_CUDA_LAUNCHED();
