@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "cuda/cuda_check.h"
+#include "cuda/cuda_launch.cuh"
 #include "cuda/cuda_kernels.h"
 
 namespace ds4::cuda {
@@ -38,6 +39,7 @@ constexpr int kThreads = 256, kWarpsM = 4, kNT = 4;
 __global__ void __launch_bounds__(kThreads) hmma_kernel(const __half *__restrict__ w, int64_t in, int64_t out, int64_t w_stride,
                                                         const float *__restrict__ x, int64_t n_tok, int64_t xs,
                                                         float *__restrict__ y, int64_t ys, int64_t kper, int64_t zstride) {
+    pdl_enter();
     __shared__ __align__(16) __half ws[kBM][kStride];
     __shared__ __align__(16) __half xh[kBN][kStride];
     __shared__ __align__(16) __half xl[kBN][kStride];
@@ -137,14 +139,14 @@ bool matmul_f16_mma(cudaStream_t s, const void *w, int64_t in, int64_t out, uint
     const int splits = splitk_count(tn * tm, ksteps);
     const __half *wh = static_cast<const __half *>(w);
     if (splits == 1) {
-        hmma_kernel<<<dim3((unsigned)tn, (unsigned)tm), kThreads, 0, s>>>(wh, in, out, (int64_t)(row_bytes / 2), x, n_tok, x_stride, y,
+        launch_pdl(hmma_kernel, dim3((unsigned)tn, (unsigned)tm), kThreads, 0, s, wh, in, out, (int64_t)(row_bytes / 2), x, n_tok, x_stride, y,
                                                                         y_stride, ksteps * kBK, 0);
         DS4_CUDA_LAUNCHED();
         return true;
     }
     const int64_t per = (ksteps + splits - 1) / splits, z = (ksteps + per - 1) / per;
     float *part = splitk_alloc(s, (int)z, n_tok, out);
-    hmma_kernel<<<dim3((unsigned)tn, (unsigned)tm, (unsigned)z), kThreads, 0, s>>>(wh, in, out, (int64_t)(row_bytes / 2), x, n_tok,
+    launch_pdl(hmma_kernel, dim3((unsigned)tn, (unsigned)tm, (unsigned)z), kThreads, 0, s, wh, in, out, (int64_t)(row_bytes / 2), x, n_tok,
                                                                                  x_stride, part, out, per * kBK, n_tok * out);
     DS4_CUDA_LAUNCHED();
     splitk_finish(s, part, (int)z, n_tok, out, y, y_stride);

@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "cuda/cuda_check.h"
+#include "cuda/cuda_launch.cuh"
 #include "cuda/cuda_kernels.h"
 #include "engine/quant/blocks.h"
 #include "engine/quant/iq2xxs_tables.h"
@@ -106,6 +107,7 @@ template <int T, int NT = kTileTok>
 __global__ void __launch_bounds__(32 * kWarps) matmul_kernel(const uint8_t *__restrict__ w, int64_t in, int64_t out,
                                                              uint64_t row_bytes, const float *__restrict__ x, int64_t n_tok,
                                                              int64_t x_stride, float *__restrict__ y, int64_t y_stride) {
+    pdl_enter();
     const int lane = threadIdx.x & 31;
     const int64_t o = (int64_t)blockIdx.x * kWarps + (threadIdx.x >> 5);
     if (o >= out) return;
@@ -149,6 +151,7 @@ __global__ void __launch_bounds__(32 * kSplitWarps) matmul_split_kernel(const ui
                                                                        uint64_t row_bytes, const float *__restrict__ x,
                                                                        int64_t n_tok, int64_t x_stride, float *__restrict__ y,
                                                                        int64_t y_stride) {
+    pdl_enter();
     __shared__ float part[kSplitWarps][NT];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t o = blockIdx.x;
@@ -198,6 +201,7 @@ template <int T>
 __global__ void __launch_bounds__(32 * kSplitWarps) matmul_rms_kernel(const uint8_t *__restrict__ w, int64_t in, uint64_t row_bytes,
                                                                       const float *__restrict__ x, int64_t x_stride, float eps,
                                                                       float *__restrict__ y, int64_t y_stride) {
+    pdl_enter();
     __shared__ float part[kSplitWarps];
     __shared__ double part_ss[kSplitWarps];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -234,6 +238,7 @@ __global__ void __launch_bounds__(32 * kSplitWarps) matmul_rms_kernel(const uint
 template <int T>
 __global__ void dequant_rows_kernel(const uint8_t *__restrict__ w, uint64_t row_bytes, int64_t n, const int32_t *__restrict__ ids,
                                     float *__restrict__ out, int64_t out_stride) {
+    pdl_enter();
     const int64_t r = blockIdx.x;
     const uint8_t *row = w + (uint64_t)ids[r] * row_bytes;
     for (int64_t c = threadIdx.x; c < (n >> 3); c += blockDim.x) {
@@ -265,12 +270,12 @@ template <int T> struct MatmulLaunch {
         const bool one = n_tok == 1;
         if (out * tiles < 2048 && in >= 2048) {
             const dim3 grid((unsigned)out, tiles);
-            if (one) matmul_split_kernel<T, 1><<<grid, 32 * kSplitWarps, 0, s>>>(w, in, out, rb, x, n_tok, xs, y, ys);
-            else matmul_split_kernel<T><<<grid, 32 * kSplitWarps, 0, s>>>(w, in, out, rb, x, n_tok, xs, y, ys);
+            if (one) launch_pdl(matmul_split_kernel<T, 1>, grid, 32 * kSplitWarps, 0, s, w, in, out, rb, x, n_tok, xs, y, ys);
+            else launch_pdl(matmul_split_kernel<T>, grid, 32 * kSplitWarps, 0, s, w, in, out, rb, x, n_tok, xs, y, ys);
         } else {
             const dim3 grid((unsigned)((out + kWarps - 1) / kWarps), tiles);
-            if (one) matmul_kernel<T, 1><<<grid, 32 * kWarps, 0, s>>>(w, in, out, rb, x, n_tok, xs, y, ys);
-            else matmul_kernel<T><<<grid, 32 * kWarps, 0, s>>>(w, in, out, rb, x, n_tok, xs, y, ys);
+            if (one) launch_pdl(matmul_kernel<T, 1>, grid, 32 * kWarps, 0, s, w, in, out, rb, x, n_tok, xs, y, ys);
+            else launch_pdl(matmul_kernel<T>, grid, 32 * kWarps, 0, s, w, in, out, rb, x, n_tok, xs, y, ys);
         }
         DS4_CUDA_LAUNCHED();
     }
@@ -279,7 +284,7 @@ template <int T> struct MatmulLaunch {
 template <int T> struct MatmulRmsLaunch {
     static void run(cudaStream_t s, const uint8_t *w, int64_t in, int64_t out, uint64_t rb, const float *x, int64_t n_tok,
                     int64_t xs, float eps, float *y, int64_t ys) {
-        matmul_rms_kernel<T><<<dim3((unsigned)out, (unsigned)n_tok), 32 * kSplitWarps, 0, s>>>(w, in, rb, x, xs, eps, y, ys);
+        launch_pdl(matmul_rms_kernel<T>, dim3((unsigned)out, (unsigned)n_tok), 32 * kSplitWarps, 0, s, w, in, rb, x, xs, eps, y, ys);
         DS4_CUDA_LAUNCHED();
     }
 };
@@ -287,7 +292,7 @@ template <int T> struct MatmulRmsLaunch {
 template <int T> struct DequantLaunch {
     static void run(cudaStream_t s, const uint8_t *w, uint64_t rb, int64_t n, const int32_t *ids, int64_t rows, float *out,
                     int64_t os) {
-        dequant_rows_kernel<T><<<(unsigned)rows, 128, 0, s>>>(w, rb, n, ids, out, os);
+        launch_pdl(dequant_rows_kernel<T>, (unsigned)rows, 128, 0, s, w, rb, n, ids, out, os);
         DS4_CUDA_LAUNCHED();
     }
 };

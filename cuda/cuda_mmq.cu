@@ -15,7 +15,9 @@
 // Q4_K (and misaligned shapes) keep the dp4a kernel.
 #include <cstdint>
 
+#include "cuda/cuda_async_copy.cuh"
 #include "cuda/cuda_check.h"
+#include "cuda/cuda_launch.cuh"
 #include "cuda/cuda_kernels.h"
 #include "cuda/cuda_qblocks.cuh"
 #include "engine/common/error.h"
@@ -41,21 +43,6 @@ __device__ __forceinline__ void mma_s8(int (&c)[4], int a0, int a1, int a2, int 
 }
 
 __device__ __forceinline__ int ld_s32(const int8_t *p) { return *reinterpret_cast<const int *>(p); }
-
-// Asynchronous copies to shared memory (they hold no registers while in flight). cp16 copies
-// n <= 16 bytes from a 16-byte aligned source and zero-fills the rest of the 16.
-__device__ __forceinline__ void cp16(void *dst, const void *src, int n) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src),
-                 "r"(n));
-}
-__device__ __forceinline__ void cp4(void *dst, const void *src) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src));
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
 
 // An int32 dot of one 32-element block (|c| <= 32 * 128 * 128 < 2^22) as a float, exactly:
 // the magic-number conversion takes an integer add and a float add, where the conversion
@@ -92,6 +79,7 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(const uint8_t *__restr
                                                        float *__restrict__ y, int64_t ys, const uint64_t *__restrict__ grid_g,
                                                        XGroups xg, const MmaTile *__restrict__ tiles, uint64_t eb,
                                                        const int *__restrict__ rowidx, int64_t kper, int64_t zstride) {
+    pdl_enter();
     constexpr int QKA = T == 8 ? 32 : 256;   // activation block
     constexpr int QKW = T == 8 ? 32 : 256;   // weight block
     constexpr int BB = T == 8 ? 34 : T == 10 ? 84 : 66;   // its bytes
@@ -296,14 +284,14 @@ void launch(cudaStream_t s, const uint8_t *w, int64_t in, int64_t out, uint64_t 
     mmq_opt_in<T>();
     const size_t shm = sizeof(MmqShared);
     if (splits == 1) {
-        mmq_kernel<T><<<dim3((unsigned)tn, (unsigned)tm), kThreads, shm, s>>>(w, in, out, rb, xq, qrow, n_tok, y, ys, g_grid_addr, xg,
+        launch_pdl(mmq_kernel<T>, dim3((unsigned)tn, (unsigned)tm), kThreads, shm, s, w, in, out, rb, xq, qrow, n_tok, y, ys, g_grid_addr, xg,
                                                                           tiles, eb, rowidx, ksteps * kBK, 0);
         DS4_CUDA_LAUNCHED();
         return;
     }
     const int64_t per = (ksteps + splits - 1) / splits, z = (ksteps + per - 1) / per;
     float *part = splitk_alloc(s, (int)z, n_tok, out);
-    mmq_kernel<T><<<dim3((unsigned)tn, (unsigned)tm, (unsigned)z), kThreads, shm, s>>>(w, in, out, rb, xq, qrow, n_tok, part, out,
+    launch_pdl(mmq_kernel<T>, dim3((unsigned)tn, (unsigned)tm, (unsigned)z), kThreads, shm, s, w, in, out, rb, xq, qrow, n_tok, part, out,
                                                                                    g_grid_addr, xg, tiles, eb, rowidx, per * kBK,
                                                                                    n_tok * out);
     DS4_CUDA_LAUNCHED();

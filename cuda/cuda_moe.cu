@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "cuda/cuda_check.h"
+#include "cuda/cuda_launch.cuh"
 #include "cuda/cuda_kernels.h"
 #include "cuda/cuda_qblocks.cuh"
 #include "engine/common/error.h"
@@ -29,6 +30,7 @@ constexpr int kRowsPerWarp = 4;   // staged one-row kernels
 
 __global__ void moe_group_kernel(const int *__restrict__ ids, const float *__restrict__ w, int P, int K, int E,
                                  MoeGroups g) {
+    pdl_enter();
     extern __shared__ int sm[];   // cnt[E], start[E], ids[P]
     int *cnt = sm, *start = sm + E, *sid = sm + 2 * E;
     for (int p = threadIdx.x; p < P; p += blockDim.x) {
@@ -82,6 +84,7 @@ __global__ void __launch_bounds__(32 * kWarps, SG ? 8 : NT == 1 ? 6 : 4)
                        uint64_t rb_g, uint64_t rb_u, int64_t in, int64_t F, const uint8_t *__restrict__ xq, uint64_t qrow,
                        MoeGroups g, float *__restrict__ h, float lim, const uint64_t *__restrict__ grid_g,
                        const int *__restrict__ slot, int u0) {
+    pdl_enter();
     using Fm = Fmt<T>;
     const int u = u0 + blockIdx.y;
     if (u >= *g.n_used) return;   // uniform per block
@@ -157,6 +160,7 @@ __global__ void __launch_bounds__(32 * kWarps, SG ? 8 : NT == 1 ? 6 : 4)
     moe_down_kernel(const uint8_t *__restrict__ down, uint64_t eb, uint64_t rb, int64_t in, int64_t D,
                     const uint8_t *__restrict__ hq, uint64_t qrow, MoeGroups g, float *__restrict__ y,
                     const uint64_t *__restrict__ grid_g, const int *__restrict__ slot, int u0) {
+    pdl_enter();
     using Fm = Fmt<T>;
     const int u = u0 + blockIdx.y;
     if (u >= *g.n_used) return;
@@ -210,6 +214,7 @@ __global__ void __launch_bounds__(32 * kWarps, SG ? 8 : NT == 1 ? 6 : 4)
 // A[r] = sum over the pairs of row r, in pair order, of pw * y[pair]. Blocks split D (one
 // block per row left a decode step's sum on one SM).
 __global__ void moe_combine_kernel(const float *__restrict__ y, int D, int P, MoeGroups g, float *__restrict__ A) {
+    pdl_enter();
     const int r = blockIdx.y;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < D; i += gridDim.x * blockDim.x) {
         float acc = 0.f;
@@ -221,6 +226,7 @@ __global__ void moe_combine_kernel(const float *__restrict__ y, int D, int P, Mo
 
 __global__ void moe_combine_pos_kernel(const float *__restrict__ y, int D, const int *__restrict__ pos,
                                        const float *__restrict__ pw, int K, float *__restrict__ A) {
+    pdl_enter();
     const int r = blockIdx.y;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < D; i += gridDim.x * blockDim.x) {
         float acc = 0.f;
@@ -238,13 +244,13 @@ void launch_gate_up(cudaStream_t s, const ExpertMats &m, int64_t in, int64_t F, 
     const dim3 grid((unsigned)((F + kWarps - 1) / kWarps), (unsigned)max_used);
     const dim3 sgrid((unsigned)((F + kWarps * kRowsPerWarp - 1) / (kWarps * kRowsPerWarp)), (unsigned)max_used);
     if (one_row && stage_rows(in) && stageable(m.gate, m.rb_gate) && stageable(m.up, m.rb_up) && m.eb_gate % 16 == 0 && m.eb_up % 16 == 0)
-        moe_gate_up_kernel<T, 1, true><<<sgrid, 32 * kWarps, 0, s>>>(m.gate, m.up, m.eb_gate, m.eb_up, m.rb_gate, m.rb_up, in, F,
+        launch_pdl(moe_gate_up_kernel<T, 1, true>, sgrid, 32 * kWarps, 0, s, m.gate, m.up, m.eb_gate, m.eb_up, m.rb_gate, m.rb_up, in, F,
                                                                     xq, qrow, g, h, lim, g_grid_addr, m.slot, u0);
     else if (one_row)
-        moe_gate_up_kernel<T, 1><<<grid, 32 * kWarps, 0, s>>>(m.gate, m.up, m.eb_gate, m.eb_up, m.rb_gate, m.rb_up, in, F, xq,
+        launch_pdl(moe_gate_up_kernel<T, 1>, grid, 32 * kWarps, 0, s, m.gate, m.up, m.eb_gate, m.eb_up, m.rb_gate, m.rb_up, in, F, xq,
                                                               qrow, g, h, lim, g_grid_addr, m.slot, u0);
     else
-        moe_gate_up_kernel<T, 8><<<grid, 32 * kWarps, 0, s>>>(m.gate, m.up, m.eb_gate, m.eb_up, m.rb_gate, m.rb_up, in, F, xq,
+        launch_pdl(moe_gate_up_kernel<T, 8>, grid, 32 * kWarps, 0, s, m.gate, m.up, m.eb_gate, m.eb_up, m.rb_gate, m.rb_up, in, F, xq,
                                                               qrow, g, h, lim, g_grid_addr, m.slot, u0);
     DS4_CUDA_LAUNCHED();
 }
@@ -255,12 +261,12 @@ void launch_down(cudaStream_t s, const ExpertMats &m, int64_t in, int64_t D, con
     const dim3 grid((unsigned)((D + kWarps - 1) / kWarps), (unsigned)max_used);
     const dim3 sgrid((unsigned)((D + kWarps * kRowsPerWarp - 1) / (kWarps * kRowsPerWarp)), (unsigned)max_used);
     if (one_row && stage_rows(in) && stageable(m.down, m.rb_down) && m.eb_down % 16 == 0)
-        moe_down_kernel<T, 1, true><<<sgrid, 32 * kWarps, 0, s>>>(m.down, m.eb_down, m.rb_down, in, D, hq, qrow, g, y, g_grid_addr,
+        launch_pdl(moe_down_kernel<T, 1, true>, sgrid, 32 * kWarps, 0, s, m.down, m.eb_down, m.rb_down, in, D, hq, qrow, g, y, g_grid_addr,
                                                                  m.slot, u0);
     else if (one_row)
-        moe_down_kernel<T, 1><<<grid, 32 * kWarps, 0, s>>>(m.down, m.eb_down, m.rb_down, in, D, hq, qrow, g, y, g_grid_addr, m.slot, u0);
+        launch_pdl(moe_down_kernel<T, 1>, grid, 32 * kWarps, 0, s, m.down, m.eb_down, m.rb_down, in, D, hq, qrow, g, y, g_grid_addr, m.slot, u0);
     else
-        moe_down_kernel<T, 8><<<grid, 32 * kWarps, 0, s>>>(m.down, m.eb_down, m.rb_down, in, D, hq, qrow, g, y, g_grid_addr, m.slot, u0);
+        launch_pdl(moe_down_kernel<T, 8>, grid, 32 * kWarps, 0, s, m.down, m.eb_down, m.rb_down, in, D, hq, qrow, g, y, g_grid_addr, m.slot, u0);
     DS4_CUDA_LAUNCHED();
 }
 
@@ -283,7 +289,7 @@ void moe_group(cudaStream_t s, const int *ids, const float *wts, int P, int K, i
     if (P <= 0) return;
     const size_t shm = sizeof(int) * (2 * (size_t)E + (size_t)P);
     if (shm > 48 * 1024) failf("CUDA backend: %d routed pairs over %d experts are too many to group on the device", P, E);
-    moe_group_kernel<<<1, 256, shm, s>>>(ids, wts, P, K, E, g);
+    launch_pdl(moe_group_kernel, 1, 256, shm, s, ids, wts, P, K, E, g);
     DS4_CUDA_LAUNCHED();
 }
 
@@ -300,13 +306,13 @@ void moe_down(cudaStream_t s, const ExpertMats &m, int64_t in, int64_t D, const 
 
 void moe_combine(cudaStream_t s, const float *y, int D, int P, const MoeGroups &g, float *A, int rows) {
     if (rows <= 0) return;
-    moe_combine_kernel<<<dim3((unsigned)((D + 255) / 256), (unsigned)rows), 256, 0, s>>>(y, D, P, g, A);
+    launch_pdl(moe_combine_kernel, dim3((unsigned)((D + 255) / 256), (unsigned)rows), 256, 0, s, y, D, P, g, A);
     DS4_CUDA_LAUNCHED();
 }
 
 void moe_combine_pos(cudaStream_t s, const float *y, int D, const int *pos, const float *pw, int K, float *A, int rows) {
     if (rows <= 0) return;
-    moe_combine_pos_kernel<<<dim3((unsigned)((D + 255) / 256), (unsigned)rows), 256, 0, s>>>(y, D, pos, pw, K, A);
+    launch_pdl(moe_combine_pos_kernel, dim3((unsigned)((D + 255) / 256), (unsigned)rows), 256, 0, s, y, D, pos, pw, K, A);
     DS4_CUDA_LAUNCHED();
 }
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "cuda/cuda_check.h"
+#include "cuda/cuda_launch.cuh"
 #include "cuda/cuda_kernels.h"
 
 namespace ds4::cuda {
@@ -51,6 +52,7 @@ __device__ __forceinline__ void rope_pair(float *r, int i, const float *inv_freq
 
 __global__ void rmsnorm_kernel(const float *x, int64_t xs, const int32_t *idx, int64_t n, const float *w, float eps,
                                float *out, int64_t os) {
+    pdl_enter();
     __shared__ double sh[kBlock / 32];
     const int r = blockIdx.x;
     const float *xr = x + (idx ? (int64_t)idx[r] : (int64_t)r) * xs;
@@ -145,6 +147,7 @@ __device__ __forceinline__ float hc_sinkhorn_warp(const float *cb, int hc_rt, in
 // barrier (the 1024-thread single block this replaced spent most of its time in barriers).
 __global__ void hc_pre_kernel(const float *mix, const float *base, const float *scale, const float *H, int hc, int D,
                               int iters, float eps, float *post, float *comb, float *X) {
+    pdl_enter();
     __shared__ float pre[16], cb[256];
     const int t = blockIdx.x, nmix = (2 + hc) * hc, tid = threadIdx.x;
     const bool lead = blockIdx.y == 0;
@@ -188,6 +191,7 @@ __global__ void hc_pre_kernel(const float *mix, const float *base, const float *
 }
 
 __global__ void hc_post_kernel(float *H, const float *A, const float *post, const float *comb, int hc, int D) {
+    pdl_enter();
     const int t = blockIdx.y;
     const int d = blockIdx.x * blockDim.x + threadIdx.x;
     if (d >= D) return;
@@ -205,6 +209,7 @@ __global__ void hc_post_kernel(float *H, const float *A, const float *post, cons
 
 __global__ void norm_rope_kernel(float *x, int n_heads, int hd, bool norm, const float *w, float eps, const int64_t *pos,
                                  const float *inv_freq, int n_pairs, float sign) {
+    pdl_enter();
     __shared__ double sh[kBlock / 32];
     const int r = blockIdx.x / n_heads, h = blockIdx.x % n_heads;
     float *v = x + ((int64_t)r * n_heads + h) * hd;
@@ -221,12 +226,14 @@ __global__ void norm_rope_kernel(float *x, int n_heads, int hd, bool norm, const
 }
 
 __global__ void scatter_rows_kernel(const float *src, int width, float *const *dst) {
+    pdl_enter();
     const int r = blockIdx.x;
     for (int i = threadIdx.x; i < width; i += blockDim.x) dst[r][i] = src[(int64_t)r * width + i];
 }
 
 __global__ void comp_ring_kernel(const float *p_kv, const float *p_gate, int row0, const float *ape, int width, int ratio,
                                  int64_t n0, float *kv_ring, float *gate_ring, int cap) {
+    pdl_enter();
     const int i = blockIdx.x;
     const int64_t pos = n0 + i;
     const float *kv = p_kv + (int64_t)(row0 + i) * width, *g = p_gate + (int64_t)(row0 + i) * width;
@@ -241,6 +248,7 @@ __global__ void comp_ring_kernel(const float *p_kv, const float *p_gate, int row
 __global__ void comp_emit_kernel(const float *kv_ring, const float *gate_ring, int cap, int width, int dim, int ratio,
                                  bool overlap, int first, float *entries, const float *norm_w, float eps,
                                  const float *inv_freq, int n_pairs) {
+    pdl_enter();
     __shared__ double sh[kBlock / 32];
     const int wi = first + blockIdx.x;
     const int64_t start = (int64_t)wi * ratio;
@@ -281,6 +289,7 @@ __global__ void comp_emit_kernel(const float *kv_ring, const float *gate_ring, i
 
 __global__ void indexer_scores_kernel(const float *iq, const float *iw, int IH, int Id, const float *const *entries,
                                       const int *n_vis, int max_vis, float *scores) {
+    pdl_enter();
     const int r = blockIdx.y;
     const int s = blockIdx.x * blockDim.x + threadIdx.x;
     if (s >= n_vis[r]) return;
@@ -305,6 +314,7 @@ __global__ void indexer_scores_kernel(const float *iq, const float *iw, int IH, 
 __global__ void __launch_bounds__(kBlock) indexer_scores_shared_kernel(const float *iq, const float *iw, int IH, int Id,
                                                                        const float *const *entries, const int *n_vis,
                                                                        int max_vis, float *scores, int per_warp) {
+    pdl_enter();
     extern __shared__ float sm[];
     float *qs = sm, *es = sm + (size_t)IH * (Id + 1);
     const int r = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -352,6 +362,7 @@ __device__ __forceinline__ const float *attn_key(const AttnRow &d, int64_t w0, i
 constexpr int kAttnHeads = 16, kAttnKeys = 16, kAttnMaxHd = 512;
 __global__ void __launch_bounds__(kBlock) attend_rows_kernel(const float *q, const AttnRow *desc, int H, int hd, int window,
                                                              const float *sinks, float *scratch, int max_keys, float *o) {
+    pdl_enter();
     extern __shared__ float4 sm4[];
     const int ldk = hd + 4;   // floats per staged row: 16-byte aligned, rows on different banks
     float *qs = reinterpret_cast<float *>(sm4), *ks = qs + (size_t)kAttnHeads * ldk;
@@ -443,6 +454,7 @@ constexpr int kSplitKeys = 32;
 // together; the fma chain per element keeps key order, so the bits are unchanged.
 __global__ void __launch_bounds__(kBlock) attend_split_kernel(const float *q, const AttnRow *desc, int H, int hd, int window,
                                                               float *part, int max_splits) {
+    pdl_enter();
     __shared__ float p[kSplitKeys], ew[kSplitKeys];
     __shared__ const float *kp[kSplitKeys];
     __shared__ float shf[kBlock / 32];
@@ -500,6 +512,7 @@ __global__ void __launch_bounds__(kBlock) attend_split_kernel(const float *q, co
 constexpr int kMergeChunk = 64;
 __global__ void __launch_bounds__(kBlock) attend_merge_kernel(const float *part, int H, int hd, const float *sinks, int max_splits,
                                                               float *o) {
+    pdl_enter();
     __shared__ float f[kMergeChunk];
     __shared__ double dd[kMergeChunk], den_s;
     const int rh = blockIdx.x, h = rh % H;
@@ -557,6 +570,7 @@ __global__ void __launch_bounds__(kBlock) attend_merge_kernel(const float *part,
 // the dimension, keys in order.
 __global__ void __launch_bounds__(kBlock) attend_kernel(const float *q, const AttnRow *desc, int H, int hd, int window,
                                                         const float *sinks, float *scratch, int max_keys, float *o) {
+    pdl_enter();
     __shared__ float shf[kBlock / 32];
     __shared__ double shd[kBlock / 32];
     const int r = blockIdx.x / H, h = blockIdx.x % H, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -604,6 +618,7 @@ __device__ __forceinline__ bool route_better(float v, int e, float bv, int be) {
 __global__ void __launch_bounds__(kBlock) route_rows_kernel(const float *logits, int E, int K, const int32_t *tid2eid,
                                                             const int32_t *tokens, const float *bias, float scale, int *ids,
                                                             float *wts) {
+    pdl_enter();
     extern __shared__ float s[];   // [E] scores, then [E] taken flags
     float *taken = s + E;
     __shared__ float wv[kBlock / 32];
@@ -661,11 +676,13 @@ __global__ void __launch_bounds__(kBlock) route_rows_kernel(const float *logits,
 }
 
 __global__ void gather_kernel(const float *src, int width, const int *idx, float *dst) {
+    pdl_enter();
     const int r = blockIdx.x;
     for (int i = threadIdx.x; i < width; i += blockDim.x) dst[(int64_t)r * width + i] = src[(int64_t)idx[r] * width + i];
 }
 
 __global__ void swiglu_kernel(float *g, const float *u, int64_t n, float lim) {
+    pdl_enter();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     const float a = fminf(g[i], lim), b = fminf(fmaxf(u[i], -lim), lim);
@@ -673,17 +690,20 @@ __global__ void swiglu_kernel(float *g, const float *u, int64_t n, float lim) {
 }
 
 __global__ void scatter_add_kernel(const float *src, int width, const int *idx, const float *w, float *dst) {
+    pdl_enter();
     const int r = blockIdx.x;
     for (int i = threadIdx.x; i < width; i += blockDim.x) dst[(int64_t)idx[r] * width + i] += w[r] * src[(int64_t)r * width + i];
 }
 
 __global__ void add_kernel(float *y, const float *x, int64_t n) {
+    pdl_enter();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] += x[i];
 }
 
 __global__ void hyper_head_kernel(const float *H, const int32_t *idx, const float *mix, const float *base, const float *scale,
                                   int hc, int D, float hc_eps, const float *norm_w, float rms_eps, float *y) {
+    pdl_enter();
     __shared__ double sh[kBlock / 32];
     const int r = blockIdx.x;
     const float *h = H + (int64_t)idx[r] * hc * D;
@@ -725,7 +745,7 @@ unsigned blocks_for(int64_t n, int per) { return (unsigned)((n + per - 1) / per)
 void rmsnorm_rows(cudaStream_t s, const float *x, int64_t xs, const int32_t *idx, int64_t n, const float *w, float eps,
                   float *out, int64_t os, int rows) {
     if (rows <= 0) return;
-    rmsnorm_kernel<<<rows, kBlock, 0, s>>>(x, xs, idx, n, w, eps, out, os);
+    launch_pdl(rmsnorm_kernel, rows, kBlock, 0, s, x, xs, idx, n, w, eps, out, os);
     DS4_CUDA_LAUNCHED();
 }
 
@@ -734,34 +754,34 @@ void hc_pre_mix(cudaStream_t s, const float *mix, const float *base, const float
     if (hc > 16) fail("CUDA backend: more than 16 hyper-connection streams");
     if (rows <= 0) return;
     // blocks of 256 split D (two elements a thread); hc * hc <= 256 fits the general Sinkhorn
-    hc_pre_kernel<<<dim3((unsigned)rows, (unsigned)blocks_for(D, 2 * kBlock)), kBlock, 0, s>>>(mix, base, scale, H, hc, D, iters,
+    launch_pdl(hc_pre_kernel, dim3((unsigned)rows, (unsigned)blocks_for(D, 2 * kBlock)), kBlock, 0, s, mix, base, scale, H, hc, D, iters,
                                                                                                eps, post, comb, X);
     DS4_CUDA_LAUNCHED();
 }
 
 void hc_post(cudaStream_t s, float *H, const float *A, const float *post, const float *comb, int hc, int D, int rows) {
     if (rows <= 0) return;
-    hc_post_kernel<<<dim3(blocks_for(D, kBlock), rows), kBlock, 0, s>>>(H, A, post, comb, hc, D);
+    launch_pdl(hc_post_kernel, dim3(blocks_for(D, kBlock), rows), kBlock, 0, s, H, A, post, comb, hc, D);
     DS4_CUDA_LAUNCHED();
 }
 
 void norm_rope_heads(cudaStream_t s, float *x, int n_heads, int hd, bool norm, const float *w, float eps, const int64_t *pos,
                      const float *inv_freq, int n_pairs, float sign, int rows) {
     if (rows <= 0) return;
-    norm_rope_kernel<<<rows * n_heads, 128, 0, s>>>(x, n_heads, hd, norm, w, eps, pos, inv_freq, n_pairs, sign);
+    launch_pdl(norm_rope_kernel, rows * n_heads, 128, 0, s, x, n_heads, hd, norm, w, eps, pos, inv_freq, n_pairs, sign);
     DS4_CUDA_LAUNCHED();
 }
 
 void scatter_rows(cudaStream_t s, const float *src, int width, float *const *dst, int rows) {
     if (rows <= 0) return;
-    scatter_rows_kernel<<<rows, 128, 0, s>>>(src, width, dst);
+    launch_pdl(scatter_rows_kernel, rows, 128, 0, s, src, width, dst);
     DS4_CUDA_LAUNCHED();
 }
 
 void comp_ring_write(cudaStream_t s, const float *p_kv, const float *p_gate, int row0, const float *ape, int width, int ratio,
                      int64_t n0, int n, float *kv_ring, float *gate_ring, int cap) {
     if (n <= 0) return;
-    comp_ring_kernel<<<n, 128, 0, s>>>(p_kv, p_gate, row0, ape, width, ratio, n0, kv_ring, gate_ring, cap);
+    launch_pdl(comp_ring_kernel, n, 128, 0, s, p_kv, p_gate, row0, ape, width, ratio, n0, kv_ring, gate_ring, cap);
     DS4_CUDA_LAUNCHED();
 }
 
@@ -769,7 +789,7 @@ void comp_emit(cudaStream_t s, const float *kv_ring, const float *gate_ring, int
                bool overlap, int first, int last, float *entries, const float *norm_w, float eps, const float *inv_freq,
                int n_pairs) {
     if (last <= first) return;
-    comp_emit_kernel<<<last - first, 128, 0, s>>>(kv_ring, gate_ring, cap, width, dim, ratio, overlap, first, entries, norm_w,
+    launch_pdl(comp_emit_kernel, last - first, 128, 0, s, kv_ring, gate_ring, cap, width, dim, ratio, overlap, first, entries, norm_w,
                                                   eps, inv_freq, n_pairs);
     DS4_CUDA_LAUNCHED();
 }
@@ -780,10 +800,10 @@ void indexer_scores(cudaStream_t s, const float *iq, const float *iw, int IH, in
     const size_t shm = sizeof(float) * ((size_t)IH * (Id + 1) + (size_t)(kBlock / 32) * Id);
     if (shm <= 48 * 1024) {
         const int per_warp = rows <= 4 ? 1 : 4, per_block = (kBlock / 32) * per_warp;
-        indexer_scores_shared_kernel<<<dim3((unsigned)((max_vis + per_block - 1) / per_block), rows), kBlock, shm, s>>>(
+        launch_pdl(indexer_scores_shared_kernel, dim3((unsigned)((max_vis + per_block - 1) / per_block), rows), kBlock, shm, s, 
             iq, iw, IH, Id, entries, n_vis, max_vis, scores, per_warp);
     } else {
-        indexer_scores_kernel<<<dim3(blocks_for(max_vis, 128), rows), 128, 0, s>>>(iq, iw, IH, Id, entries, n_vis, max_vis, scores);
+        launch_pdl(indexer_scores_kernel, dim3(blocks_for(max_vis, 128), rows), 128, 0, s, iq, iw, IH, Id, entries, n_vis, max_vis, scores);
     }
     DS4_CUDA_LAUNCHED();
 }
@@ -804,20 +824,20 @@ void attend(cudaStream_t s, const float *q, const AttnRow *desc, int H, int hd, 
         static const cudaError_t opted = cudaFuncSetAttribute(attend_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                               (int)(sizeof(float) * (kAttnHeads + kAttnKeys) * (kAttnMaxHd + 4)));
         DS4_CUDA_CHECK(opted);
-        attend_rows_kernel<<<dim3((unsigned)rows, (unsigned)(H / hb)), kBlock, shm, s>>>(q, desc, H, hd, window, sinks, scratch,
+        launch_pdl(attend_rows_kernel, dim3((unsigned)rows, (unsigned)(H / hb)), kBlock, shm, s, q, desc, H, hd, window, sinks, scratch,
                                                                                         max_keys, o);
         DS4_CUDA_LAUNCHED();
         return;
     }
     const int splits = (max_keys + kSplitKeys - 1) / kSplitKeys;
     if (splits > 1 && hd <= 2 * kBlock) {
-        attend_split_kernel<<<dim3((unsigned)(rows * H), (unsigned)splits), kBlock, 0, s>>>(q, desc, H, hd, window, scratch, splits);
+        launch_pdl(attend_split_kernel, dim3((unsigned)(rows * H), (unsigned)splits), kBlock, 0, s, q, desc, H, hd, window, scratch, splits);
         DS4_CUDA_LAUNCHED();
-        attend_merge_kernel<<<rows * H, kBlock, 0, s>>>(scratch, H, hd, sinks, splits, o);
+        launch_pdl(attend_merge_kernel, rows * H, kBlock, 0, s, scratch, H, hd, sinks, splits, o);
         DS4_CUDA_LAUNCHED();
         return;
     }
-    attend_kernel<<<rows * H, kBlock, 0, s>>>(q, desc, H, hd, window, sinks, scratch, max_keys, o);
+    launch_pdl(attend_kernel, rows * H, kBlock, 0, s, q, desc, H, hd, window, sinks, scratch, max_keys, o);
     DS4_CUDA_LAUNCHED();
 }
 
@@ -825,31 +845,31 @@ void route(cudaStream_t s, const float *logits, int E, int K, const int32_t *tid
            float scale, int *ids, float *wts, int rows) {
     if (rows <= 0) return;
     if (K > 64 || E > 4096) failf("CUDA backend: routing %d of %d experts is beyond the router kernel", K, E);
-    route_rows_kernel<<<rows, kBlock, sizeof(float) * 2 * (size_t)E, s>>>(logits, E, K, tid2eid, tokens, bias, scale, ids, wts);
+    launch_pdl(route_rows_kernel, rows, kBlock, sizeof(float) * 2 * (size_t)E, s, logits, E, K, tid2eid, tokens, bias, scale, ids, wts);
     DS4_CUDA_LAUNCHED();
 }
 
 void gather_rows(cudaStream_t s, const float *src, int width, const int *idx, float *dst, int rows) {
     if (rows <= 0) return;
-    gather_kernel<<<rows, 128, 0, s>>>(src, width, idx, dst);
+    launch_pdl(gather_kernel, rows, 128, 0, s, src, width, idx, dst);
     DS4_CUDA_LAUNCHED();
 }
 
 void swiglu(cudaStream_t s, float *g, const float *u, int64_t n, float lim) {
     if (n <= 0) return;
-    swiglu_kernel<<<blocks_for(n, kBlock), kBlock, 0, s>>>(g, u, n, lim);
+    launch_pdl(swiglu_kernel, blocks_for(n, kBlock), kBlock, 0, s, g, u, n, lim);
     DS4_CUDA_LAUNCHED();
 }
 
 void scatter_add_rows(cudaStream_t s, const float *src, int width, const int *idx, const float *w, float *dst, int rows) {
     if (rows <= 0) return;
-    scatter_add_kernel<<<rows, 128, 0, s>>>(src, width, idx, w, dst);
+    launch_pdl(scatter_add_kernel, rows, 128, 0, s, src, width, idx, w, dst);
     DS4_CUDA_LAUNCHED();
 }
 
 void add(cudaStream_t s, float *y, const float *x, int64_t n) {
     if (n <= 0) return;
-    add_kernel<<<blocks_for(n, kBlock), kBlock, 0, s>>>(y, x, n);
+    launch_pdl(add_kernel, blocks_for(n, kBlock), kBlock, 0, s, y, x, n);
     DS4_CUDA_LAUNCHED();
 }
 
@@ -857,7 +877,7 @@ void hyper_head(cudaStream_t s, const float *H, const int32_t *idx, const float 
                 int hc, int D, float hc_eps, const float *norm_w, float rms_eps, float *y, int rows) {
     if (hc > 16) fail("CUDA backend: more than 16 hyper-connection streams");
     if (rows <= 0) return;
-    hyper_head_kernel<<<rows, kBlock, 0, s>>>(H, idx, mix, base, scale, hc, D, hc_eps, norm_w, rms_eps, y);
+    launch_pdl(hyper_head_kernel, rows, kBlock, 0, s, H, idx, mix, base, scale, hc, D, hc_eps, norm_w, rms_eps, y);
     DS4_CUDA_LAUNCHED();
 }
 

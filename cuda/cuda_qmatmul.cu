@@ -19,6 +19,7 @@
 #include <type_traits>
 
 #include "cuda/cuda_check.h"
+#include "cuda/cuda_launch.cuh"
 #include "cuda/cuda_kernels.h"
 #include "cuda/cuda_qblocks.cuh"
 #include "engine/common/error.h"
@@ -40,6 +41,7 @@ using gguf::Type;
 template <int QK>
 __global__ void __launch_bounds__(128) quantize_kernel(const float *__restrict__ x, int64_t xs, int64_t n,
                                                        uint8_t *__restrict__ q, uint64_t qrow) {
+    pdl_enter();
     constexpr int G = QK / 8;   // lanes per block
     const int lane = threadIdx.x & 31;
     const int64_t c = ((int64_t)blockIdx.x * 4 + (threadIdx.x >> 5)) * 32 + lane;   // chunk of 8
@@ -113,6 +115,7 @@ __global__ void __launch_bounds__(32 * kWarps, SG ? 8 : NT == 1 ? 6 : 4) qmatmul
                                                               uint64_t qrow, int64_t n_tok, float *__restrict__ y,
                                                               int64_t y_stride, const uint64_t *__restrict__ grid_g,
                                                               XGroups xg) {
+    pdl_enter();
     using F = Fmt<T>;
     __shared__ uint64_t grid_s[T == 16 ? 256 : 1];
     if (T == 16) {
@@ -173,6 +176,7 @@ struct QPair {
 template <int T, bool SG>
 __global__ void __launch_bounds__(32 * kWarps, SG ? 8 : 6) qmatmul_pair_kernel(QPair p, int64_t in, const uint8_t *__restrict__ xq,
                                                                                 const uint64_t *__restrict__ grid_g) {
+    pdl_enter();
     using F = Fmt<T>;
     __shared__ uint64_t grid_s[T == 16 ? 256 : 1];
     if (T == 16) {
@@ -215,15 +219,16 @@ void launch(cudaStream_t s, const uint8_t *w, int64_t in, int64_t out, uint64_t 
     if (T == 16 && !g_grid_addr) fail("CUDA backend: init_qmatmul_tables was not called");
     const unsigned rows = (unsigned)((out + kWarps - 1) / kWarps);
     if (n_tok == 1 && stageable(w, rb) && stage_rows(in))
-        qmatmul_kernel<T, 1, true><<<dim3(rows, 1), 32 * kWarps, 0, s>>>(w, in, out, rb, xq, qrow, n_tok, y, ys, g_grid_addr, xg);
+        launch_pdl(qmatmul_kernel<T, 1, true>, dim3(rows, 1), 32 * kWarps, 0, s, w, in, out, rb, xq, qrow, n_tok, y, ys, g_grid_addr, xg);
     else if (n_tok == 1)
-        qmatmul_kernel<T, 1><<<dim3(rows, 1), 32 * kWarps, 0, s>>>(w, in, out, rb, xq, qrow, n_tok, y, ys, g_grid_addr, xg);
-    else qmatmul_kernel<T, 8><<<dim3(rows, (unsigned)((n_tok + 7) / 8)), 32 * kWarps, 0, s>>>(w, in, out, rb, xq, qrow, n_tok, y, ys, g_grid_addr, xg);
+        launch_pdl(qmatmul_kernel<T, 1>, dim3(rows, 1), 32 * kWarps, 0, s, w, in, out, rb, xq, qrow, n_tok, y, ys, g_grid_addr, xg);
+    else launch_pdl(qmatmul_kernel<T, 8>, dim3(rows, (unsigned)((n_tok + 7) / 8)), 32 * kWarps, 0, s, w, in, out, rb, xq, qrow, n_tok, y, ys, g_grid_addr, xg);
     DS4_CUDA_LAUNCHED();
 }
 
 __global__ void gather_bytes_kernel(const uint4 *__restrict__ src, uint64_t row16, const int *__restrict__ idx,
                                     uint4 *__restrict__ dst) {
+    pdl_enter();
     const int r = blockIdx.x;
     const uint4 *s = src + (uint64_t)idx[r] * row16;
     uint4 *d = dst + (uint64_t)r * row16;
@@ -271,8 +276,8 @@ void quantize_act(cudaStream_t s, Type weight, const float *x, int64_t n_tok, in
     if (a == Type::F32) failf("CUDA backend: %s weights take f32 activations", gguf::type_name(weight));
     if (qrow < act_row_bytes(weight, n) || qrow % 16) failf("CUDA backend: quantised activation row of %llu bytes is too small or misaligned", (unsigned long long)qrow);
     const dim3 g((unsigned)((n + 1023) / 1024), (unsigned)n_tok);
-    if (a == Type::Q8_0) quantize_kernel<32><<<g, 128, 0, s>>>(x, xs, n, q, qrow);
-    else quantize_kernel<256><<<g, 128, 0, s>>>(x, xs, n, q, qrow);
+    if (a == Type::Q8_0) launch_pdl(quantize_kernel<32>, g, 128, 0, s, x, xs, n, q, qrow);
+    else launch_pdl(quantize_kernel<256>, g, 128, 0, s, x, xs, n, q, qrow);
     DS4_CUDA_LAUNCHED();
 }
 
@@ -311,8 +316,8 @@ bool matmul_q_pair(cudaStream_t s, Type type, int64_t in, const void *w0, int64_
         constexpr int t = decltype(T)::value;
         if ((uintptr_t)a % Fmt<t>::kAlign || rb0 % Fmt<t>::kAlign || (uintptr_t)b % Fmt<t>::kAlign || rb1 % Fmt<t>::kAlign) return false;
         if (t == 16 && !g_grid_addr) fail("CUDA backend: init_qmatmul_tables was not called");
-        if (sg) qmatmul_pair_kernel<t, true><<<grid, 32 * kWarps, 0, s>>>(p, in, xq, g_grid_addr);
-        else qmatmul_pair_kernel<t, false><<<grid, 32 * kWarps, 0, s>>>(p, in, xq, g_grid_addr);
+        if (sg) launch_pdl(qmatmul_pair_kernel<t, true>, grid, 32 * kWarps, 0, s, p, in, xq, g_grid_addr);
+        else launch_pdl(qmatmul_pair_kernel<t, false>, grid, 32 * kWarps, 0, s, p, in, xq, g_grid_addr);
         DS4_CUDA_LAUNCHED();
         return true;
     };
@@ -337,7 +342,7 @@ void matmul_q_grouped(cudaStream_t s, Type type, const void *w, int64_t in, int6
 void gather_bytes(cudaStream_t s, const uint8_t *src, uint64_t row_bytes, const int *idx, uint8_t *dst, int rows) {
     if (rows <= 0) return;
     if (row_bytes % 16 || (uintptr_t)src % 16 || (uintptr_t)dst % 16) fail("CUDA backend: gather_bytes needs 16-byte rows");
-    gather_bytes_kernel<<<(unsigned)rows, 128, 0, s>>>(reinterpret_cast<const uint4 *>(src), row_bytes / 16, idx,
+    launch_pdl(gather_bytes_kernel, (unsigned)rows, 128, 0, s, reinterpret_cast<const uint4 *>(src), row_bytes / 16, idx,
                                                        reinterpret_cast<uint4 *>(dst));
     DS4_CUDA_LAUNCHED();
 }

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "cuda/cuda_check.h"
+#include "cuda/cuda_launch.cuh"
 #include "cuda/cuda_kernels.h"
 
 namespace ds4::cuda {
@@ -15,6 +16,7 @@ namespace {
 
 __global__ void splitk_reduce_kernel(const float *__restrict__ part, int splits, int64_t n_tok, int64_t out, float *__restrict__ y,
                                      int64_t ys) {
+    pdl_enter();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, n = n_tok * out;
     if (i >= n) return;
     float v = part[i];
@@ -55,7 +57,7 @@ float *splitk_alloc(cudaStream_t s, int splits, int64_t n_tok, int64_t out) {
 
 void splitk_finish(cudaStream_t s, float *part, int splits, int64_t n_tok, int64_t out, float *y, int64_t ys) {
     const int64_t n = n_tok * out;
-    splitk_reduce_kernel<<<(unsigned)((n + 255) / 256), 256, 0, s>>>(part, splits, n_tok, out, y, ys);
+    launch_pdl(splitk_reduce_kernel, (unsigned)((n + 255) / 256), 256, 0, s, part, splits, n_tok, out, y, ys);
     DS4_CUDA_LAUNCHED();
     DS4_CUDA_CHECK(cudaFreeAsync(part, s));
 }

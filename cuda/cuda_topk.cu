@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "cuda/cuda_check.h"
+#include "cuda/cuda_launch.cuh"
 #include "cuda/cuda_kernels.h"
 #include "engine/common/error.h"
 
@@ -31,6 +32,7 @@ __device__ __forceinline__ bool before(float sa, int ia, float sb, int ib) { ret
 __global__ void __launch_bounds__(kThreads) topk_radix_kernel(const float *__restrict__ scores, int stride,
                                                               const int *__restrict__ n_vis, int k, int p2,
                                                               int *__restrict__ sel, int *__restrict__ nsel) {
+    pdl_enter();
     using Scan = cub::BlockScan<int, kThreads>;
     __shared__ typename Scan::TempStorage scan_tmp;
     __shared__ unsigned hist[256];
@@ -127,7 +129,7 @@ void topk_rows(cudaStream_t s, float *scores, int stride, const int *n_vis, int 
     if (shm > 96 * 1024) failf("CUDA backend: an indexer top-k of %d is too large for one block's sort", k);
     if (shm > 48 * 1024)   // past the default dynamic shared-memory limit
         DS4_CUDA_CHECK(cudaFuncSetAttribute(topk_radix_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm));
-    topk_radix_kernel<<<rows, kThreads, shm, s>>>(scores, stride, n_vis, k, p2, sel, nsel);
+    launch_pdl(topk_radix_kernel, rows, kThreads, shm, s, scores, stride, n_vis, k, p2, sel, nsel);
     DS4_CUDA_LAUNCHED();
 }
 

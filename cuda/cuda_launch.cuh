@@ -1,0 +1,41 @@
+// Kernel launches that may overlap the previous kernel's tail (programmatic dependent launch,
+// sm_90). Every kernel of the backend begins with pdl_enter(): it waits until the grid before
+// it in the stream has completed and its writes are visible, then lets the next grid be
+// scheduled once all of this grid's blocks have begun. A decode step is ~40 small kernels a
+// layer; without this each one's launch and ramp starts only after the previous one's last
+// block has ended. DS4_CUDA_PDL=0 launches them plainly (for comparisons).
+#pragma once
+#include <cstdlib>
+#include <utility>
+
+#include "cuda/cuda_check.h"
+
+namespace ds4::cuda {
+namespace {
+
+__device__ __forceinline__ void pdl_enter() {
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+
+inline bool pdl_enabled() {
+    static const bool on = [] {
+        const char *e = std::getenv("DS4_CUDA_PDL");
+        return !(e && *e == '0');
+    }();
+    return on;
+}
+
+template <class... P, class... A>
+void launch_pdl(void (*kernel)(P...), dim3 grid, dim3 block, size_t shm, cudaStream_t s, A &&...args) {
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = shm, cfg.stream = s;
+    cfg.attrs = at, cfg.numAttrs = pdl_enabled() ? 1 : 0;
+    DS4_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...));
+}
+
+}  // namespace
+}  // namespace ds4::cuda
