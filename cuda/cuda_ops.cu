@@ -4,7 +4,9 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 
+#include "cuda/cuda_async_copy.cuh"
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_launch.cuh"
 #include "cuda/cuda_kernels.h"
@@ -443,6 +445,191 @@ __global__ void __launch_bounds__(kBlock) attend_rows_kernel(const float *q, con
     }
 }
 
+// The same attention on the tensor cores (prefill), in one pass over the keys: per row, the
+// 16 heads' scores against a chunk of 16 keys are one m16 x n16 x k(hd) product and the
+// chunk's share of the output one m16 x n(hd) x k16 product (the heads share K = V), with the
+// softmax kept online (running max m and sum l per head; the output rescaled by exp(m - m')
+// when the max rises, divided by l + exp(sink - m) at the end). Each chunk is copied once
+// (cp.async, two buffers: the next chunk is in flight while this one is used). TF32
+// m16n8k8 with each f32 operand split into a TF32 high part and the TF32 rounding of the rest,
+// three products (hi.hi + hi.lo + lo.hi; lo.lo is below f32 rounding): ~21 bits of each
+// operand, f32 accumulation and exponent range. The results agree with the f32 kernel to
+// about f32 rounding, not bit for bit. Scores: warp w takes the k8 steps w, w + 8, ... and
+// the 8 partial sums are added in warp order; output: warp w takes dimensions 8 (w + 8 i)...
+// DS4_CUDA_ATTN_F32=1 runs attend_rows_kernel instead.
+__device__ __forceinline__ uint32_t to_tf32(float x) {
+    uint32_t r;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+    return r;
+}
+__device__ __forceinline__ void split_tf32(float x, uint32_t &hi, uint32_t &lo) {
+    hi = to_tf32(x);
+    lo = to_tf32(x - __uint_as_float(hi));   // exact: hi is x rounded to 10 fraction bits
+}
+__device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// m16n8k8 fragments (PTX ISA), g = lane / 4, c = lane % 4: A = rows g, g+8 at k c, c+4;
+// B = k c, c+4 at column g; C = (row g | g+8, columns 2c, 2c+1).
+__device__ __forceinline__ void load_a_split(const float *m, int ld, int k0, int g, int c, uint32_t (&hi)[4], uint32_t (&lo)[4]) {
+    split_tf32(m[g * ld + k0 + c], hi[0], lo[0]);
+    split_tf32(m[(g + 8) * ld + k0 + c], hi[1], lo[1]);
+    split_tf32(m[g * ld + k0 + c + 4], hi[2], lo[2]);
+    split_tf32(m[(g + 8) * ld + k0 + c + 4], hi[3], lo[3]);
+}
+constexpr int kTcKeys = 16, kTcLdp = kTcKeys + 4, kTcLdr = kTcKeys + 1;
+// Dynamic shared memory: q rows, two key chunks, the 8 warps' partial scores.
+constexpr size_t tc_attn_floats(int hd) { return (size_t)(kAttnHeads + 2 * kTcKeys) * (hd + 4) + 8 * kAttnHeads * kTcLdr; }
+__global__ void __launch_bounds__(kBlock, 2) attend_rows_tc_kernel(const float *q, const AttnRow *desc, int H, int hd, int window,
+                                                                  const float *sinks, float *o) {
+    pdl_enter();
+    extern __shared__ float4 sm4[];
+    const int ldk = hd + 4;   // rows 4 banks apart: the A and score-B fragment loads are conflict-free
+    float *qs = reinterpret_cast<float *>(sm4), *kb = qs + (size_t)kAttnHeads * ldk, *red = kb + (size_t)2 * kTcKeys * ldk;
+    __shared__ float ps[kAttnHeads][kTcLdp];   // this chunk's exp(s - m) per (head, key)
+    __shared__ float alpha_s[kAttnHeads];      // this chunk's rescale per head; at the end, 1 / denominator
+    const int hb = H < kAttnHeads ? H : kAttnHeads;
+    const int r = blockIdx.x, h0 = blockIdx.y * hb, t = threadIdx.x, lane = t & 31, warp = t >> 5, g = lane >> 2, c = lane & 3;
+    const AttnRow d = desc[r];
+    const int64_t w0 = d.pos - window + 1 > 0 ? d.pos - window + 1 : 0;
+    const int n_win = (int)(d.pos - w0 + 1), n_keys = n_win + (d.entries ? d.n_ent : 0);
+    const int h4 = hd / 4, nks = hd / 8, nc = (n_keys + kTcKeys - 1) / kTcKeys;
+    // key rows of chunk ch into buffer ch % 2 (rows past the last key zeroed: their weights are
+    // 0 and 0 * garbage may not be)
+    auto stage = [&](int ch) {
+        float *ks = kb + (size_t)(ch & 1) * kTcKeys * ldk;
+        const int k0 = ch * kTcKeys;
+        for (int i = t; i < kTcKeys * h4; i += blockDim.x) {
+            const int j = i / h4, cc = i % h4;
+            float *dst = ks + (size_t)j * ldk + 4 * cc;
+            if (k0 + j < n_keys) cp16(dst, attn_key(d, w0, n_win, hd, k0 + j) + 4 * cc, 16);
+            else *reinterpret_cast<float4 *>(dst) = make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+        cp_commit();
+    };
+    stage(0);
+    for (int i = t; i < kAttnHeads * h4; i += blockDim.x) {   // q rows; zeros past the block's heads
+        const int hh = i / h4, cc = i % h4;
+        reinterpret_cast<float4 *>(qs + (size_t)hh * ldk)[cc] =
+            hh < hb ? reinterpret_cast<const float4 *>(q + ((int64_t)r * H + h0 + hh) * hd)[cc] : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    const float scale = 1.f / sqrtf((float)hd);
+    const int hh = t / kTcKeys, kk = t % kTcKeys;   // the softmax step's (head, key of the chunk)
+    float m = hh < hb ? sinks[h0 + hh] : 0.f;       // running max, the sink included (as the two-pass max)
+    double l = 0;                                   // running sum of exp(s - m) over the keys
+    float oacc[8][4];
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) oacc[i][j] = 0.f;
+    for (int ch = 0; ch < nc; ++ch) {
+        if (ch + 1 < nc) stage(ch + 1);
+        else cp_commit();
+        cp_wait<1>();
+        __syncthreads();   // chunk ch (and q) in place
+        const float *ks = kb + (size_t)(ch & 1) * kTcKeys * ldk;
+        const int k0 = ch * kTcKeys;
+        {   // scores: hi.hi, hi.lo, lo.hi in separate accumulators (independent chains)
+            float acc[3][2][4];
+#pragma unroll
+            for (int p = 0; p < 3; ++p)
+#pragma unroll
+                for (int n = 0; n < 2; ++n)
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) acc[p][n][i] = 0.f;
+            for (int s = warp; s < nks; s += 8) {
+                uint32_t ah[4], al[4];
+                load_a_split(qs, ldk, 8 * s, g, c, ah, al);
+#pragma unroll
+                for (int n = 0; n < 2; ++n) {
+                    const float *kr = ks + (size_t)(8 * n + g) * ldk + 8 * s + c;
+                    uint32_t bh0, bl0, bh1, bl1;
+                    split_tf32(kr[0], bh0, bl0);
+                    split_tf32(kr[4], bh1, bl1);
+                    mma_tf32(acc[0][n], ah, bh0, bh1);
+                    mma_tf32(acc[1][n], ah, bl0, bl1);
+                    mma_tf32(acc[2][n], al, bh0, bh1);
+                }
+            }
+            float *rw = red + (size_t)warp * kAttnHeads * kTcLdr;
+#pragma unroll
+            for (int n = 0; n < 2; ++n) {
+                float v[4];
+#pragma unroll
+                for (int i = 0; i < 4; ++i) v[i] = acc[0][n][i] + (acc[1][n][i] + acc[2][n][i]);
+                rw[g * kTcLdr + 8 * n + 2 * c] = v[0];
+                rw[g * kTcLdr + 8 * n + 2 * c + 1] = v[1];
+                rw[(g + 8) * kTcLdr + 8 * n + 2 * c] = v[2];
+                rw[(g + 8) * kTcLdr + 8 * n + 2 * c + 1] = v[3];
+            }
+        }
+        __syncthreads();
+        {   // online softmax: the 16 threads of a head (half a warp) hold the chunk's 16 keys
+            const bool live = hh < hb && k0 + kk < n_keys;
+            float sc = -INFINITY;
+            if (live) {
+                sc = 0.f;
+                for (int w = 0; w < 8; ++w) sc += red[((size_t)w * kAttnHeads + hh) * kTcLdr + kk];
+                sc *= scale;
+            }
+            float cm = sc;
+            for (int off = kTcKeys / 2; off > 0; off >>= 1) cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, off));
+            const float mn = fmaxf(m, cm);
+            const float p = live ? expf(sc - mn) : 0.f;
+            double ls = p;
+            for (int off = kTcKeys / 2; off > 0; off >>= 1) ls += __shfl_xor_sync(0xffffffffu, ls, off);
+            const float a = expf(m - mn);
+            l = l * (double)a + ls;
+            m = mn;
+            ps[hh][kk] = p;
+            if (kk == 0) alpha_s[hh] = a;
+        }
+        __syncthreads();
+        {   // output: rescaled to the new max, then this chunk added
+            const float a0 = alpha_s[g], a1 = alpha_s[g + 8];
+#pragma unroll
+            for (int i = 0; i < 8; ++i) oacc[i][0] *= a0, oacc[i][1] *= a0, oacc[i][2] *= a1, oacc[i][3] *= a1;
+#pragma unroll
+            for (int s = 0; s < kTcKeys / 8; ++s) {
+                uint32_t ah[4], al[4];
+                load_a_split(&ps[0][0], kTcLdp, 8 * s, g, c, ah, al);
+#pragma unroll
+                for (int i = 0; i < 8; ++i) {
+                    const int nt = warp + 8 * i;
+                    if (nt >= nks) break;
+                    const float *v0 = ks + (size_t)(8 * s + c) * ldk + 8 * nt + g;
+                    uint32_t bh0, bl0, bh1, bl1;
+                    split_tf32(v0[0], bh0, bl0);
+                    split_tf32(v0[4 * ldk], bh1, bl1);
+                    mma_tf32(oacc[i], ah, bh0, bh1);
+                    mma_tf32(oacc[i], ah, bl0, bl1);
+                    mma_tf32(oacc[i], al, bh0, bh1);
+                }
+            }
+        }
+        __syncthreads();   // chunk consumed: its buffer, the partial sums, ps and alpha_s are reused
+    }
+    if (hh < hb && kk == 0) alpha_s[hh] = (float)(1.0 / (l + exp((double)sinks[h0 + hh] - m)));
+    __syncthreads();
+    const float inv0 = alpha_s[g], inv1 = alpha_s[g + 8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const int nt = warp + 8 * i;
+        if (nt >= nks) break;
+        const int dim = 8 * nt + 2 * c;
+        if (g < hb) {
+            float *ov = o + ((int64_t)r * H + h0 + g) * hd + dim;
+            ov[0] = oacc[i][0] * inv0, ov[1] = oacc[i][1] * inv0;
+        }
+        if (g + 8 < hb) {
+            float *ov = o + ((int64_t)r * H + h0 + g + 8) * hd + dim;
+            ov[0] = oacc[i][2] * inv1, ov[1] = oacc[i][3] * inv1;
+        }
+    }
+}
+
 // Few rows (decode): one block per (row, head) walks every key alone, 64 blocks for a token.
 // Split the keys instead (flash-decoding): block (row x head, split) takes kSplitKeys keys --
 // scores a warp per key, their local max m, sum l of exp(s - m) and the partial output
@@ -818,6 +1005,19 @@ void attend(cudaStream_t s, const float *q, const AttnRow *desc, int H, int hd, 
     if (rows <= 0) return;
     if (hd % 4) failf("CUDA backend: attention needs a head dimension that is a multiple of 4 (%d)", hd);
     const int hb = std::min(H, kAttnHeads);
+    static const bool alu = [] {
+        const char *e = std::getenv("DS4_CUDA_ATTN_F32");
+        return e && *e && *e != '0';
+    }();
+    if (!alu && rows >= 16 && H % hb == 0 && hd % 8 == 0 && hd <= kAttnMaxHd) {
+        const size_t shm = sizeof(float) * tc_attn_floats(hd);
+        static const cudaError_t opted = cudaFuncSetAttribute(attend_rows_tc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                              (int)(sizeof(float) * tc_attn_floats(kAttnMaxHd)));
+        DS4_CUDA_CHECK(opted);
+        launch_pdl(attend_rows_tc_kernel, dim3((unsigned)rows, (unsigned)(H / hb)), kBlock, shm, s, q, desc, H, hd, window, sinks, o);
+        DS4_CUDA_LAUNCHED();
+        return;
+    }
     if (rows >= 16 && H % hb == 0 && hd % kAttnKeys == 0 && hd <= kAttnMaxHd) {
         const size_t shm = sizeof(float) * (size_t)(kAttnHeads + kAttnKeys) * (hd + 4);
         // the kernel's dynamic shared memory limit, raised once (thread-safe static) to the most it asks
