@@ -283,8 +283,13 @@ TEST(Quant, Q8_0TileEqualsDotBitForBit) {
 // The VNNI Q8_0 dot against the AVX2 one (forced by turning VNNI off), bit for bit: decode
 // (one column) and prefill tiles, an odd block count (the tail block), weights of -128.
 TEST(Quant, Q8_0VnniMatchesAvx2) {
+    if (!ds4::quant::detail::vnni_available()) GTEST_SKIP() << "no AVX-512 VNNI on this CPU (or DS4_NO_AVX512 set)";
     bool &on = ds4::quant::detail::vnni_enabled();
-    if (!on) GTEST_SKIP() << "no AVX-512 VNNI on this CPU (or DS4_NO_VNNI / DS4_NO_AVX512 set)";
+    struct Restore {
+        bool &flag;
+        const bool was;
+        ~Restore() { flag = was; }
+    } restore{on, on};
     std::mt19937 rng(23);
     for (int64_t n : {32, 64, 32 * 7, 4096 + 32}) {
         const int64_t nrows = 9, ncols = 9;
