@@ -46,7 +46,7 @@ __device__ __forceinline__ int ld_s32(const int8_t *p) { return *reinterpret_cas
 
 // An int32 dot of one 32-element block (|c| <= 32 * 128 * 128 < 2^22) as a float, exactly:
 // the magic-number conversion takes an integer add and a float add, where the conversion
-// instruction issues at a quarter of their rate.
+// instruction issues at a fraction of their rate.
 __device__ __forceinline__ float i2f_small(int c) { return __int_as_float(c + 0x4B400000) - 12582912.f; }
 
 // One k-step's operands as copied from global memory: raw weight bytes (decoded into ws by
