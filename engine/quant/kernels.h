@@ -23,10 +23,9 @@ void dot_iq2_xxs(const uint8_t *w, const void *const *x, int ncols, int64_t n, f
 // IQ2_XXS and Q2_K dots use AVX-512 variants when the CPU has AVX-512 F/BW/VL/DQ (same
 // results bit for bit; env DS4_NO_AVX512=1 disables them). Tests flip this to compare.
 bool &avx512_enabled();
-// The Q8_0 dot has an AVX-512 VNNI (vpdpbusd) variant, same results bit for bit. It is off
-// unless env DS4_VNNI=1 asks for it: on the first AVX-512 VNNI machine it ran on (a Xeon,
-// 2026-12) it was slower than the AVX2 kernel in decode and on 4096-wide rows in prefill
-// (ARCHITECTURE, "CPU dot kernels"). Tests flip this where vnni_available().
+// The Q8_0 dot uses AVX-512 VNNI (vpdpbusd on 256-bit registers) when the CPU has it and
+// AVX-512 is enabled (same results bit for bit; env DS4_NO_VNNI=1 disables it alone). Tests
+// flip this where vnni_available().
 bool vnni_available();
 bool &vnni_enabled();
 

@@ -81,8 +81,8 @@ bool &avx512_enabled() {
 bool vnni_available() { return avx512_enabled() && __builtin_cpu_supports("avx512vnni"); }
 bool &vnni_enabled() {
     static bool on = [] {
-        const char *e = std::getenv("DS4_VNNI");
-        return e && *e && *e != '0' && vnni_available();
+        if (const char *e = std::getenv("DS4_NO_VNNI"); e && *e && *e != '0') return false;
+        return vnni_available();
     }();
     return on;
 }
