@@ -89,10 +89,7 @@ __global__ void __launch_bounds__(32 * kWarps, SG ? 8 : NT == 1 ? 6 : 4)
     const int u = u0 + blockIdx.y;
     if (u >= *g.n_used) return;   // uniform per block
     __shared__ uint64_t grid_s[T == 16 ? 256 : 1];
-    if (T == 16) {
-        for (int i = threadIdx.x; i < 256; i += blockDim.x) grid_s[i] = grid_g[i];
-        __syncthreads();
-    }
+    stage_grid<T>(grid_s, grid_g);
     const int lane = threadIdx.x & 31;
     const int e = slot ? slot[g.used[u]] : g.used[u], p0 = g.off[u], p1 = g.off[u + 1];
     const int64_t nblk = in / Fm::kQK, chunks = in >> 3;
@@ -165,10 +162,7 @@ __global__ void __launch_bounds__(32 * kWarps, SG ? 8 : NT == 1 ? 6 : 4)
     const int u = u0 + blockIdx.y;
     if (u >= *g.n_used) return;
     __shared__ uint64_t grid_s[T == 16 ? 256 : 1];
-    if (T == 16) {
-        for (int i = threadIdx.x; i < 256; i += blockDim.x) grid_s[i] = grid_g[i];
-        __syncthreads();
-    }
+    stage_grid<T>(grid_s, grid_g);
     const int lane = threadIdx.x & 31;
     const int e = slot ? slot[g.used[u]] : g.used[u], p0 = g.off[u], p1 = g.off[u + 1];
     const int64_t nblk = in / Fm::kQK, chunks = in >> 3;

@@ -140,6 +140,15 @@ __device__ __forceinline__ int chunk_idot(const Chunk &k, int x0, int x1) {
 
 // Grouped products: output row o reads the activation slice starting at chunk
 // (o / opg) * gchunks of a quantised row of xn elements (plain products: xn = in, gchunks 0).
+// IQ2_XXS's grid table into the block's shared memory, for all threads (other formats read none).
+template <int T>
+__device__ __forceinline__ void stage_grid(uint64_t *grid_s, const uint64_t *grid_g) {
+    if constexpr (T == 16) {
+        for (int i = threadIdx.x; i < 256; i += blockDim.x) grid_s[i] = grid_g[i];
+        __syncthreads();
+    }
+}
+
 struct XGroups {
     int64_t xn, opg, gchunks;
 };

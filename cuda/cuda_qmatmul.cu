@@ -118,10 +118,7 @@ __global__ void __launch_bounds__(32 * kWarps, SG ? 8 : NT == 1 ? 6 : 4) qmatmul
     pdl_enter();
     using F = Fmt<T>;
     __shared__ uint64_t grid_s[T == 16 ? 256 : 1];
-    if (T == 16) {
-        for (int i = threadIdx.x; i < 256; i += blockDim.x) grid_s[i] = grid_g[i];
-        __syncthreads();
-    }
+    stage_grid<T>(grid_s, grid_g);
     const int lane = threadIdx.x & 31;
     const int64_t o = (int64_t)blockIdx.x * kWarps + (threadIdx.x >> 5);
     if (o >= out) return;
@@ -179,10 +176,7 @@ __global__ void __launch_bounds__(32 * kWarps, SG ? 8 : 6) qmatmul_pair_kernel(Q
     pdl_enter();
     using F = Fmt<T>;
     __shared__ uint64_t grid_s[T == 16 ? 256 : 1];
-    if (T == 16) {
-        for (int i = threadIdx.x; i < 256; i += blockDim.x) grid_s[i] = grid_g[i];
-        __syncthreads();
-    }
+    stage_grid<T>(grid_s, grid_g);
     const int lane = threadIdx.x & 31, m = blockIdx.x >= p.b0;
     // selects, not p.w[m]: a kernel parameter indexed at run time goes through local memory
     const int64_t o = (int64_t)(blockIdx.x - (m ? p.b0 : 0)) * kWarps + (threadIdx.x >> 5);
