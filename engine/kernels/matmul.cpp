@@ -52,6 +52,15 @@ void matmul_q(MatmulCtx &ctx, const WeightView &w, const uint8_t *xq, int64_t n_
         });
         return;
     }
+    // Where the weight type has a packed tile (Q8_0 on AVX-512 VNNI), the activations are
+    // repacked once here, not once per row block.
+    const uint64_t pack_bytes = quant::tile_pack_bytes(w.type, w.in, n_tok);
+    if (pack_bytes) {
+        if (ctx.xpack.size() < pack_bytes) ctx.xpack.resize(pack_bytes);
+        pool.parallel_for(quant::tile_pack_groups(n_tok), 1, [&](int64_t b, int64_t e, int) {
+            quant::tile_pack(w.type, xq, xq_row, n_tok, w.in, b, e, ctx.xpack.data());
+        });
+    }
     // Row blocks sized to stay in L2 (~256 KB of weights) while all tokens pass over them.
     int64_t block = std::max<int64_t>(4, (int64_t)((256 * 1024) / std::max<uint64_t>(1, w.row_bytes)));
     block = std::min<int64_t>(block, 256);
@@ -60,7 +69,12 @@ void matmul_q(MatmulCtx &ctx, const WeightView &w, const uint8_t *xq, int64_t n_
     pool.parallel_for(n_blocks, 1, [&](int64_t b, int64_t e, int) {
         for (int64_t bi = b; bi < e; ++bi) {
             const int64_t r0 = bi * block, nr = std::min(block, w.out - r0);
-            quant::vec_dot_tile(w.type, w.row(r0), w.row_bytes, nr, xq, xq_row, n_tok, w.in, y + r0, (size_t)y_stride);
+            if (pack_bytes)
+                quant::vec_dot_tile_packed(w.type, w.row(r0), w.row_bytes, nr, ctx.xpack.data(), n_tok, w.in, y + r0,
+                                           (size_t)y_stride);
+            else
+                quant::vec_dot_tile(w.type, w.row(r0), w.row_bytes, nr, xq, xq_row, n_tok, w.in, y + r0,
+                                    (size_t)y_stride);
         }
     });
 }

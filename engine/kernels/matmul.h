@@ -43,6 +43,7 @@ struct MatmulCtx {
     explicit MatmulCtx(ThreadPool &p) : pool(p) {}
     ThreadPool &pool;
     std::vector<uint8_t> xq;
+    std::vector<uint8_t> xpack;   // activations repacked for a packed tile (quant::tile_pack)
     uint64_t weight_bytes = 0;
 };
 

@@ -92,79 +92,86 @@ void dequant_q8_0(const void *src, float *dst, int64_t n) {
 
 namespace {
 
-// Two blocks per step on separate accumulators; |w| is formed once for all columns.
-template <int C>
+// Every Q8_0 dot here, and the packed column tile in q8_0_tile.cpp, computes the same
+// floats in the same order, so a result never depends on the kernel, the batch or the
+// columns next to it:
+//   S_b  = the exact integer dot of block b (int32),
+//   s_b  = f16(w_b.d) * f16(x_b.d) in f32,
+//   a[k] = fma(s_b, float(S_b), a[k]) over b = k, k + 4, k + 8, ... in turn (a[k] from +0),
+//   dot  = (a[0] + a[2]) + (a[1] + a[3]).
+// Four chains keep the float work at one fma per block: a one-row kernel finds S_b with a
+// horizontal sum (cheap next to the load of the row), the packed tile with columns in the
+// lanes has it for free.
+
+// The scales of blocks b[0..nt) as f32 lanes; missing blocks scale by 0.
+inline __m128 scales4(const BlockQ8_0 *b, int nt) {
+    const short d0 = short(b[0].d), d1 = nt > 1 ? short(b[1].d) : 0, d2 = nt > 2 ? short(b[2].d) : 0,
+                d3 = nt > 3 ? short(b[3].d) : 0;
+    return _mm_cvtph_ps(_mm_setr_epi16(d0, d1, d2, d3, 0, 0, 0, 0));
+}
+
+// Four-byte sums of |w| x sign(x, w) = w x. |w| x sign(x, w) pairs stay within 127 * 127 * 2,
+// so maddubs never saturates and vpdpbusd (VNNI) gives the same integers. vpdpbusd is
+// written as inline assembly so one template serves both paths (an intrinsic would need
+// the AVX-512 target on the whole function); the caller checks the CPU has it.
+template <bool kVnni>
+inline __m256i dot4(__m256i aw, __m256i sx) {
+    if constexpr (kVnni) {
+        __m256i acc = _mm256_setzero_si256();
+        __asm__("vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(aw), "x"(sx));
+        return acc;
+    } else {
+        return _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), _mm256_set1_epi16(1));
+    }
+}
+
+// One weight row against C activation rows, four blocks a step (nt < 4 at the tail).
+template <int C, bool kVnni>
 void dot_cols(const uint8_t *wv, const void *const *xv, int64_t n, float *out) {
     const BlockQ8_0 *w = reinterpret_cast<const BlockQ8_0 *>(wv);
     const BlockQ8_0 *x[C];
-    __m256 a0[C], a1[C];
+    __m128 acc[C];
     for (int c = 0; c < C; ++c) {
         x[c] = static_cast<const BlockQ8_0 *>(xv[c]);
-        a0[c] = a1[c] = _mm256_setzero_ps();
+        acc[c] = _mm_setzero_ps();
     }
-    const __m256i ones = _mm256_set1_epi16(1);
-    auto step = [&](int64_t b, __m256 *acc) {
-        const __m256i q = simd::loadu(w[b].qs);
-        const __m256i aq = _mm256_sign_epi8(q, q);
-        const float dw = f16_to_f32_fast(w[b].d);
-        for (int c = 0; c < C; ++c) {
-            const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aq, _mm256_sign_epi8(simd::loadu(x[c][b].qs), q)), ones);
-            acc[c] = _mm256_add_ps(acc[c], _mm256_mul_ps(_mm256_set1_ps(dw * f16_to_f32_fast(x[c][b].d)), _mm256_cvtepi32_ps(p)));
-        }
-    };
-    const int64_t nb = n / kQK8_0;
-    int64_t b = 0;
-    for (; b + 2 <= nb; b += 2) {
+    auto step = [&](int64_t b, int nt) {
         // Hardware prefetch loses track across the 34-byte blocks of many short rows;
         // ask for the weights ~2 KB ahead explicitly.
         _mm_prefetch(reinterpret_cast<const char *>(w + b) + 2048, _MM_HINT_T0);
-        step(b, a0);
-        step(b + 1, a1);
-    }
-    if (b < nb) step(b, a0);
-    for (int c = 0; c < C; ++c) out[c] = simd::hsum(_mm256_add_ps(a0[c], a1[c]));
-}
-
-// VNNI (AVX-512 VL on 256-bit registers): dot_cols with one vpdpbusd where it takes maddubs
-// then madd. |w| x sign(x, w) has no pair above 128 * 127 * 2, so maddubs never saturates and
-// the four-byte sums are the same integers in the same lanes: bit for bit dot_cols. (A
-// 512-bit version, two blocks a register, measured slower than dot_cols on a Xeon.)
-#define DS4_VNNI256 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-
-template <int C>
-DS4_VNNI256 void dot_cols_vnni(const uint8_t *wv, const void *const *xv, int64_t n, float *out) {
-    const BlockQ8_0 *w = reinterpret_cast<const BlockQ8_0 *>(wv);
-    const BlockQ8_0 *x[C];
-    __m256 a0[C], a1[C];
-    for (int c = 0; c < C; ++c) {
-        x[c] = static_cast<const BlockQ8_0 *>(xv[c]);
-        a0[c] = a1[c] = _mm256_setzero_ps();
-    }
-    const __m256i zero = _mm256_setzero_si256();
-    auto step = [&](int64_t b, __m256 *acc) DS4_VNNI256 {
-        const __m256i q = simd::loadu(w[b].qs);
-        const __m256i aq = _mm256_sign_epi8(q, q);
-        const float dw = f16_to_f32_fast(w[b].d);
+        __m256i q[4], aq[4];
+        for (int k = 0; k < 4; ++k) {
+            q[k] = k < nt ? simd::loadu(w[b + k].qs) : _mm256_setzero_si256();
+            aq[k] = _mm256_sign_epi8(q[k], q[k]);
+        }
+        const __m128 dw = scales4(w + b, nt);
         for (int c = 0; c < C; ++c) {
-            const __m256i p = _mm256_dpbusd_epi32(zero, aq, _mm256_sign_epi8(simd::loadu(x[c][b].qs), q));
-            acc[c] = _mm256_add_ps(acc[c], _mm256_mul_ps(_mm256_set1_ps(dw * f16_to_f32_fast(x[c][b].d)), _mm256_cvtepi32_ps(p)));
+            __m256i p[4];
+            for (int k = 0; k < 4; ++k)
+                p[k] = k < nt ? dot4<kVnni>(aq[k], _mm256_sign_epi8(simd::loadu(x[c][b + k].qs), q[k]))
+                              : _mm256_setzero_si256();
+            const __m128 s = _mm_mul_ps(dw, scales4(x[c] + b, nt));
+            acc[c] = _mm_fmadd_ps(s, _mm_cvtepi32_ps(simd::sum4_i32(p[0], p[1], p[2], p[3])), acc[c]);
         }
     };
     const int64_t nb = n / kQK8_0;
     int64_t b = 0;
-    for (; b + 2 <= nb; b += 2) {
-        _mm_prefetch(reinterpret_cast<const char *>(w + b) + 2048, _MM_HINT_T0);
-        step(b, a0);
-        step(b + 1, a1);
+    for (; b + 4 <= nb; b += 4) step(b, 4);
+    if (b < nb) step(b, int(nb - b));
+    for (int c = 0; c < C; ++c) {
+        const __m128 h = _mm_add_ps(acc[c], _mm_movehl_ps(acc[c], acc[c]));   // a0 + a2, a1 + a3
+        out[c] = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
     }
-    if (b < nb) step(b, a0);
-    for (int c = 0; c < C; ++c) out[c] = simd::hsum(_mm256_add_ps(a0[c], a1[c]));
 }
 
-#pragma GCC diagnostic pop
+template <int C>
+void dot_cols_vnni(const uint8_t *w, const void *const *x, int64_t n, float *out) {
+    dot_cols<C, true>(w, x, n, out);
+}
+template <int C>
+void dot_cols_avx2(const uint8_t *w, const void *const *x, int64_t n, float *out) {
+    dot_cols<C, false>(w, x, n, out);
+}
 
 }  // namespace
 
@@ -172,7 +179,7 @@ void dot_q8_0(const uint8_t *w, const void *const *x, int ncols, int64_t n, floa
     if (vnni_enabled()) {
         DS4_QUANT_COLS_DISPATCH(dot_cols_vnni, w, x, n, out)
     } else {
-        DS4_QUANT_COLS_DISPATCH(dot_cols, w, x, n, out)
+        DS4_QUANT_COLS_DISPATCH(dot_cols_avx2, w, x, n, out)
     }
 }
 

@@ -48,6 +48,20 @@ void vec_dot_rows(Type t, const void *w, size_t w_row_stride, int64_t n_rows, co
 void vec_dot_tile(Type t, const void *w, size_t w_row_stride, int64_t n_rows, const void *x, size_t x_row_stride,
                   int64_t n_cols, int64_t n, float *out, size_t out_col_stride);
 
+// Packed tile (Q8_0 on CPUs with AVX-512 VNNI): the activation rows are repacked once per
+// product, columns in the lanes, and each row block then runs vec_dot_tile_packed. Results
+// are bit-identical to vec_dot. tile_pack_bytes is 0 where the packed path does not apply
+// (other types, no VNNI, fewer than kTilePackMinCols columns): use vec_dot_tile there.
+// tile_pack writes column groups [g0, g1) of tile_pack_groups(n_cols), so threads can
+// split the packing.
+constexpr int64_t kTilePackMinCols = 6;
+uint64_t tile_pack_bytes(Type t, int64_t n, int64_t n_cols);
+int64_t tile_pack_groups(int64_t n_cols);
+void tile_pack(Type t, const void *x, size_t x_row_stride, int64_t n_cols, int64_t n, int64_t g0, int64_t g1,
+               void *packed);
+void vec_dot_tile_packed(Type t, const void *w, size_t w_row_stride, int64_t n_rows, const void *packed,
+                         int64_t n_cols, int64_t n, float *out, size_t out_col_stride);
+
 // Reference (scalar, obviously-correct) versions for tests.
 void dequantize_row_ref(Type t, const void *src, float *dst, int64_t n);
 float vec_dot_ref(Type t, const void *w, const void *x, int64_t n);

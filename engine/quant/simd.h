@@ -24,6 +24,12 @@ inline int hsum_i32(__m128i s) {
     return _mm_cvtsi128_si32(s);
 }
 
+// [sum(p0), sum(p1), sum(p2), sum(p3)] of four int32x8 vectors (integer adds: exact).
+inline __m128i sum4_i32(__m256i p0, __m256i p1, __m256i p2, __m256i p3) {
+    const __m256i c = _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
+    return _mm_add_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
+}
+
 // Signed int8 dot in 32-bit lanes: sum over each 4 bytes of a*b. |a| must not be 128
 // when paired with b = -128 (the activations here are within -127..127).
 inline __m256i dot_i8(__m256i a, __m256i b) {

@@ -315,6 +315,64 @@ TEST(Quant, Q8_0VnniMatchesAvx2) {
     }
 }
 
+// The packed Q8_0 tile (columns in the lanes, AVX-512 VNNI) against the one-pair dot, bit
+// for bit: block counts with a tail of 1-3 blocks, every remainder of the 4-row steps,
+// column counts around the 16-column groups, padded activation rows, weights of -128, and
+// scales from tiny to huge. With VNNI off the packed path reports that it does not apply.
+TEST(Quant, Q8_0PackedTileEqualsDotBitForBit) {
+    if (!ds4::quant::detail::vnni_available()) GTEST_SKIP() << "no AVX-512 VNNI on this CPU (or DS4_NO_AVX512 set)";
+    bool &on = ds4::quant::detail::vnni_enabled();
+    struct Restore {
+        bool &flag;
+        const bool was;
+        ~Restore() { flag = was; }
+    } restore{on, on};
+    on = true;
+    std::mt19937 rng(31);
+    for (int64_t n : {32, 32 * 5, 32 * 7, 4096 + 32}) {
+        const int64_t nrows = 11, ncols = 33;
+        for (Scale s : {Scale::Normal, Scale::Mixed, Scale::Huge}) {
+            auto w = random_weights(Type::Q8_0, nrows, n, s, rng);
+            w[2] = 0x80;   // a code of -128 in the first block (bytes 0-1 are the scale)
+            const size_t rb = row_size(Type::Q8_0, n), xb = q::vec_dot_row_bytes(Type::Q8_0, n) + 6;
+            std::vector<uint8_t> x(xb * ncols);
+            for (int64_t c = 0; c < ncols; ++c) {
+                const auto xf = gaussian(n, c % 2 ? 3.f : 0.2f, rng);
+                q::quantize_activation(Type::Q8_0, xf.data(), &x[c * xb], n);
+            }
+            for (int64_t cols : {int64_t(q::kTilePackMinCols), int64_t(15), int64_t(16), int64_t(17), ncols}) {
+                std::vector<uint8_t> packed(q::tile_pack_bytes(Type::Q8_0, n, cols));
+                ASSERT_FALSE(packed.empty());
+                const int64_t groups = q::tile_pack_groups(cols);
+                q::tile_pack(Type::Q8_0, x.data(), xb, cols, n, 0, groups / 2, packed.data());   // in two parts,
+                q::tile_pack(Type::Q8_0, x.data(), xb, cols, n, groups / 2, groups, packed.data());   // as threads do
+                for (int64_t rows = 1; rows <= nrows; rows += (rows < 5 ? 1 : 6)) {
+                    const size_t ostride = size_t(rows) + 3;
+                    std::vector<float> a(ostride * size_t(cols), -1.f);
+                    q::vec_dot_tile_packed(Type::Q8_0, w.data(), rb, rows, packed.data(), cols, n, a.data(), ostride);
+                    for (int64_t c = 0; c < cols; ++c)
+                        for (int64_t r = 0; r < rows; ++r) {
+                            const float d = q::vec_dot(Type::Q8_0, &w[r * rb], &x[c * xb], n);
+                            ASSERT_EQ(std::memcmp(&a[c * ostride + r], &d, 4), 0)
+                                << "n " << n << " cols " << cols << " rows " << rows << " r " << r << " c " << c << ": "
+                                << a[c * ostride + r] << " vs " << d;
+                        }
+                    for (int64_t c = 0; c < cols; ++c)   // the padding between columns is not written
+                        for (size_t r = size_t(rows); r < ostride; ++r) ASSERT_EQ(a[c * ostride + r], -1.f);
+                }
+            }
+        }
+    }
+    EXPECT_EQ(q::tile_pack_bytes(Type::Q8_0, 4096, q::kTilePackMinCols - 1), 0u);
+    EXPECT_EQ(q::tile_pack_bytes(Type::Q2_K, 4096, 64), 0u);
+    std::vector<float> out(64);
+    std::vector<uint8_t> dummy(64);
+    EXPECT_THROW(q::vec_dot_tile_packed(Type::Q8_0, dummy.data(), 34, 1, dummy.data(), 2, 32, out.data(), 1),
+                 std::exception);
+    on = false;
+    EXPECT_EQ(q::tile_pack_bytes(Type::Q8_0, 4096, 64), 0u);
+}
+
 // The AVX2 Q8_0 quantiser (every activation row of a Q8_0 product) against its scalar
 // definition, byte for byte: ordinary rows, exact .5 ties (amax 127 makes the scale 1),
 // non-finite inputs, denormals, all-zero blocks and a scale so small its inverse is inf.

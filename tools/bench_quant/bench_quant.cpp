@@ -2,7 +2,9 @@
 // than the caches, next to a plain streaming-read loop over the same bytes.
 // Usage: ds4-bench-quant [--mb N] [--n ROWLEN] [--reps R] [--types q8_0,q2_K,...] [--wall]
 // Reports the best of R passes. --tile COLS also times vec_dot_tile (prefill-style, COLS
-// activation rows per weight row) over 4 MB of rows.
+// activation rows per weight row) over 4 MB of rows, the packed tile where the CPU has one
+// (Q8_0 on AVX-512 VNNI, packing included), and the core's int8 multiply-add peak (a
+// dependency-free run of vpdpbusd, or of vpmaddubsw on AVX2) to put the tiles against.
 #include <immintrin.h>
 
 #include <ctime>
@@ -70,6 +72,46 @@ double read_bandwidth(const uint8_t *p, size_t n, int reps) {
     return double(n) / best / 1e9;
 }
 
+// GCC 12 warns about the undefined pass-through operand inside its AVX-512 intrinsics.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
+// int8 multiply-adds per second of one core at its widest int8 instruction: 12 independent
+// accumulators, so the figure is the issue rate, not the latency.
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) double int8_peak_vnni512() {
+    __m512i a[12];
+    __m512i x = _mm512_set1_epi8(3), y = _mm512_set1_epi8(5);
+    for (int i = 0; i < 12; ++i) a[i] = _mm512_set1_epi32(i);
+    const long iters = 4000000;
+    const double t0 = now();
+    for (long k = 0; k < iters; ++k) {
+        for (int i = 0; i < 12; ++i) a[i] = _mm512_dpbusd_epi32(a[i], x, y);
+        __asm__ volatile("" : "+v"(x), "+v"(y));
+    }
+    const double t = now() - t0;
+    for (int i = 1; i < 12; ++i) a[0] = _mm512_add_epi32(a[0], a[i]);
+    volatile int sink = _mm512_reduce_add_epi32(a[0]);
+    (void)sink;
+    return double(iters) * 12 * 64 / t;
+}
+
+double int8_peak_avx2() {
+    __m256i a[12];
+    __m256i x = _mm256_set1_epi8(3), y = _mm256_set1_epi8(5);
+    for (int i = 0; i < 12; ++i) a[i] = _mm256_set1_epi16(short(i));
+    const long iters = 4000000;
+    const double t0 = now();
+    for (long k = 0; k < iters; ++k) {
+        for (int i = 0; i < 12; ++i) a[i] = _mm256_add_epi16(a[i], _mm256_maddubs_epi16(x, y));
+        __asm__ volatile("" : "+x"(x), "+x"(y));
+    }
+    const double t = now() - t0;
+    for (int i = 1; i < 12; ++i) a[0] = _mm256_add_epi16(a[0], a[i]);
+    volatile int sink = _mm256_extract_epi16(a[0], 0);
+    (void)sink;
+    return double(iters) * 12 * 32 / t;
+}
+
 }  // namespace
 
 constexpr const char *kUsage = "usage: %s [--mb N] [--n ROWLEN] [--reps R] [--types a,b] [--wall] [--tile COLS]\n";
@@ -105,6 +147,14 @@ int main(int argc, char **argv) {
         for (size_t i = 0; i < total; ++i) buf[i] = uint8_t(rng());
         std::printf("streaming read (1 thread)  %8.2f GB/s\n", read_bandwidth(buf, total, reps));
         std::free(buf);
+    }
+    double peak = 0;
+    if (tile_cols > 0) {
+        const bool vnni = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vnni");
+        for (int r = 0; r < 3; ++r) peak = std::max(peak, vnni ? int8_peak_vnni512() : int8_peak_avx2());
+        std::printf("int8 multiply-add peak     %8.2f G/s (1 thread, %s)\n", peak / 1e9,
+                    vnni ? "512-bit vpdpbusd" : "256-bit vpmaddubsw");
     }
     std::vector<float> x(static_cast<size_t>(n));
     std::normal_distribution<float> g(0, 1);
@@ -155,6 +205,25 @@ int main(int argc, char **argv) {
             }
             std::printf("%-8s vec_dot_tile x%-3d        %7.2f Gweight-dots/s (4 MB of rows)\n", f.name, tile_cols,
                         double(trows) * double(n) * tile_cols / tbest / 1e9);
+            if (const uint64_t pb = ds4::quant::tile_pack_bytes(f.t, n, tile_cols)) {
+                std::vector<uint8_t> packed(pb);
+                double pbest = 1e30;
+                for (int r = 0; r <= reps; ++r) {
+                    const double t0 = now();
+                    ds4::quant::tile_pack(f.t, xs.data(), xa.size(), tile_cols, n, 0,
+                                          ds4::quant::tile_pack_groups(tile_cols), packed.data());
+                    // in row blocks of ~256 KB, as the prefill's products run it
+                    const int64_t blk = std::max<int64_t>(4, int64_t(256 << 10) / int64_t(row));
+                    for (int64_t r0 = 0; r0 < trows; r0 += blk)
+                        ds4::quant::vec_dot_tile_packed(f.t, static_cast<const uint8_t *>(w) + size_t(r0) * row, row,
+                                                        std::min(blk, trows - r0), packed.data(), tile_cols, n,
+                                                        tout.data() + r0, size_t(trows));
+                    if (r) pbest = std::min(pbest, now() - t0);
+                }
+                const double rate = double(trows) * double(n) * tile_cols / pbest;
+                std::printf("%-8s packed tile x%-3d         %7.2f Gweight-dots/s = %.1f%% of the int8 peak\n", f.name,
+                            tile_cols, rate / 1e9, 100 * rate / peak);
+            }
         }
         std::free(w);
     }
