@@ -138,7 +138,9 @@ void dot_cols(const uint8_t *wv, const void *const *xv, int64_t n, float *out) {
     auto step = [&](int64_t b, int nt) {
         // Hardware prefetch loses track across the 34-byte blocks of many short rows;
         // ask for the weights ~2 KB ahead explicitly.
+        // A step covers 136 bytes: two prefetches so no cache line is skipped.
         _mm_prefetch(reinterpret_cast<const char *>(w + b) + 2048, _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char *>(w + b) + 2048 + 64, _MM_HINT_T0);
         __m256i q[4], aq[4];
         for (int k = 0; k < 4; ++k) {
             q[k] = k < nt ? simd::loadu(w[b + k].qs) : _mm256_setzero_si256();

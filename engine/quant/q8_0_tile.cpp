@@ -76,18 +76,24 @@ DS4_VNNI512 inline void rows_x16(const BlockQ8_0 *const *w, const RowPrep *const
             if (k >= nt) break;
             const int64_t b = b0 + k;
             const uint8_t *pb = panel + b * kGroupBlockBytes;
-            __m512i dot[R];
-            for (int r = 0; r < R; ++r) dot[r] = _mm512_set1_epi32(prep[r][b].neg_corr);
+            // Two integer chains a row (even and odd slices): eight dependent vpdpbusd a
+            // block would leave the units waiting on their latency.
+            __m512i dot[R][2];
+            for (int r = 0; r < R; ++r) {
+                dot[r][0] = _mm512_set1_epi32(prep[r][b].neg_corr);
+                dot[r][1] = _mm512_setzero_si512();
+            }
 #pragma GCC unroll 8
             for (int j = 0; j < 8; ++j) {
                 const __m512i x = _mm512_loadu_si512(pb + j * kSliceBytes);
                 for (int r = 0; r < R; ++r)
-                    dot[r] = _mm512_dpbusd_epi32(dot[r], x, _mm512_set1_epi32(int(load_u32(w[r][b].qs + 4 * j))));
+                    dot[r][j & 1] =
+                        _mm512_dpbusd_epi32(dot[r][j & 1], x, _mm512_set1_epi32(int(load_u32(w[r][b].qs + 4 * j))));
             }
             const __m512 dx = _mm512_loadu_ps(pb + 8 * kSliceBytes);
             for (int r = 0; r < R; ++r)
                 acc[r][k] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(prep[r][b].dw), dx),
-                                            _mm512_cvtepi32_ps(dot[r]), acc[r][k]);
+                                            _mm512_cvtepi32_ps(_mm512_add_epi32(dot[r][0], dot[r][1])), acc[r][k]);
         }
     }
     for (int r = 0; r < R; ++r)
