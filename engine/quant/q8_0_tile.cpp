@@ -63,9 +63,11 @@ inline uint32_t load_u32(const int8_t *p) {
 }
 
 // R weight rows against one packed group of 16 columns; out[r] holds row r's 16 results.
+// pf..pf_end: weights to pull into L2 meanwhile (the next rows, on the first pass over a
+// row block, when they still come from memory); three lines a block covers 4 rows.
 template <int R>
 DS4_VNNI512 inline void rows_x16(const BlockQ8_0 *const *w, const RowPrep *const *prep, const uint8_t *panel,
-                                 int64_t nb, __m512 *out) {
+                                 int64_t nb, const uint8_t *pf, const uint8_t *pf_end, __m512 *out) {
     __m512 acc[R][4];
     for (int r = 0; r < R; ++r)
         for (int k = 0; k < 4; ++k) acc[r][k] = _mm512_setzero_ps();
@@ -76,6 +78,7 @@ DS4_VNNI512 inline void rows_x16(const BlockQ8_0 *const *w, const RowPrep *const
             if (k >= nt) break;
             const int64_t b = b0 + k;
             const uint8_t *pb = panel + b * kGroupBlockBytes;
+            for (int i = 0; i < 3 && pf < pf_end; ++i, pf += 64) _mm_prefetch(reinterpret_cast<const char *>(pf), _MM_HINT_T1);
             // Two integer chains a row (even and odd slices): eight dependent vpdpbusd a
             // block would leave the units waiting on their latency.
             __m512i dot[R][2];
@@ -102,7 +105,8 @@ DS4_VNNI512 inline void rows_x16(const BlockQ8_0 *const *w, const RowPrep *const
 
 template <int R>
 DS4_VNNI512 void rows_group(const uint8_t *w, size_t w_stride, int64_t r0, const RowPrep *prep, const uint8_t *panel,
-                            int64_t nb, int nc, float *out, size_t out_col_stride) {
+                            int64_t nb, int nc, float *out, size_t out_col_stride, const uint8_t *pf = nullptr,
+                            const uint8_t *pf_end = nullptr) {
     const BlockQ8_0 *wr[R];
     const RowPrep *pr[R];
     for (int r = 0; r < R; ++r) {
@@ -110,7 +114,7 @@ DS4_VNNI512 void rows_group(const uint8_t *w, size_t w_stride, int64_t r0, const
         pr[r] = prep + (r0 + r) * nb;
     }
     __m512 res[R];
-    rows_x16<R>(wr, pr, panel, nb, res);
+    rows_x16<R>(wr, pr, panel, nb, pf, pf_end, res);
     for (int r = 0; r < R; ++r) {
         alignas(64) float v[kPackCols];
         _mm512_store_ps(v, res[r]);
@@ -159,8 +163,13 @@ void q8_0_tile_packed(const uint8_t *w, size_t w_row_stride, int64_t n_rows, con
         const bool first = c0 == 0;
         int64_t r = 0;
         for (; r + 4 <= n_rows; r += 4) {
-            if (first) prep_rows(w + size_t(r) * w_row_stride, w_row_stride, 4, nb, prep.data() + r * nb);
-            rows_group<4>(w, w_row_stride, r, prep.data(), panel, nb, nc, o, out_col_stride);
+            const uint8_t *pf = nullptr, *pf_end = nullptr;
+            if (first) {
+                prep_rows(w + size_t(r) * w_row_stride, w_row_stride, 4, nb, prep.data() + r * nb);
+                pf = w + size_t(r + 4) * w_row_stride;
+                pf_end = w + size_t(std::min<int64_t>(r + 8, n_rows)) * w_row_stride;
+            }
+            rows_group<4>(w, w_row_stride, r, prep.data(), panel, nb, nc, o, out_col_stride, pf, pf_end);
         }
         if (first && r < n_rows) prep_rows(w + size_t(r) * w_row_stride, w_row_stride, n_rows - r, nb, prep.data() + r * nb);
         switch (n_rows - r) {
