@@ -31,9 +31,11 @@ bool &vnni_enabled();
 
 // Packed column tile for Q8_0 on AVX-512 VNNI (q8_0_tile.cpp): activation rows are packed
 // kPackCols to a group; results are bit-identical to dot_q8_0.
+// Up to 8 columns take one narrow group, more take groups of kPackCols.
 constexpr int kPackCols = 16;
-uint64_t q8_0_pack_group_bytes(int64_t n);
-void q8_0_pack_group(const void *x, size_t x_row_stride, int nc, int64_t n, uint8_t *dst);
+int64_t q8_0_pack_groups(int64_t n_cols);
+uint64_t q8_0_pack_bytes(int64_t n, int64_t n_cols);
+void q8_0_pack(const void *x, size_t x_row_stride, int64_t n_cols, int64_t n, int64_t g0, int64_t g1, uint8_t *dst);
 void q8_0_tile_packed(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const uint8_t *packed, int64_t n_cols,
                       int64_t n, float *out, size_t out_col_stride);
 

@@ -8,6 +8,11 @@
 // (x ^ 0x80), which adds 128 * sum(w) to each block dot; the accumulator starts at minus
 // that, so the integer that comes out is exact. The correction depends on the weight row
 // only and is worked out once per row per call.
+//
+// Up to 8 columns (batched decode) take a narrow layout that keeps the lanes full: lane
+// 2c + h holds column c's 4-byte slice 2s + h, so one vpdpbusd takes 8 weight bytes
+// (broadcast as a pair of slices) against 8 columns; a permute of two rows' results adds
+// each lane pair into one exact block dot per (row, column).
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -24,6 +29,9 @@ namespace {
 // Per column group and block: 8 slices x 16 lanes x 4 bytes, then 16 f32 scales.
 constexpr int64_t kSliceBytes = kPackCols * 4;
 constexpr int64_t kGroupBlockBytes = 8 * kSliceBytes + kPackCols * 4;
+// Narrow layout, per block: 4 slice pairs x 16 lanes x 4 bytes, then the 8 scales twice.
+constexpr int kNarrowCols = 8;
+constexpr int64_t kNarrowBlockBytes = 4 * kSliceBytes + kPackCols * 4;
 
 struct RowPrep {
     int32_t neg_corr;   // -128 * sum of the block's weights
@@ -62,6 +70,17 @@ inline uint32_t load_u32(const int8_t *p) {
     return v;
 }
 
+inline uint64_t load_u64(const int8_t *p) {
+    uint64_t v;
+    std::memcpy(&v, p, 8);
+    return v;
+}
+
+// Pull [pf, pf_end) into L2 three lines at a time (see Rows).
+inline void prefetch_some(const uint8_t *&pf, const uint8_t *pf_end) {
+    for (int i = 0; i < 3 && pf < pf_end; ++i, pf += 64) _mm_prefetch(reinterpret_cast<const char *>(pf), _MM_HINT_T1);
+}
+
 // R weight rows against one packed group of 16 columns; out[r] holds row r's 16 results.
 // pf..pf_end: weights to pull into L2 meanwhile (the next rows, on the first pass over a
 // row block, when they still come from memory); three lines a block covers 4 rows.
@@ -78,7 +97,7 @@ DS4_VNNI512 inline void rows_x16(const BlockQ8_0 *const *w, const RowPrep *const
             if (k >= nt) break;
             const int64_t b = b0 + k;
             const uint8_t *pb = panel + b * kGroupBlockBytes;
-            for (int i = 0; i < 3 && pf < pf_end; ++i, pf += 64) _mm_prefetch(reinterpret_cast<const char *>(pf), _MM_HINT_T1);
+            prefetch_some(pf, pf_end);
             // Two integer chains a row (even and odd slices): eight dependent vpdpbusd a
             // block would leave the units waiting on their latency.
             __m512i dot[R][2];
@@ -122,11 +141,127 @@ DS4_VNNI512 void rows_group(const uint8_t *w, size_t w_stride, int64_t r0, const
     }
 }
 
+// P pairs of weight rows (w[2p], w[2p + 1]) against the narrow panel of up to 8 columns;
+// out[p] lanes 0-7 hold row 2p's results, lanes 8-15 row 2p + 1's.
+template <int P>
+DS4_VNNI512 inline void pairs_x8(const BlockQ8_0 *const *w, const RowPrep *const *prep, const uint8_t *panel,
+                                 int64_t nb, const uint8_t *pf, const uint8_t *pf_end, __m512 *out) {
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+    __m512 acc[P][4];
+    for (int p = 0; p < P; ++p)
+        for (int k = 0; k < 4; ++k) acc[p][k] = _mm512_setzero_ps();
+    for (int64_t b0 = 0; b0 < nb; b0 += 4) {
+        const int nt = int(std::min<int64_t>(4, nb - b0));
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; ++k) {
+            if (k >= nt) break;
+            const int64_t b = b0 + k;
+            const uint8_t *pb = panel + b * kNarrowBlockBytes;
+            prefetch_some(pf, pf_end);
+            // Two integer chains a row (even and odd slice pairs); the correction goes into
+            // the even lane of each pair.
+            __m512i dot[2 * P][2];
+            for (int q = 0; q < 2 * P; ++q) {
+                dot[q][0] = _mm512_maskz_set1_epi32(0x5555, prep[q][b].neg_corr);
+                dot[q][1] = _mm512_setzero_si512();
+            }
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; ++j) {
+                const __m512i x = _mm512_loadu_si512(pb + j * kSliceBytes);
+                for (int q = 0; q < 2 * P; ++q)
+                    dot[q][j & 1] = _mm512_dpbusd_epi32(dot[q][j & 1], x,
+                                                        _mm512_set1_epi64(int64_t(load_u64(w[q][b].qs + 8 * j))));
+            }
+            const __m512 dx = _mm512_loadu_ps(pb + 4 * kSliceBytes);
+            for (int p = 0; p < P; ++p) {
+                const __m512i a = _mm512_add_epi32(dot[2 * p][0], dot[2 * p][1]);
+                const __m512i c = _mm512_add_epi32(dot[2 * p + 1][0], dot[2 * p + 1][1]);
+                const __m512i sum = _mm512_add_epi32(_mm512_permutex2var_epi32(a, even, c),
+                                                     _mm512_permutex2var_epi32(a, odd, c));
+                const __m512 dw = _mm512_mask_broadcastss_ps(_mm512_set1_ps(prep[2 * p][b].dw), 0xFF00,
+                                                             _mm_set_ss(prep[2 * p + 1][b].dw));
+                acc[p][k] = _mm512_fmadd_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(sum), acc[p][k]);
+            }
+        }
+    }
+    for (int p = 0; p < P; ++p)
+        out[p] = _mm512_add_ps(_mm512_add_ps(acc[p][0], acc[p][2]), _mm512_add_ps(acc[p][1], acc[p][3]));
+}
+
+// Rows [r0, r0 + 2P) (rows past n_rows repeat the last row and are not written).
+template <int P>
+DS4_VNNI512 void rows_narrow(const uint8_t *w, size_t w_stride, int64_t r0, int64_t n_rows, const RowPrep *prep,
+                             const uint8_t *panel, int64_t nb, int nc, float *out, size_t out_col_stride,
+                             const uint8_t *pf, const uint8_t *pf_end) {
+    const BlockQ8_0 *wr[2 * P];
+    const RowPrep *pr[2 * P];
+    for (int q = 0; q < 2 * P; ++q) {
+        const int64_t r = std::min<int64_t>(r0 + q, n_rows - 1);
+        wr[q] = reinterpret_cast<const BlockQ8_0 *>(w + size_t(r) * w_stride);
+        pr[q] = prep + r * nb;
+    }
+    __m512 res[P];
+    pairs_x8<P>(wr, pr, panel, nb, pf, pf_end, res);
+    for (int p = 0; p < P; ++p) {
+        alignas(64) float v[kPackCols];
+        _mm512_store_ps(v, res[p]);
+        for (int h = 0; h < 2; ++h) {
+            const int64_t r = r0 + 2 * p + h;
+            if (r >= n_rows) break;
+            for (int c = 0; c < nc; ++c) out[size_t(c) * out_col_stride + size_t(r)] = v[h * kNarrowCols + c];
+        }
+    }
+}
+
+void pack_narrow(const void *x, size_t x_row_stride, int nc, int64_t n, uint8_t *dst) {
+    const int64_t nb = n / kQK8_0;
+    for (int64_t b = 0; b < nb; ++b) {
+        uint8_t *pb = dst + b * kNarrowBlockBytes;
+        uint32_t slices[4 * kPackCols];
+        float dx[kPackCols];
+        for (int c = 0; c < kNarrowCols; ++c) {
+            const BlockQ8_0 *blk = c < nc ? &reinterpret_cast<const BlockQ8_0 *>(static_cast<const uint8_t *>(x) +
+                                                                                 size_t(c) * x_row_stride)[b]
+                                          : nullptr;
+            for (int j = 0; j < 4; ++j)
+                for (int h = 0; h < 2; ++h)
+                    slices[j * kPackCols + 2 * c + h] = blk ? load_u32(blk->qs + 8 * j + 4 * h) ^ 0x80808080u : 0x80808080u;
+            dx[c] = dx[kNarrowCols + c] = blk ? f16_to_f32_fast(blk->d) : 0.f;
+        }
+        std::memcpy(pb, slices, sizeof slices);
+        std::memcpy(pb + 4 * kSliceBytes, dx, sizeof dx);
+    }
+}
+
+void pack_wide(const void *x, size_t x_row_stride, int nc, int64_t n, uint8_t *dst);
+
 }  // namespace
 
-uint64_t q8_0_pack_group_bytes(int64_t n) { return uint64_t(n / kQK8_0) * uint64_t(kGroupBlockBytes); }
+int64_t q8_0_pack_groups(int64_t n_cols) { return n_cols <= kNarrowCols ? 1 : (n_cols + kPackCols - 1) / kPackCols; }
 
-void q8_0_pack_group(const void *x, size_t x_row_stride, int nc, int64_t n, uint8_t *dst) {
+uint64_t q8_0_pack_bytes(int64_t n, int64_t n_cols) {
+    const uint64_t nb = uint64_t(n / kQK8_0);
+    return n_cols <= kNarrowCols ? nb * kNarrowBlockBytes : uint64_t(q8_0_pack_groups(n_cols)) * nb * kGroupBlockBytes;
+}
+
+void q8_0_pack(const void *x, size_t x_row_stride, int64_t n_cols, int64_t n, int64_t g0, int64_t g1, uint8_t *dst) {
+    const uint8_t *xp = static_cast<const uint8_t *>(x);
+    if (n_cols <= kNarrowCols) {
+        if (g0 < g1) pack_narrow(xp, x_row_stride, int(n_cols), n, dst);
+        return;
+    }
+    const uint64_t gb = uint64_t(n / kQK8_0) * kGroupBlockBytes;
+    for (int64_t g = g0; g < g1; ++g) {
+        const int64_t c0 = g * kPackCols;
+        pack_wide(xp + size_t(c0) * x_row_stride, x_row_stride, int(std::min<int64_t>(kPackCols, n_cols - c0)), n,
+                  dst + uint64_t(g) * gb);
+    }
+}
+
+namespace {
+
+void pack_wide(const void *x, size_t x_row_stride, int nc, int64_t n, uint8_t *dst) {
     const int64_t nb = n / kQK8_0;
     for (int64_t b = 0; b < nb; ++b) {
         uint8_t *pb = dst + b * kGroupBlockBytes;
@@ -148,12 +283,31 @@ void q8_0_pack_group(const void *x, size_t x_row_stride, int nc, int64_t n, uint
     }
 }
 
+// The narrow panel: four rows a step, corrections worked out just before each step's rows.
+void tile_narrow(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const uint8_t *panel, int nc, int64_t nb,
+                 RowPrep *prep, float *out, size_t out_col_stride) {
+    for (int64_t r = 0; r < n_rows; r += 4) {
+        const int64_t m = std::min<int64_t>(4, n_rows - r);
+        prep_rows(w + size_t(r) * w_row_stride, w_row_stride, m, nb, prep + r * nb);
+        const uint8_t *pf = w + size_t(std::min(r + 4, n_rows)) * w_row_stride;
+        const uint8_t *pf_end = w + size_t(std::min<int64_t>(r + 8, n_rows)) * w_row_stride;
+        if (m > 2) rows_narrow<2>(w, w_row_stride, r, n_rows, prep, panel, nb, nc, out, out_col_stride, pf, pf_end);
+        else rows_narrow<1>(w, w_row_stride, r, n_rows, prep, panel, nb, nc, out, out_col_stride, pf, pf_end);
+    }
+}
+
+}  // namespace
+
 void q8_0_tile_packed(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const uint8_t *packed, int64_t n_cols,
                       int64_t n, float *out, size_t out_col_stride) {
     const int64_t nb = n / kQK8_0;
     thread_local std::vector<RowPrep> prep;
     if (prep.size() < size_t(n_rows * nb)) prep.resize(size_t(n_rows * nb));
-    const uint64_t group_bytes = q8_0_pack_group_bytes(n);
+    if (n_cols <= kNarrowCols) {
+        tile_narrow(w, w_row_stride, n_rows, packed, int(n_cols), nb, prep.data(), out, out_col_stride);
+        return;
+    }
+    const uint64_t group_bytes = uint64_t(nb) * kGroupBlockBytes;
     for (int64_t c0 = 0; c0 < n_cols; c0 += kPackCols) {
         const uint8_t *panel = packed + uint64_t(c0 / kPackCols) * group_bytes;
         const int nc = int(std::min<int64_t>(kPackCols, n_cols - c0));

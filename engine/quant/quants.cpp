@@ -172,10 +172,10 @@ void vec_dot_tile(Type t, const void *w, size_t w_row_stride, int64_t n_rows, co
 uint64_t tile_pack_bytes(Type t, int64_t n, int64_t n_cols) {
     if (t != Type::Q8_0 || n_cols < kTilePackMinCols || !detail::vnni_enabled()) return 0;
     need(t, n, "tile_pack_bytes");
-    return uint64_t(tile_pack_groups(n_cols)) * detail::q8_0_pack_group_bytes(n);
+    return detail::q8_0_pack_bytes(n, n_cols);
 }
 
-int64_t tile_pack_groups(int64_t n_cols) { return (n_cols + detail::kPackCols - 1) / detail::kPackCols; }
+int64_t tile_pack_groups(int64_t n_cols) { return detail::q8_0_pack_groups(n_cols); }
 
 void tile_pack(Type t, const void *x, size_t x_row_stride, int64_t n_cols, int64_t n, int64_t g0, int64_t g1,
                void *packed) {
@@ -183,14 +183,7 @@ void tile_pack(Type t, const void *x, size_t x_row_stride, int64_t n_cols, int64
         failf("quant: tile_pack: no packed tile for %u with %lld columns on this CPU", unsigned(t), (long long)n_cols);
     if (g0 < 0 || g1 > tile_pack_groups(n_cols) || g0 > g1)
         failf("quant: tile_pack: groups [%lld, %lld) out of range", (long long)g0, (long long)g1);
-    const uint8_t *xp = static_cast<const uint8_t *>(x);
-    uint8_t *dst = static_cast<uint8_t *>(packed);
-    const uint64_t gb = detail::q8_0_pack_group_bytes(n);
-    for (int64_t g = g0; g < g1; ++g) {
-        const int64_t c0 = g * detail::kPackCols;
-        const int nc = int(std::min<int64_t>(detail::kPackCols, n_cols - c0));
-        detail::q8_0_pack_group(xp + size_t(c0) * x_row_stride, x_row_stride, nc, n, dst + uint64_t(g) * gb);
-    }
+    detail::q8_0_pack(x, x_row_stride, n_cols, n, g0, g1, static_cast<uint8_t *>(packed));
 }
 
 void vec_dot_tile_packed(Type t, const void *w, size_t w_row_stride, int64_t n_rows, const void *packed,

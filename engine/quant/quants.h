@@ -54,7 +54,7 @@ void vec_dot_tile(Type t, const void *w, size_t w_row_stride, int64_t n_rows, co
 // (other types, no VNNI, fewer than kTilePackMinCols columns): use vec_dot_tile there.
 // tile_pack writes column groups [g0, g1) of tile_pack_groups(n_cols), so threads can
 // split the packing.
-constexpr int64_t kTilePackMinCols = 6;
+constexpr int64_t kTilePackMinCols = 5;
 uint64_t tile_pack_bytes(Type t, int64_t n, int64_t n_cols);
 int64_t tile_pack_groups(int64_t n_cols);
 void tile_pack(Type t, const void *x, size_t x_row_stride, int64_t n_cols, int64_t n, int64_t g0, int64_t g1,

@@ -340,7 +340,7 @@ TEST(Quant, Q8_0PackedTileEqualsDotBitForBit) {
                 const auto xf = gaussian(n, c % 2 ? 3.f : 0.2f, rng);
                 q::quantize_activation(Type::Q8_0, xf.data(), &x[c * xb], n);
             }
-            for (int64_t cols : {int64_t(q::kTilePackMinCols), int64_t(15), int64_t(16), int64_t(17), ncols}) {
+            for (int64_t cols : {int64_t(q::kTilePackMinCols), int64_t(7), int64_t(8), int64_t(9), int64_t(15), int64_t(16), int64_t(17), ncols}) {
                 std::vector<uint8_t> packed(q::tile_pack_bytes(Type::Q8_0, n, cols));
                 ASSERT_FALSE(packed.empty());
                 const int64_t groups = q::tile_pack_groups(cols);
@@ -367,7 +367,8 @@ TEST(Quant, Q8_0PackedTileEqualsDotBitForBit) {
     EXPECT_EQ(q::tile_pack_bytes(Type::Q2_K, 4096, 64), 0u);
     std::vector<float> out(64);
     std::vector<uint8_t> dummy(64);
-    EXPECT_THROW(q::vec_dot_tile_packed(Type::Q8_0, dummy.data(), 34, 1, dummy.data(), 2, 32, out.data(), 1),
+    EXPECT_THROW(q::vec_dot_tile_packed(Type::Q8_0, dummy.data(), 34, 1, dummy.data(), q::kTilePackMinCols - 1, 32,
+                                       out.data(), 1),
                  std::exception);
     on = false;
     EXPECT_EQ(q::tile_pack_bytes(Type::Q8_0, 4096, 64), 0u);

@@ -2,7 +2,8 @@
 // than the caches, next to a plain streaming-read loop over the same bytes.
 // Usage: ds4-bench-quant [--mb N] [--n ROWLEN] [--reps R] [--types q8_0,q2_K,...] [--wall]
 // Reports the best of R passes. --tile COLS also times vec_dot_tile (prefill-style, COLS
-// activation rows per weight row) over 4 MB of rows, the packed tile where the CPU has one
+// activation rows per weight row) over --tile-mb MB of rows (default 4: from the caches;
+// more than the last-level cache to read them from memory), the packed tile where the CPU has one
 // (Q8_0 on AVX-512 VNNI, packing included), and the core's int8 multiply-add peak (a
 // dependency-free run of vpdpbusd, or of vpmaddubsw on AVX2) to put the tiles against.
 #include <immintrin.h>
@@ -114,7 +115,7 @@ double int8_peak_avx2() {
 
 }  // namespace
 
-constexpr const char *kUsage = "usage: %s [--mb N] [--n ROWLEN] [--reps R] [--types a,b] [--wall] [--tile COLS]\n";
+constexpr const char *kUsage = "usage: %s [--mb N] [--n ROWLEN] [--reps R] [--types a,b] [--wall] [--tile COLS [--tile-mb MB]]\n";
 
 int main(int argc, char **argv) {
     if (ds4_wants_version(argc, argv)) {
@@ -124,6 +125,7 @@ int main(int argc, char **argv) {
     double mb = 64;
     int64_t n = 4096;
     int reps = 5, tile_cols = 0;
+    double tile_mb = 4;
     std::string types = "f32,f16,bf16,q8_0,q4_K,q2_K,iq2_xxs";
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
@@ -137,6 +139,7 @@ int main(int argc, char **argv) {
         else if (a == "--types") types = next();
         else if (a == "--wall") g_wall = true;
         else if (a == "--tile") tile_cols = std::atoi(next());
+        else if (a == "--tile-mb") tile_mb = std::atof(next());
         else if (a == "-h" || a == "--help") { std::printf(kUsage, argv[0]); return 0; }
         else { std::fprintf(stderr, "unknown argument %s\n", a.c_str()); std::fprintf(stderr, kUsage, argv[0]); return 2; }
     }
@@ -195,7 +198,7 @@ int main(int argc, char **argv) {
         if (tile_cols > 0) {   // prefill-style: the same weights against several activation rows
             std::vector<uint8_t> xs(xa.size() * size_t(tile_cols));
             for (int c = 0; c < tile_cols; ++c) std::memcpy(&xs[xa.size() * size_t(c)], xa.data(), xa.size());
-            const int64_t trows = std::min<int64_t>(rows, std::max<int64_t>(1, int64_t(4u << 20) / int64_t(row)));
+            const int64_t trows = std::min<int64_t>(rows, std::max<int64_t>(1, int64_t(tile_mb * (1 << 20)) / int64_t(row)));
             std::vector<float> tout(size_t(trows) * size_t(tile_cols));
             double tbest = 1e30;
             for (int r = 0; r <= reps; ++r) {
@@ -203,8 +206,8 @@ int main(int argc, char **argv) {
                 ds4::quant::vec_dot_tile(f.t, w, row, trows, xs.data(), xa.size(), tile_cols, n, tout.data(), size_t(trows));
                 if (r) tbest = std::min(tbest, now() - t0);
             }
-            std::printf("%-8s vec_dot_tile x%-3d        %7.2f Gweight-dots/s (4 MB of rows)\n", f.name, tile_cols,
-                        double(trows) * double(n) * tile_cols / tbest / 1e9);
+            std::printf("%-8s vec_dot_tile x%-3d        %7.2f Gweight-dots/s (%g MB of rows)\n", f.name, tile_cols,
+                        double(trows) * double(n) * tile_cols / tbest / 1e9, tile_mb);
             if (const uint64_t pb = ds4::quant::tile_pack_bytes(f.t, n, tile_cols)) {
                 std::vector<uint8_t> packed(pb);
                 double pbest = 1e30;
