@@ -253,6 +253,7 @@ void dot_cols(const uint8_t *wv, const void *const *xv, int64_t n, float *out) {
     const long long *grid = reinterpret_cast<const long long *>(kIq2xxsGrid);
     const __m256i bit = load32(kBit), one8 = _mm256_set1_epi8(1);
     for (int64_t b = 0; b < n / kQK_K; ++b) {
+        simd::prefetch_ahead(w + b);
         const BlockIQ2_XXS &wb = w[b];
         __m256i sg, scv;
         decode_signs_scales(wb, &sg, &scv);
@@ -355,6 +356,7 @@ DS4_AVX512 void dot_cols_avx512(const uint8_t *wv, const void *const *xv, int64_
     // byte offset of the sign bytes of 32-groups (2p, 2p+1) in the decoded sign vector
     constexpr int kSignOff[4] = {0, 16, 8, 24};
     for (int64_t b = 0; b < n / kQK_K; ++b) {
+        simd::prefetch_ahead(w + b);
         const BlockIQ2_XXS &wb = w[b];
         __m256i sg, scv;
         decode_signs_scales(wb, &sg, &scv);

@@ -105,6 +105,7 @@ void dot_cols(const uint8_t *wv, const void *const *xv, int64_t n, float *out) {
     __m256i shuf[4];
     for (int k = 0; k < 4; ++k) shuf[k] = _mm256_load_si256(reinterpret_cast<const __m256i *>(kScaleShuffle[k]));
     for (int64_t b = 0; b < n / kQK_K; ++b) {
+        simd::prefetch_ahead(w + b);
         const BlockQ2_K &wb = w[b];
         const float dw = f16_to_f32_fast(wb.d), dminw = f16_to_f32_fast(wb.dmin);
         const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i *>(wb.scales));
@@ -192,6 +193,7 @@ DS4_AVX512 void dot_cols_avx512(const uint8_t *wv, const void *const *xv, int64_
         pick[j] = _mm512_load_si512(ix);
     }
     for (int64_t b = 0; b < n / kQK_K; ++b) {
+        simd::prefetch_ahead(w + b);
         const BlockQ2_K &wb = w[b];
         const float dw = f16_to_f32_fast(wb.d), dminw = f16_to_f32_fast(wb.dmin);
         const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i *>(wb.scales));
