@@ -6,8 +6,10 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <string_view>
 
 #include "daemon/drafter_export.h"
 #include "daemon/fd_limit.h"
@@ -135,6 +137,7 @@ int main(int argc, char **argv) {
         wc.max_batch = opt.max_batch;
         wc.step_tokens = opt.step_tokens;
         wc.queue_bytes = opt.queue_bytes;
+        if (const char *e = std::getenv("DS4D_DIRECT_WRITES"); e && std::string_view(e) == "0") wc.direct_writes = false;
         wc.max_reply = opt.max_frame;
         wc.store = store.get();
         wc.checkpoint_every = opt.checkpoint_every;

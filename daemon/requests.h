@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -23,7 +24,17 @@ struct ConnShared {
     // Output the worker produced that the loop has not finished writing: the worker does not
     // step this connection's requests while it is above the limit.
     std::atomic<size_t> queued_bytes{0};
-    std::atomic<bool> closed{false};
+    std::atomic<bool> closed{false};   // set under wmu, before the loop closes the socket
+
+    // Direct writes: the worker writes a frame to the socket itself, without waking the loop
+    // thread, while nothing of this connection is with the loop (queued or being written),
+    // so frames stay in order. Everything below is guarded by wmu.
+    std::mutex wmu;
+    int fd = -1;                   // the socket (valid while !closed)
+    size_t loop_frames = 0;        // frames handed to the loop and not yet written by it
+    bool remainder_queued = false; // the rest of a partly written frame waits in the queue:
+                                   // the loop's own replies queue behind it
+    bool write_shut = false;       // the loop ended the write side: only the loop writes
 };
 
 struct ChatTurn {

@@ -116,10 +116,19 @@ struct Server::Impl {
         ++c->pending_writes;
     }
 
-    // A reply produced by the loop itself: counted like the worker's output.
+    // A reply produced by the loop itself: counted like the worker's output. Behind the rest
+    // of a frame the worker wrote in part (it waits in the queue), the reply queues too.
     void reply(Conn *c, Frame &&f) {
         const size_t n = f.size();
         c->shared->queued_bytes.fetch_add(n, std::memory_order_relaxed);
+        {
+            std::lock_guard<std::mutex> lk(c->shared->wmu);
+            ++c->shared->loop_frames;
+            if (c->shared->remainder_queued) {
+                out.push(Outgoing{c->id, std::move(f), 0, false});
+                return;
+            }
+        }
         std::vector<Frame> v;
         v.push_back(std::move(f));
         write_frames(c, std::move(v), n);
@@ -139,13 +148,17 @@ struct Server::Impl {
         Conn *c = w->conn;
         Impl *self = c->server;
         --c->pending_writes;
+        {
+            std::lock_guard<std::mutex> lk(c->shared->wmu);
+            c->shared->loop_frames -= w->frames.size();
+        }
         self->account_written(c, w->bytes);
         delete w;
         if (status != 0 && status != UV_ECANCELED) {
             self->begin_close(c);
             return;
         }
-        if (c->close_when_flushed && c->pending_writes == 0) self->shut_write(c);
+        if (c->close_when_flushed && self->flushed(c)) self->shut_write(c);
     }
 
     // ---- connection lifecycle ----
@@ -172,12 +185,23 @@ struct Server::Impl {
         drop_input(c);
         c->drain_deadline = uv_now(&loop) + kDrainMs;
         if (!c->reading) start_reading(c);
-        if (c->pending_writes == 0) shut_write(c);
+        if (flushed(c)) shut_write(c);
+    }
+
+    // Nothing of this connection is being written or waits in the queue for the loop.
+    bool flushed(Conn *c) {
+        if (c->pending_writes != 0) return false;
+        std::lock_guard<std::mutex> lk(c->shared->wmu);
+        return c->shared->loop_frames == 0;
     }
 
     void shut_write(Conn *c) {
         if (c->closing || c->shut_wr) return;
         c->shut_wr = true;
+        {
+            std::lock_guard<std::mutex> lk(c->shared->wmu);
+            c->shared->write_shut = true;
+        }
         c->drain_deadline = uv_now(&loop) + kDrainMs;
         c->shutdown_req.data = c;
         if (uv_shutdown(&c->shutdown_req, reinterpret_cast<uv_stream_t *>(&c->pipe), on_shutdown) != 0) begin_close(c);
@@ -237,7 +261,10 @@ struct Server::Impl {
         if (c->close_when_flushed) --draining;
         drop_input(c);
         stop_reading(c);
-        c->shared->closed.store(true, std::memory_order_release);
+        {
+            std::lock_guard<std::mutex> lk(c->shared->wmu);   // no direct write is under way
+            c->shared->closed.store(true, std::memory_order_release);
+        }
         worker.disconnect(c->shared);
         uv_close(reinterpret_cast<uv_handle_t *>(&c->pipe), on_conn_closed);
     }
@@ -302,6 +329,10 @@ struct Server::Impl {
                                        "ds4d serves only its own user (uid " + std::to_string(self->uid) + ")"));
             self->close_after_flush(c);
             return;
+        }
+        {
+            std::lock_guard<std::mutex> lk(c->shared->wmu);
+            c->shared->fd = fd;   // the worker may write replies here itself (ConnShared)
         }
         self->start_reading(c);
     }
@@ -412,10 +443,14 @@ struct Server::Impl {
             return reply(c, error_frame(rid, fb::ErrorCode::Busy,
                                         "this connection already received the drafter " +
                                             std::to_string(kDrafterSharesPerConnection) + " times"));
+        // Held while the frame goes out, so the worker does not write in between.
+        std::unique_lock<std::mutex> wlk(c->shared->wmu);
         auto *stream = reinterpret_cast<uv_stream_t *>(&c->pipe);
-        if (uv_stream_get_write_queue_size(stream) != 0)
+        if (uv_stream_get_write_queue_size(stream) != 0 || c->shared->loop_frames != 0) {
+            wlk.unlock();
             return reply(c, error_frame(rid, fb::ErrorCode::Busy,
                                         "replies are still being written on this connection; ask again"));
+        }
         uv_os_fd_t fd = -1;
         uv_fileno(reinterpret_cast<uv_handle_t *>(&c->pipe), &fd);
         // The device handle too when the peer asks (its drafter runs on a GPU) and ds4d's
@@ -423,6 +458,12 @@ struct Server::Impl {
         const bool device = want_device && drafter_export->has_device();
         Frame f = drafter_export->share_frame(rid, device);
         const long n = drafter_export->send_share(fd, f, device);
+        if (n >= 0 && size_t(n) < f.size()) {
+            // The rest goes out through the loop; counted before the worker may look again.
+            ++c->shared->loop_frames;
+            c->shared->queued_bytes.fetch_add(f.size() - size_t(n), std::memory_order_relaxed);
+        }
+        wlk.unlock();
         if (n < 0) {
             if (errno == EAGAIN || errno == EWOULDBLOCK)
                 return reply(c, error_frame(rid, fb::ErrorCode::Busy, "the connection is not reading; ask again"));
@@ -437,7 +478,11 @@ struct Server::Impl {
                      static_cast<unsigned long long>(c->id), int(cred.pid),
                      static_cast<unsigned long long>(drafter_export->bytes()),
                      device ? ", and its GPU weights" : "");
-        if (size_t(n) < f.size()) reply(c, Frame(f.begin() + n, f.end()));
+        if (size_t(n) < f.size()) {
+            std::vector<Frame> rest;
+            rest.push_back(Frame(f.begin() + n, f.end()));
+            write_frames(c, std::move(rest), f.size() - size_t(n));
+        }
     }
 
     // ---- worker output ----
@@ -470,6 +515,7 @@ struct Server::Impl {
                 slot = &slots.back();
             }
             if (o.final) slot->conn->inflight.erase(o.request_id);
+            if (o.bytes.empty()) continue;   // the worker wrote the frame itself; only the end is news
             slot->bytes += o.bytes.size();
             slot->frames.push_back(std::move(o.bytes));
         }
@@ -478,7 +524,13 @@ struct Server::Impl {
                 s.conn->shared->queued_bytes.fetch_sub(s.bytes, std::memory_order_acq_rel);
                 continue;
             }
+            if (s.frames.empty()) continue;
             self->write_frames(s.conn, std::move(s.frames), s.bytes);
+            // A remainder of this connection is in this batch if anywhere (the worker writes
+            // nothing itself while these frames are counted): it is in the stream's order
+            // now, so the loop's replies may go straight on.
+            std::lock_guard<std::mutex> lk(s.conn->shared->wmu);
+            s.conn->shared->remainder_queued = false;
         }
         if (done) self->on_worker_done();
     }

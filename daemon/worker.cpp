@@ -1,5 +1,7 @@
 // The worker thread: start-up, the command queue, the loop that runs one batched step at a
 // time (generation.cpp), and shutdown. Requests are handled in handlers.cpp.
+#include <sys/socket.h>
+
 #include <algorithm>
 #include <string_view>
 
@@ -20,6 +22,24 @@ void Worker::Impl::emit(const std::shared_ptr<ConnShared> &conn, uint64_t rid, F
                                 std::to_string(cfg.max_reply) + " bytes (--max-frame); ask for less at a time");
         final = true;
     }
+    std::lock_guard<std::mutex> lk(conn->wmu);
+    if (conn->closed.load(std::memory_order_acquire)) return;
+    if (cfg.direct_writes && conn->loop_frames == 0 && !conn->write_shut && conn->fd >= 0) {
+        // Nothing of this connection is with the loop: write the frame here (the socket is
+        // non-blocking), which saves waking the loop thread for every token.
+        const ssize_t n = ::send(conn->fd, bytes.data(), bytes.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (n == ssize_t(bytes.size())) {
+            // The loop still has to know the request ended (its in-flight set).
+            if (final) out.push(Outgoing{conn->id, {}, rid, true});
+            return;
+        }
+        if (n > 0) {
+            bytes.erase(bytes.begin(), bytes.begin() + n);
+            conn->remainder_queued = true;
+        }
+        // n < 0 (the socket is full, or failed): the loop writes it and meets what is wrong
+    }
+    ++conn->loop_frames;
     conn->queued_bytes.fetch_add(bytes.size(), std::memory_order_relaxed);
     out.push(Outgoing{conn->id, std::move(bytes), rid, final});
 }

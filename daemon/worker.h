@@ -41,6 +41,9 @@ struct WorkerConfig {
     uint32_t prefix_min = 256;
     // Largest reply frame (after the length prefix): --max-frame, the limit clients apply too.
     size_t max_reply = 16u << 20;
+    // The worker writes a frame to the socket itself when nothing of the connection waits
+    // in the loop (env DS4D_DIRECT_WRITES=0 turns it off, for comparisons).
+    bool direct_writes = true;
 };
 
 class Worker {

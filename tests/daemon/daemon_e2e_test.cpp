@@ -930,6 +930,52 @@ TEST_F(DaemonE2E, SlowReaderIsPausedNotBuffered) {
     EXPECT_EQ(d.stop(SIGTERM), 0);
 }
 
+// The worker writes a connection's frames to the socket itself while the loop holds
+// nothing of it; once the socket fills, the rest of a frame and everything after it goes
+// through the loop. Replies the loop makes itself (here: to requests with the reserved id
+// 0, sent while the stream is stuck) must never land inside a frame: every frame decodes,
+// every token arrives in order with Done last, and every loop reply arrives.
+TEST_F(DaemonE2E, LoopRepliesNeverSplitAFrameTheWorkerWrote) {
+    Daemon d;
+    const std::string path = dir->path + "/mix.sock";
+    ASSERT_EQ(d.start(DS4D_PATH, model_path, path, dir->path + "/mix.log"), "");
+    RawConn slow(path);
+    ASSERT_TRUE(slow.hello());
+    int small = 4096;
+    setsockopt(slow.fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+    const uint32_t n = 3000;
+    ASSERT_TRUE(slow.send(generate_tokens_frame(2, unique_prompt(5, 16), n, true)));
+    const int kLoopReplies = 40;
+    for (int i = 0; i < kLoopReplies; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(3));
+        ASSERT_TRUE(slow.send(stats_frame(0)));
+    }
+    size_t tokens = 0;
+    int loop_replies = 0;
+    bool done = false;
+    while (const fb::Envelope *e = slow.next()) {
+        if (e->request_id() == 0) {
+            ASSERT_EQ(e->body_type(), fb::Message::Error);
+            ++loop_replies;
+            continue;
+        }
+        ASSERT_EQ(e->request_id(), 2u);
+        ASSERT_FALSE(done) << "a frame of the request after its Done";
+        if (e->body_type() == fb::Message::TokenChunk) {
+            tokens += e->body_as_TokenChunk()->tokens() ? e->body_as_TokenChunk()->tokens()->size() : 0;
+        } else {
+            ASSERT_EQ(e->body_type(), fb::Message::Done);
+            EXPECT_EQ(e->body_as_Done()->reason(), fb::FinishReason::Length);
+            done = true;
+        }
+        if (done && loop_replies == kLoopReplies) break;
+    }
+    EXPECT_TRUE(done) << "the stream broke off (a frame that did not decode?)";
+    EXPECT_EQ(tokens, n);
+    EXPECT_EQ(loop_replies, kLoopReplies);
+    EXPECT_EQ(d.stop(SIGTERM), 0);
+}
+
 TEST_F(DaemonE2E, ClientOfAnotherUidIsRefused) {
     if (geteuid() != 0) GTEST_SKIP() << "needs root to connect as another uid";
     Daemon d;
