@@ -8,6 +8,7 @@
 #include "engine/common/error.h"
 #include "engine/cpu/cpu_executor.h"
 #include "engine/cpu/cpu_grain.h"
+#include "engine/kernels/attend8.h"
 #include "engine/kernels/matmul.h"
 #include "engine/kernels/ops.h"
 
@@ -191,11 +192,14 @@ void CpuExecutor::attend(int layer, const AttnSpec &spec, const float *sinks, co
     if (r)
         for (const StepSegment &sg : lay_.segs) most = std::max<int64_t>(most, sg.state->n_entries(layer, 0));
     const int64_t n_keys = W + (spec.indexed ? std::min<int64_t>(most, c.indexer_topk) : most);
-    pool_.parallel_for((int64_t)T * H, cpu_grain(n_keys * hd * 2), [&](int64_t b, int64_t e, int th) {
+    // Heads in groups of 8 where the AVX-512 kernel applies (each key row read once for 8
+    // heads; the same floats as the per-head loop), else one head at a time.
+    const int G = (H % 8 == 0 && ops::attend8_usable(hd)) ? 8 : 1;
+    pool_.parallel_for((int64_t)T * (H / G), cpu_grain(n_keys * hd * 2 * G), [&](int64_t b, int64_t e, int th) {
         std::vector<float> &lg = tasks_[th].f;
         std::vector<const float *> &rows = tasks_[th].rows;
         for (int64_t i = b; i < e; ++i) {
-            const int t = (int)(i / H), h = (int)(i % H);
+            const int t = (int)(i / (H / G)), h = (int)(i % (H / G)) * G;
             const CpuSessionState &st = state_of_row(t);
             const CpuLayer &ls = st.layers[layer];
             const int64_t pos = lay_.pos[t];
@@ -210,15 +214,28 @@ void CpuExecutor::attend(int layer, const AttnSpec &spec, const float *sinks, co
                     for (int s = 0; s < n_vis; ++s) rows.push_back(ls.comp.entry(s));
                 }
             }
-            lg.resize(rows.size());
-            float mx = sinks[h];
-            for (size_t k = 0; k < rows.size(); ++k) mx = std::max(mx, lg[k] = ops::dot(q, rows[k], hd) * scale);
-            double den = std::exp((double)sinks[h] - mx);
-            for (size_t k = 0; k < rows.size(); ++k) den += lg[k] = std::exp(lg[k] - mx);
+            const size_t nk = rows.size();
             float *o = o_.data() + ((size_t)t * H + h) * hd;
-            std::fill(o, o + hd, 0.f);
-            const float inv = (float)(1.0 / den);
-            for (size_t k = 0; k < rows.size(); ++k) ops::axpy(lg[k] * inv, rows[k], o, hd);
+            lg.resize(nk * G);
+            if (G == 8) ops::attend8_scores(q, rows.data(), (int64_t)nk, hd, scale, lg.data());
+            else
+                for (size_t k = 0; k < nk; ++k) lg[k] = ops::dot(q, rows[k], hd) * scale;
+            for (int g = 0; g < G; ++g) {
+                // Softmax with the head's sink; lg becomes the weights of the output sum.
+                float *l = lg.data() + (size_t)g * nk;
+                float mx = sinks[h + g];
+                for (size_t k = 0; k < nk; ++k) mx = std::max(mx, l[k]);
+                double den = std::exp((double)sinks[h + g] - mx);
+                for (size_t k = 0; k < nk; ++k) den += l[k] = std::exp(l[k] - mx);
+                const float inv = (float)(1.0 / den);
+                for (size_t k = 0; k < nk; ++k) l[k] *= inv;
+            }
+            if (G == 8) {
+                ops::attend8_output(lg.data(), rows.data(), (int64_t)nk, hd, o);
+            } else {
+                std::fill(o, o + hd, 0.f);
+                for (size_t k = 0; k < nk; ++k) ops::axpy(lg[k], rows[k], o, hd);
+            }
         }
     });
     // K = V carried RoPE into the output's rope slice: rotate it back at the query position.
