@@ -868,7 +868,7 @@ TEST_F(DaemonE2E, StaleSocketIsReplacedAndSigtermMidStreamExitsCleanly) {
 TEST_F(DaemonE2E, SlowReaderIsPausedNotBuffered) {
     Daemon d;
     const std::string path = dir->path + "/bp.sock";
-    ASSERT_EQ(d.start(DS4D_PATH, model_path, path, dir->path + "/bp.log", {"--queue-bytes", "4096", "--max-sessions", "2"}), "");
+    ASSERT_EQ(d.start(DS4D_PATH, model_path, path, dir->path + "/bp.log", {"--queue-bytes", "4096", "--max-sessions", "2", "--kv-wait", "1"}), "");
     {
         // The session limit, on the same private daemon.
         Client c(path);
@@ -876,7 +876,7 @@ TEST_F(DaemonE2E, SlowReaderIsPausedNotBuffered) {
         c.open_session("two");
         EXPECT_EQ(c.open_session("one").created, false) << "reopening is not a new session";
         try {
-            c.open_session("three");
+            c.open_session("three");   // waits --kv-wait (1 s) for a slot, then is refused
             FAIL() << "--max-sessions 2 let a third session in";
         } catch (const ds4::client::ServerError &e) {
             EXPECT_EQ(e.code, int(fb::ErrorCode::SessionLimit));
