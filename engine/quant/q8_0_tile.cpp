@@ -81,6 +81,25 @@ inline void prefetch_some(const uint8_t *&pf, const uint8_t *pf_end) {
     for (int i = 0; i < 3 && pf < pf_end; ++i, pf += 64) _mm_prefetch(reinterpret_cast<const char *>(pf), _MM_HINT_T1);
 }
 
+// (a0 + a2) + (a1 + a3): the four chains summed in dot_q8_0's order.
+DS4_VNNI512 inline __m512 sum_chains(const __m512 *a) {
+    return _mm512_add_ps(_mm512_add_ps(a[0], a[2]), _mm512_add_ps(a[1], a[3]));
+}
+
+// block(b, k) for b = 0..nb-1 in order, k = b % 4 (the chain block b feeds): the inner
+// loop unrolls, so k is a constant in each copy and the chains stay in registers.
+template <class F>
+DS4_VNNI512 inline void for_blocks(int64_t nb, F &&block) {
+    for (int64_t b0 = 0; b0 < nb; b0 += 4) {
+        const int nt = int(std::min<int64_t>(4, nb - b0));
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; ++k) {
+            if (k >= nt) break;
+            block(b0 + k, k);
+        }
+    }
+}
+
 // R weight rows against one packed group of 16 columns; out[r] holds row r's 16 results.
 // pf..pf_end: weights to pull into L2 meanwhile (the next rows, on the first pass over a
 // row block, when they still come from memory); three lines a block covers 4 rows.
@@ -90,36 +109,29 @@ DS4_VNNI512 inline void rows_x16(const BlockQ8_0 *const *w, const RowPrep *const
     __m512 acc[R][4];
     for (int r = 0; r < R; ++r)
         for (int k = 0; k < 4; ++k) acc[r][k] = _mm512_setzero_ps();
-    for (int64_t b0 = 0; b0 < nb; b0 += 4) {
-        const int nt = int(std::min<int64_t>(4, nb - b0));
-#pragma GCC unroll 4
-        for (int k = 0; k < 4; ++k) {
-            if (k >= nt) break;
-            const int64_t b = b0 + k;
-            const uint8_t *pb = panel + b * kGroupBlockBytes;
-            prefetch_some(pf, pf_end);
-            // Two integer chains a row (even and odd slices): eight dependent vpdpbusd a
-            // block would leave the units waiting on their latency.
-            __m512i dot[R][2];
-            for (int r = 0; r < R; ++r) {
-                dot[r][0] = _mm512_set1_epi32(prep[r][b].neg_corr);
-                dot[r][1] = _mm512_setzero_si512();
-            }
-#pragma GCC unroll 8
-            for (int j = 0; j < 8; ++j) {
-                const __m512i x = _mm512_loadu_si512(pb + j * kSliceBytes);
-                for (int r = 0; r < R; ++r)
-                    dot[r][j & 1] =
-                        _mm512_dpbusd_epi32(dot[r][j & 1], x, _mm512_set1_epi32(int(load_u32(w[r][b].qs + 4 * j))));
-            }
-            const __m512 dx = _mm512_loadu_ps(pb + 8 * kSliceBytes);
-            for (int r = 0; r < R; ++r)
-                acc[r][k] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(prep[r][b].dw), dx),
-                                            _mm512_cvtepi32_ps(_mm512_add_epi32(dot[r][0], dot[r][1])), acc[r][k]);
+    for_blocks(nb, [&](int64_t b, int k) DS4_VNNI512 {
+        const uint8_t *pb = panel + b * kGroupBlockBytes;
+        prefetch_some(pf, pf_end);
+        // Two integer chains a row (even and odd slices): eight dependent vpdpbusd a
+        // block would leave the units waiting on their latency.
+        __m512i dot[R][2];
+        for (int r = 0; r < R; ++r) {
+            dot[r][0] = _mm512_set1_epi32(prep[r][b].neg_corr);
+            dot[r][1] = _mm512_setzero_si512();
         }
-    }
-    for (int r = 0; r < R; ++r)
-        out[r] = _mm512_add_ps(_mm512_add_ps(acc[r][0], acc[r][2]), _mm512_add_ps(acc[r][1], acc[r][3]));
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; ++j) {
+            const __m512i x = _mm512_loadu_si512(pb + j * kSliceBytes);
+            for (int r = 0; r < R; ++r)
+                dot[r][j & 1] =
+                    _mm512_dpbusd_epi32(dot[r][j & 1], x, _mm512_set1_epi32(int(load_u32(w[r][b].qs + 4 * j))));
+        }
+        const __m512 dx = _mm512_loadu_ps(pb + 8 * kSliceBytes);
+        for (int r = 0; r < R; ++r)
+            acc[r][k] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(prep[r][b].dw), dx),
+                                        _mm512_cvtepi32_ps(_mm512_add_epi32(dot[r][0], dot[r][1])), acc[r][k]);
+    });
+    for (int r = 0; r < R; ++r) out[r] = sum_chains(acc[r]);
 }
 
 template <int R>
@@ -151,42 +163,35 @@ DS4_VNNI512 inline void pairs_x8(const BlockQ8_0 *const *w, const RowPrep *const
     __m512 acc[P][4];
     for (int p = 0; p < P; ++p)
         for (int k = 0; k < 4; ++k) acc[p][k] = _mm512_setzero_ps();
-    for (int64_t b0 = 0; b0 < nb; b0 += 4) {
-        const int nt = int(std::min<int64_t>(4, nb - b0));
-#pragma GCC unroll 4
-        for (int k = 0; k < 4; ++k) {
-            if (k >= nt) break;
-            const int64_t b = b0 + k;
-            const uint8_t *pb = panel + b * kNarrowBlockBytes;
-            prefetch_some(pf, pf_end);
-            // Two integer chains a row (even and odd slice pairs); the correction goes into
-            // the even lane of each pair.
-            __m512i dot[2 * P][2];
-            for (int q = 0; q < 2 * P; ++q) {
-                dot[q][0] = _mm512_maskz_set1_epi32(0x5555, prep[q][b].neg_corr);
-                dot[q][1] = _mm512_setzero_si512();
-            }
-#pragma GCC unroll 4
-            for (int j = 0; j < 4; ++j) {
-                const __m512i x = _mm512_loadu_si512(pb + j * kSliceBytes);
-                for (int q = 0; q < 2 * P; ++q)
-                    dot[q][j & 1] = _mm512_dpbusd_epi32(dot[q][j & 1], x,
-                                                        _mm512_set1_epi64(int64_t(load_u64(w[q][b].qs + 8 * j))));
-            }
-            const __m512 dx = _mm512_loadu_ps(pb + 4 * kSliceBytes);
-            for (int p = 0; p < P; ++p) {
-                const __m512i a = _mm512_add_epi32(dot[2 * p][0], dot[2 * p][1]);
-                const __m512i c = _mm512_add_epi32(dot[2 * p + 1][0], dot[2 * p + 1][1]);
-                const __m512i sum = _mm512_add_epi32(_mm512_permutex2var_epi32(a, even, c),
-                                                     _mm512_permutex2var_epi32(a, odd, c));
-                const __m512 dw = _mm512_mask_broadcastss_ps(_mm512_set1_ps(prep[2 * p][b].dw), 0xFF00,
-                                                             _mm_set_ss(prep[2 * p + 1][b].dw));
-                acc[p][k] = _mm512_fmadd_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(sum), acc[p][k]);
-            }
+    for_blocks(nb, [&](int64_t b, int k) DS4_VNNI512 {
+        const uint8_t *pb = panel + b * kNarrowBlockBytes;
+        prefetch_some(pf, pf_end);
+        // Two integer chains a row (even and odd slice pairs); the correction goes into
+        // the even lane of each pair.
+        __m512i dot[2 * P][2];
+        for (int q = 0; q < 2 * P; ++q) {
+            dot[q][0] = _mm512_maskz_set1_epi32(0x5555, prep[q][b].neg_corr);
+            dot[q][1] = _mm512_setzero_si512();
         }
-    }
-    for (int p = 0; p < P; ++p)
-        out[p] = _mm512_add_ps(_mm512_add_ps(acc[p][0], acc[p][2]), _mm512_add_ps(acc[p][1], acc[p][3]));
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; ++j) {
+            const __m512i x = _mm512_loadu_si512(pb + j * kSliceBytes);
+            for (int q = 0; q < 2 * P; ++q)
+                dot[q][j & 1] = _mm512_dpbusd_epi32(dot[q][j & 1], x,
+                                                    _mm512_set1_epi64(int64_t(load_u64(w[q][b].qs + 8 * j))));
+        }
+        const __m512 dx = _mm512_loadu_ps(pb + 4 * kSliceBytes);
+        for (int p = 0; p < P; ++p) {
+            const __m512i a = _mm512_add_epi32(dot[2 * p][0], dot[2 * p][1]);
+            const __m512i c = _mm512_add_epi32(dot[2 * p + 1][0], dot[2 * p + 1][1]);
+            const __m512i sum = _mm512_add_epi32(_mm512_permutex2var_epi32(a, even, c),
+                                                 _mm512_permutex2var_epi32(a, odd, c));
+            const __m512 dw = _mm512_mask_broadcastss_ps(_mm512_set1_ps(prep[2 * p][b].dw), 0xFF00,
+                                                         _mm_set_ss(prep[2 * p + 1][b].dw));
+            acc[p][k] = _mm512_fmadd_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(sum), acc[p][k]);
+        }
+    });
+    for (int p = 0; p < P; ++p) out[p] = sum_chains(acc[p]);
 }
 
 // Rows [r0, r0 + 2P) (rows past n_rows repeat the last row and are not written).
