@@ -253,6 +253,32 @@ TEST(Quant, Avx512PathsMatchAvx2) {
     on = saved;
 }
 
+// A Q8_0 product's operands: nrows weight rows with a code of -128 in the first block
+// (bytes 0-1 are the scale) and ncols quantised activation rows of alternating spread,
+// x_pad bytes of padding after each activation row.
+struct Q8Operands {
+    std::vector<uint8_t> w, x;
+    size_t rb, xb;
+    Q8Operands(int64_t n, int64_t nrows, int64_t ncols, Scale s, std::mt19937 &rng, size_t x_pad = 0)
+        : w(random_weights(Type::Q8_0, nrows, n, s, rng)), rb(row_size(Type::Q8_0, n)),
+          xb(q::vec_dot_row_bytes(Type::Q8_0, n) + x_pad) {
+        w[2] = 0x80;
+        x.resize(xb * size_t(ncols));
+        for (int64_t c = 0; c < ncols; ++c) {
+            const auto xf = gaussian(n, c % 2 ? 3.f : 0.2f, rng);
+            q::quantize_activation(Type::Q8_0, xf.data(), &x[size_t(c) * xb], n);
+        }
+    }
+};
+
+// A kernel switch set for one test and put back after it.
+struct SwitchGuard {
+    bool &flag;
+    const bool was;
+    explicit SwitchGuard(bool &f) : flag(f), was(f) {}
+    ~SwitchGuard() { flag = was; }
+};
+
 // Q8_0 tiles (prefill, batched decode) against the one-pair dot, bit for bit: odd block
 // counts (the tail block), long rows, every column count up to two column groups, weights
 // of -128.
@@ -260,14 +286,9 @@ TEST(Quant, Q8_0TileEqualsDotBitForBit) {
     std::mt19937 rng(29);
     for (int64_t n : {32, 32 * 7, 4096 + 32, 32 * 1025}) {
         const int64_t nrows = 6, ncols = 9;
-        auto w = random_weights(Type::Q8_0, nrows, n, Scale::Mixed, rng);
-        w[2] = 0x80;
-        const size_t rb = row_size(Type::Q8_0, n), xb = q::vec_dot_row_bytes(Type::Q8_0, n);
-        std::vector<uint8_t> x(xb * ncols);
-        for (int64_t c = 0; c < ncols; ++c) {
-            const auto xf = gaussian(n, c % 2 ? 3.f : 0.2f, rng);
-            q::quantize_activation(Type::Q8_0, xf.data(), &x[c * xb], n);
-        }
+        const Q8Operands op(n, nrows, ncols, Scale::Mixed, rng);
+        const auto &w = op.w, &x = op.x;
+        const size_t rb = op.rb, xb = op.xb;
         for (int64_t cols = 1; cols <= ncols; ++cols) {
             std::vector<float> a(nrows * cols);
             q::vec_dot_tile(Type::Q8_0, w.data(), rb, nrows, x.data(), xb, cols, n, a.data(), nrows);
@@ -285,23 +306,14 @@ TEST(Quant, Q8_0TileEqualsDotBitForBit) {
 TEST(Quant, Q8_0VnniMatchesAvx2) {
     if (!ds4::quant::detail::vnni_available()) GTEST_SKIP() << "no AVX-512 VNNI on this CPU (or DS4_NO_AVX512 set)";
     bool &on = ds4::quant::detail::vnni_enabled();
-    struct Restore {
-        bool &flag;
-        const bool was;
-        ~Restore() { flag = was; }
-    } restore{on, on};
+    const SwitchGuard restore(on);
     std::mt19937 rng(23);
     for (int64_t n : {32, 64, 32 * 7, 4096 + 32}) {
         const int64_t nrows = 9, ncols = 9;
         for (Scale s : {Scale::Normal, Scale::Mixed, Scale::Huge}) {
-            auto w = random_weights(Type::Q8_0, nrows, n, s, rng);
-            w[2] = 0x80;   // a code of -128 in the first block (bytes 0-1 are the scale)
-            const size_t rb = row_size(Type::Q8_0, n), xb = q::vec_dot_row_bytes(Type::Q8_0, n);
-            std::vector<uint8_t> x(xb * ncols);
-            for (int64_t c = 0; c < ncols; ++c) {
-                const auto xf = gaussian(n, c % 2 ? 3.f : 0.2f, rng);
-                q::quantize_activation(Type::Q8_0, xf.data(), &x[c * xb], n);
-            }
+            const Q8Operands op(n, nrows, ncols, s, rng);
+            const auto &w = op.w, &x = op.x;
+            const size_t rb = op.rb, xb = op.xb;
             for (int64_t cols : {int64_t(1), int64_t(4), ncols}) {
                 std::vector<float> a(nrows * cols), b(nrows * cols);
                 on = false;
@@ -322,24 +334,15 @@ TEST(Quant, Q8_0VnniMatchesAvx2) {
 TEST(Quant, Q8_0PackedTileEqualsDotBitForBit) {
     if (!ds4::quant::detail::vnni_available()) GTEST_SKIP() << "no AVX-512 VNNI on this CPU (or DS4_NO_AVX512 set)";
     bool &on = ds4::quant::detail::vnni_enabled();
-    struct Restore {
-        bool &flag;
-        const bool was;
-        ~Restore() { flag = was; }
-    } restore{on, on};
+    const SwitchGuard restore(on);
     on = true;
     std::mt19937 rng(31);
     for (int64_t n : {32, 32 * 5, 32 * 7, 4096 + 32}) {
         const int64_t nrows = 11, ncols = 33;
         for (Scale s : {Scale::Normal, Scale::Mixed, Scale::Huge}) {
-            auto w = random_weights(Type::Q8_0, nrows, n, s, rng);
-            w[2] = 0x80;   // a code of -128 in the first block (bytes 0-1 are the scale)
-            const size_t rb = row_size(Type::Q8_0, n), xb = q::vec_dot_row_bytes(Type::Q8_0, n) + 6;
-            std::vector<uint8_t> x(xb * ncols);
-            for (int64_t c = 0; c < ncols; ++c) {
-                const auto xf = gaussian(n, c % 2 ? 3.f : 0.2f, rng);
-                q::quantize_activation(Type::Q8_0, xf.data(), &x[c * xb], n);
-            }
+            const Q8Operands op(n, nrows, ncols, s, rng, 6);   // padded activation rows
+            const auto &w = op.w, &x = op.x;
+            const size_t rb = op.rb, xb = op.xb;
             for (int64_t cols : {int64_t(q::kTilePackMinCols), int64_t(7), int64_t(8), int64_t(9), int64_t(15), int64_t(16), int64_t(17), ncols}) {
                 std::vector<uint8_t> packed(q::tile_pack_bytes(Type::Q8_0, n, cols));
                 ASSERT_FALSE(packed.empty());
