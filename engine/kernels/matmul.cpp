@@ -45,21 +45,28 @@ void matmul_q(MatmulCtx &ctx, const WeightView &w, const uint8_t *xq, int64_t n_
             quant::vec_dot_rows(w.type, w.data, w.row_bytes, w.out, xq + t * xq_row, w.in, y + t * y_stride);
         return;
     }
-    if (n_tok == 1) {
-        // Rows in blocks of 16 so each thread streams long contiguous runs of weights.
-        pool.parallel_for(w.out, 16, [&](int64_t b, int64_t e, int) {
-            quant::vec_dot_rows(w.type, w.row(b), w.row_bytes, e - b, xq, w.in, y + b);
-        });
-        return;
-    }
-    // Where the weight type has a packed tile (Q8_0 on AVX-512 VNNI), the activations are
-    // repacked once here, not once per row block.
+    // Where the weight type has a packed kernel on this CPU (Q8_0 tiles on AVX-512 VNNI,
+    // IQ2_XXS on VBMI), the activations are repacked once here, not once per row block.
     const uint64_t pack_bytes = quant::tile_pack_bytes(w.type, w.in, n_tok);
     if (pack_bytes) {
         if (ctx.xpack.size() < pack_bytes) ctx.xpack.resize(pack_bytes);
-        pool.parallel_for(quant::tile_pack_groups(n_tok), 1, [&](int64_t b, int64_t e, int) {
-            quant::tile_pack(w.type, xq, xq_row, n_tok, w.in, b, e, ctx.xpack.data());
+        const int64_t groups = quant::tile_pack_groups(w.type, n_tok);
+        if (groups == 1)
+            quant::tile_pack(w.type, xq, xq_row, n_tok, w.in, 0, 1, ctx.xpack.data());
+        else
+            pool.parallel_for(groups, 1, [&](int64_t b, int64_t e, int) {
+                quant::tile_pack(w.type, xq, xq_row, n_tok, w.in, b, e, ctx.xpack.data());
+            });
+    }
+    if (n_tok == 1) {
+        // Rows in blocks of 16 so each thread streams long contiguous runs of weights.
+        pool.parallel_for(w.out, 16, [&](int64_t b, int64_t e, int) {
+            if (pack_bytes)
+                quant::vec_dot_tile_packed(w.type, w.row(b), w.row_bytes, e - b, ctx.xpack.data(), 1, w.in, y + b, 1);
+            else
+                quant::vec_dot_rows(w.type, w.row(b), w.row_bytes, e - b, xq, w.in, y + b);
         });
+        return;
     }
     // Row blocks sized to stay in L2 (~256 KB of weights) while all tokens pass over them.
     int64_t block = std::max<int64_t>(4, (int64_t)((256 * 1024) / std::max<uint64_t>(1, w.row_bytes)));

@@ -218,6 +218,12 @@ constexpr Expand kExpand;
 alignas(32) constexpr uint8_t kBit[32] = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128,
                                           1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
 
+// The float steps of every IQ2_XXS kernel (the packed one in iq2_xxs_packed.cpp too): each
+// block's exact integer dot T (scales applied), a[b % 4] += s * T with s = (d_x / 8) * d_w,
+// result (a0 + a2) + (a1 + a3). So a result does not depend on the kernel or the columns.
+inline void block_step(float s, int32_t t, float &a) { a = std::fma(s, float(t), a); }
+inline float block_sum(const float *a) { return (a[0] + a[2]) + (a[1] + a[3]); }
+
 inline __m256i load32(const uint8_t *p) { return _mm256_load_si256(reinterpret_cast<const __m256i *>(p)); }
 
 // All 8 sign/scale words of a block at once. Returns the sign bytes (4 per 32-group, bit 7
@@ -245,11 +251,8 @@ template <int C>
 void dot_cols(const uint8_t *wv, const void *const *xv, int64_t n, float *out) {
     const BlockIQ2_XXS *w = reinterpret_cast<const BlockIQ2_XXS *>(wv);
     const BlockQ8_K *x[C];
-    __m256 acc[C];
-    for (int c = 0; c < C; ++c) {
-        x[c] = static_cast<const BlockQ8_K *>(xv[c]);
-        acc[c] = _mm256_setzero_ps();
-    }
+    float acc[C][4] = {};
+    for (int c = 0; c < C; ++c) x[c] = static_cast<const BlockQ8_K *>(xv[c]);
     const long long *grid = reinterpret_cast<const long long *>(kIq2xxsGrid);
     const __m256i bit = load32(kBit), one8 = _mm256_set1_epi8(1);
     for (int64_t b = 0; b < n / kQK_K; ++b) {
@@ -279,8 +282,8 @@ void dot_cols(const uint8_t *wv, const void *const *xv, int64_t n, float *out) {
             sum1 = _mm256_add_epi32(sum1, group(5, sg_lo, _mm256_shuffle_epi32(sc_lo, 0xff), 3));
             sum0 = _mm256_add_epi32(sum0, group(6, sg_hi, _mm256_shuffle_epi32(sc_hi, 0xaa), 2));
             sum1 = _mm256_add_epi32(sum1, group(7, sg_hi, _mm256_shuffle_epi32(sc_hi, 0xff), 3));
-            const float d = 0.125f * x[0][b].d * f16_to_f32_fast(wb.d);
-            acc[0] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_add_epi32(sum0, sum1)), acc[0]);
+            block_step(0.125f * x[0][b].d * f16_to_f32_fast(wb.d), simd::hsum_i32(_mm256_add_epi32(sum0, sum1)),
+                       acc[0][b & 3]);
             continue;
         }
         // per 32-group (in natural order): grid magnitudes, sign multipliers (+-1), scale
@@ -309,11 +312,10 @@ void dot_cols(const uint8_t *wv, const void *const *xv, int64_t n, float *out) {
                 sum0 = _mm256_add_epi32(sum0, _mm256_madd_epi16(p0, sc[ib]));
                 sum1 = _mm256_add_epi32(sum1, _mm256_madd_epi16(p1, sc[ib + 1]));
             }
-            const float d = 0.125f * x[c][b].d * dw;
-            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_add_epi32(sum0, sum1)), acc[c]);
+            block_step(0.125f * x[c][b].d * dw, simd::hsum_i32(_mm256_add_epi32(sum0, sum1)), acc[c][b & 3]);
         }
     }
-    for (int c = 0; c < C; ++c) out[c] = simd::hsum(acc[c]);
+    for (int c = 0; c < C; ++c) out[c] = block_sum(acc[c]);
 }
 
 
@@ -341,11 +343,8 @@ template <int C>
 DS4_AVX512 void dot_cols_avx512(const uint8_t *wv, const void *const *xv, int64_t n, float *out) {
     const BlockIQ2_XXS *w = reinterpret_cast<const BlockIQ2_XXS *>(wv);
     const BlockQ8_K *x[C];
-    __m256 acc[C];
-    for (int c = 0; c < C; ++c) {
-        x[c] = static_cast<const BlockQ8_K *>(xv[c]);
-        acc[c] = _mm256_setzero_ps();
-    }
+    float acc[C][4] = {};
+    for (int c = 0; c < C; ++c) x[c] = static_cast<const BlockQ8_K *>(xv[c]);
     const long long *grid = reinterpret_cast<const long long *>(kIq2xxsGrid);
     const __m512i zero = _mm512_setzero_si512();
     // lanes of the decoded scale vector holding 32-groups (2p, 2p+1), each spread over 8 lanes
@@ -384,11 +383,10 @@ DS4_AVX512 void dot_cols_avx512(const uint8_t *wv, const void *const *xv, int64_
                 sum = _mm512_add_epi32(sum, _mm512_madd_epi16(_mm512_maddubs_epi16(g[p], xs), sc[p]));
             }
             const __m256i s256 = _mm256_add_epi32(_mm512_castsi512_si256(sum), _mm512_extracti64x4_epi64(sum, 1));
-            const float d = 0.125f * x[c][b].d * dw;
-            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(s256), acc[c]);
+            block_step(0.125f * x[c][b].d * dw, simd::hsum_i32(s256), acc[c][b & 3]);
         }
     }
-    for (int c = 0; c < C; ++c) out[c] = simd::hsum(acc[c]);
+    for (int c = 0; c < C; ++c) out[c] = block_sum(acc[c]);
 }
 
 #pragma GCC diagnostic pop

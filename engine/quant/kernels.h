@@ -39,6 +39,16 @@ void q8_0_pack(const void *x, size_t x_row_stride, int64_t n_cols, int64_t n, in
 void q8_0_tile_packed(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const uint8_t *packed, int64_t n_cols,
                       int64_t n, float *out, size_t out_col_stride);
 
+// IQ2_XXS with transposed activations on AVX-512 VBMI + VNNI (iq2_xxs_packed.cpp):
+// column c of the packed buffer is activation row c transposed; results are bit-identical
+// to dot_iq2_xxs. env DS4_NO_VBMI=1 disables it; tests flip vbmi_enabled to compare.
+bool vbmi_available();
+bool &vbmi_enabled();
+uint64_t iq2_xxs_pack_bytes(int64_t n, int64_t n_cols);
+void iq2_xxs_pack(const void *x, size_t x_row_stride, int64_t n, int64_t c0, int64_t c1, uint8_t *dst);
+void iq2_xxs_tile_packed(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const uint8_t *packed, int64_t n_cols,
+                         int64_t n, float *out, size_t out_col_stride);
+
 // Instantiates F<1..kMaxCols> behind a runtime column count.
 #define DS4_QUANT_COLS_DISPATCH(F, ...)          \
     switch (ncols) {                             \

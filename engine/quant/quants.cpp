@@ -170,20 +170,34 @@ void vec_dot_tile(Type t, const void *w, size_t w_row_stride, int64_t n_rows, co
 }
 
 uint64_t tile_pack_bytes(Type t, int64_t n, int64_t n_cols) {
-    if (t != Type::Q8_0 || n_cols < kTilePackMinCols || !detail::vnni_enabled()) return 0;
-    need(t, n, "tile_pack_bytes");
-    return detail::q8_0_pack_bytes(n, n_cols);
+    if (t == Type::Q8_0 && n_cols >= kTilePackMinCols && detail::vnni_enabled()) {
+        need(t, n, "tile_pack_bytes");
+        return detail::q8_0_pack_bytes(n, n_cols);
+    }
+    if (t == Type::IQ2_XXS && n_cols >= 1 && detail::vbmi_enabled()) {
+        need(t, n, "tile_pack_bytes");
+        return detail::iq2_xxs_pack_bytes(n, n_cols);
+    }
+    return 0;
 }
 
-int64_t tile_pack_groups(int64_t n_cols) { return detail::q8_0_pack_groups(n_cols); }
+int64_t tile_pack_groups(Type t, int64_t n_cols) {
+    return t == Type::IQ2_XXS ? n_cols : detail::q8_0_pack_groups(n_cols);
+}
 
 void tile_pack(Type t, const void *x, size_t x_row_stride, int64_t n_cols, int64_t n, int64_t g0, int64_t g1,
                void *packed) {
     if (tile_pack_bytes(t, n, n_cols) == 0)
         failf("quant: tile_pack: no packed tile for %u with %lld columns on this CPU", unsigned(t), (long long)n_cols);
-    if (g0 < 0 || g1 > tile_pack_groups(n_cols) || g0 > g1)
+    if (g0 < 0 || g1 > tile_pack_groups(t, n_cols) || g0 > g1)
         failf("quant: tile_pack: groups [%lld, %lld) out of range", (long long)g0, (long long)g1);
-    detail::q8_0_pack(x, x_row_stride, n_cols, n, g0, g1, static_cast<uint8_t *>(packed));
+    if (n_cols > 1 && x_row_stride < vec_dot_row_bytes(t, n))
+        failf("quant: tile_pack: activation row stride %zu is smaller than an activation row (%llu bytes)",
+              x_row_stride, (unsigned long long)vec_dot_row_bytes(t, n));
+    if (t == Type::IQ2_XXS)
+        detail::iq2_xxs_pack(x, x_row_stride, n, g0, g1, static_cast<uint8_t *>(packed));
+    else
+        detail::q8_0_pack(x, x_row_stride, n_cols, n, g0, g1, static_cast<uint8_t *>(packed));
 }
 
 void vec_dot_tile_packed(Type t, const void *w, size_t w_row_stride, int64_t n_rows, const void *packed,
@@ -192,14 +206,18 @@ void vec_dot_tile_packed(Type t, const void *w, size_t w_row_stride, int64_t n_r
         failf("quant: vec_dot_tile_packed: no packed tile for %u with %lld columns on this CPU", unsigned(t),
               (long long)n_cols);
     if (n_rows < 0) failf("quant: vec_dot_tile_packed: negative row count %lld", (long long)n_rows);
-    if (n_rows > 1 && w_row_stride < uint64_t(n / kQK8_0) * sizeof(BlockQ8_0))
-        failf("quant: vec_dot_tile_packed: weight row stride %zu is smaller than a q8_0 row of %lld elements",
-              w_row_stride, (long long)n);
-    if (out_col_stride < uint64_t(n_rows))
+    const Format &f = need(t, n, "vec_dot_tile_packed");
+    if (n_rows > 1 && w_row_stride < uint64_t(n / f.qk) * uint64_t(f.bytes))
+        failf("quant: vec_dot_tile_packed: weight row stride %zu is smaller than a %s row of %lld elements",
+              w_row_stride, f.name, (long long)n);
+    if (n_cols > 1 && out_col_stride < uint64_t(n_rows))
         failf("quant: vec_dot_tile_packed: output column stride %zu is smaller than the row count %lld",
               out_col_stride, (long long)n_rows);
-    detail::q8_0_tile_packed(static_cast<const uint8_t *>(w), w_row_stride, n_rows,
-                             static_cast<const uint8_t *>(packed), n_cols, n, out, out_col_stride);
+    const uint8_t *wp = static_cast<const uint8_t *>(w), *pp = static_cast<const uint8_t *>(packed);
+    if (t == Type::IQ2_XXS)
+        detail::iq2_xxs_tile_packed(wp, w_row_stride, n_rows, pp, n_cols, n, out, out_col_stride);
+    else
+        detail::q8_0_tile_packed(wp, w_row_stride, n_rows, pp, n_cols, n, out, out_col_stride);
 }
 
 void dequantize_row_ref(Type t, const void *src, float *dst, int64_t n) {

@@ -6,7 +6,9 @@
 // Everything here works on rows; callers pass n = elements in the row (a multiple of the
 // block size). Kernels are AVX2 (x86-64-v3) with scalar reference versions used by tests;
 // the IQ2_XXS and Q2_K dots switch to AVX-512 variants at run time where the CPU has
-// AVX-512 F/BW/VL/DQ (bit-identical results; DS4_NO_AVX512=1 turns them off).
+// AVX-512 F/BW/VL/DQ (bit-identical results; DS4_NO_AVX512=1 turns them off), and IQ2_XXS
+// products to a transposed-activation kernel on AVX-512 VBMI + VNNI + GFNI (tile_pack
+// below; DS4_NO_VBMI=1 turns it off).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -48,15 +50,17 @@ void vec_dot_rows(Type t, const void *w, size_t w_row_stride, int64_t n_rows, co
 void vec_dot_tile(Type t, const void *w, size_t w_row_stride, int64_t n_rows, const void *x, size_t x_row_stride,
                   int64_t n_cols, int64_t n, float *out, size_t out_col_stride);
 
-// Packed tile (Q8_0 on CPUs with AVX-512 VNNI): the activation rows are repacked once per
-// product, columns in the lanes, and each row block then runs vec_dot_tile_packed. Results
-// are bit-identical to vec_dot. tile_pack_bytes is 0 where the packed path does not apply
-// (other types, no VNNI, fewer than kTilePackMinCols columns): use vec_dot_tile there.
-// tile_pack writes column groups [g0, g1) of tile_pack_groups(n_cols), so threads can
-// split the packing.
+// Packed activations, where the CPU has a kernel that wants the activation rows in its own
+// layout: Q8_0 on AVX-512 VNNI for kTilePackMinCols columns or more (columns in the
+// lanes), IQ2_XXS on AVX-512 VBMI + VNNI + GFNI for any column count, one row included (each row
+// transposed position-major, so the codebook lookups become byte permutes). The rows are
+// repacked once per product and each row block then runs vec_dot_tile_packed. Results are
+// bit-identical to vec_dot. tile_pack_bytes is 0 where no packed path applies: use
+// vec_dot_tile / vec_dot_rows there. tile_pack writes column groups [g0, g1) of
+// tile_pack_groups(t, n_cols), so threads can split the packing.
 constexpr int64_t kTilePackMinCols = 5;
 uint64_t tile_pack_bytes(Type t, int64_t n, int64_t n_cols);
-int64_t tile_pack_groups(int64_t n_cols);
+int64_t tile_pack_groups(Type t, int64_t n_cols);
 void tile_pack(Type t, const void *x, size_t x_row_stride, int64_t n_cols, int64_t n, int64_t g0, int64_t g1,
                void *packed);
 void vec_dot_tile_packed(Type t, const void *w, size_t w_row_stride, int64_t n_rows, const void *packed,

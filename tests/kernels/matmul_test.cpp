@@ -1,7 +1,7 @@
 // matmul against the one-pair dot: whatever path a product takes (one token, the 4-column
 // tile, the packed Q8_0 tile with its activations repacked once and split over threads,
-// the narrow layout for batched decode), every output is vec_dot of its row and token, bit
-// for bit. So a session's tokens do not depend on the batch or chunk they ran in.
+// the narrow layout for batched decode, IQ2_XXS with transposed activations), every output
+// is vec_dot of its row and token, bit for bit. So a session's tokens do not depend on the batch or chunk they ran in.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -22,18 +22,17 @@ std::vector<float> gaussian(size_t n, float sd, std::mt19937 &rng) {
     return v;
 }
 
-TEST(Matmul, Q8_0ProductsEqualOnePairDotsForEveryTokenCount) {
-    std::mt19937 rng(41);
-    // 4096 wide so products are large enough for the pool and the row blocks; 203 rows
-    // leave a row block and a 4-row step with remainders.
+// Products of a 4096-wide weight of type t (large enough for the pool and the row blocks;
+// 203 rows leave a row block and a 4-row step with remainders) for many token counts.
+void expect_products_equal_one_pair_dots(gguf::Type t, std::mt19937 &rng) {
     const int64_t in = 4096, out = 203;
     const auto wf = gaussian(size_t(in * out), 0.05f, rng);
-    const size_t row = size_t(quant::vec_dot_row_bytes(gguf::Type::Q8_0, in));
+    const size_t row = size_t(gguf::row_bytes(t, in));
+    const size_t xrow = size_t(quant::vec_dot_row_bytes(t, in));
     std::vector<uint8_t> wq(row * size_t(out));
-    for (int64_t r = 0; r < out; ++r)
-        quant::quantize_row(gguf::Type::Q8_0, &wf[size_t(r * in)], &wq[size_t(r) * row], in);
+    for (int64_t r = 0; r < out; ++r) quant::quantize_row(t, &wf[size_t(r * in)], &wq[size_t(r) * row], in);
     WeightView w;
-    w.type = gguf::Type::Q8_0;
+    w.type = t;
     w.in = in;
     w.out = out;
     w.data = wq.data();
@@ -45,17 +44,28 @@ TEST(Matmul, Q8_0ProductsEqualOnePairDotsForEveryTokenCount) {
         const int64_t y_stride = out + 3;
         std::vector<float> y(size_t(y_stride * n_tok), NAN);
         matmul(ctx, w, x.data(), n_tok, in, y.data(), y_stride);
-        std::vector<uint8_t> xq(row);
-        for (int64_t t = 0; t < n_tok; ++t) {
-            quant::quantize_activation(gguf::Type::Q8_0, &x[size_t(t * in)], xq.data(), in);
+        std::vector<uint8_t> xq(xrow);
+        for (int64_t k = 0; k < n_tok; ++k) {
+            quant::quantize_activation(t, &x[size_t(k * in)], xq.data(), in);
             for (int64_t r = 0; r < out; ++r) {
-                const float d = quant::vec_dot(gguf::Type::Q8_0, &wq[size_t(r) * row], xq.data(), in);
-                const float got = y[size_t(t * y_stride + r)];
-                ASSERT_EQ(std::memcmp(&got, &d, 4), 0) << n_tok << " tokens, token " << t << " row " << r << ": "
+                const float d = quant::vec_dot(t, &wq[size_t(r) * row], xq.data(), in);
+                const float got = y[size_t(k * y_stride + r)];
+                ASSERT_EQ(std::memcmp(&got, &d, 4), 0) << n_tok << " tokens, token " << k << " row " << r << ": "
                                                        << got << " vs " << d;
             }
         }
     }
+}
+
+TEST(Matmul, Q8_0ProductsEqualOnePairDotsForEveryTokenCount) {
+    std::mt19937 rng(41);
+    expect_products_equal_one_pair_dots(gguf::Type::Q8_0, rng);
+}
+
+// IQ2_XXS takes the packed (transposed) path on AVX-512 VBMI for every token count.
+TEST(Matmul, Iq2XxsProductsEqualOnePairDotsForEveryTokenCount) {
+    std::mt19937 rng(43);
+    expect_products_equal_one_pair_dots(gguf::Type::IQ2_XXS, rng);
 }
 
 }  // namespace

@@ -346,7 +346,7 @@ TEST(Quant, Q8_0PackedTileEqualsDotBitForBit) {
             for (int64_t cols : {int64_t(q::kTilePackMinCols), int64_t(7), int64_t(8), int64_t(9), int64_t(15), int64_t(16), int64_t(17), ncols}) {
                 std::vector<uint8_t> packed(q::tile_pack_bytes(Type::Q8_0, n, cols));
                 ASSERT_FALSE(packed.empty());
-                const int64_t groups = q::tile_pack_groups(cols);
+                const int64_t groups = q::tile_pack_groups(Type::Q8_0, cols);
                 q::tile_pack(Type::Q8_0, x.data(), xb, cols, n, 0, groups / 2, packed.data());   // in two parts,
                 q::tile_pack(Type::Q8_0, x.data(), xb, cols, n, groups / 2, groups, packed.data());   // as threads do
                 for (int64_t rows = 1; rows <= nrows; rows += (rows < 5 ? 1 : 6)) {
@@ -375,6 +375,61 @@ TEST(Quant, Q8_0PackedTileEqualsDotBitForBit) {
                  std::exception);
     on = false;
     EXPECT_EQ(q::tile_pack_bytes(Type::Q8_0, 4096, 64), 0u);
+}
+
+// IQ2_XXS with transposed activations (AVX-512 VBMI) against the one-pair dot with the
+// packed path off, on the AVX-512 and on the AVX2 kernel, bit for bit: 1-7 and 16 blocks
+// (an odd last pair, every remainder of the 4-block steps), 1-9 columns (column groups of
+// up to 4), padded weight and activation rows, scales from tiny to huge, the packing split
+// as threads split it.
+TEST(Quant, Iq2XxsPackedEqualsDotBitForBit) {
+    if (!ds4::quant::detail::vbmi_available()) GTEST_SKIP() << "no AVX-512 VBMI + VNNI on this CPU (or DS4_NO_AVX512 set)";
+    bool &vbmi = ds4::quant::detail::vbmi_enabled();
+    bool &avx512 = ds4::quant::detail::avx512_enabled();
+    const SwitchGuard restore_vbmi(vbmi), restore_avx512(avx512);
+    std::mt19937 rng(37);
+    const Type t = Type::IQ2_XXS;
+    for (int64_t nblk : {1, 2, 3, 4, 5, 6, 7, 16}) {
+        const int64_t n = 256 * nblk, nrows = 7, ncols = 9;
+        for (Scale s : {Scale::Normal, Scale::Mixed, Scale::Huge, Scale::Tiny}) {
+            const size_t rb = row_size(t, n), wstride = rb + 10, xb = q::vec_dot_row_bytes(t, n) + 6;
+            const auto packed_w = random_weights(t, nrows, n, s, rng);
+            std::vector<uint8_t> w(wstride * nrows, 0xCD);
+            for (int64_t r = 0; r < nrows; ++r) std::memcpy(&w[r * wstride], &packed_w[r * rb], rb);
+            std::vector<uint8_t> x(xb * ncols);
+            for (int64_t c = 0; c < ncols; ++c) {
+                const auto xf = gaussian(n, c % 2 ? 5.f : 0.3f, rng);
+                q::quantize_activation(t, xf.data(), &x[c * xb], n);
+            }
+            for (int64_t cols = 1; cols <= ncols; ++cols) {
+                vbmi = true;
+                avx512 = true;
+                std::vector<uint8_t> packed(q::tile_pack_bytes(t, n, cols));
+                ASSERT_FALSE(packed.empty());
+                const int64_t groups = q::tile_pack_groups(t, cols);
+                q::tile_pack(t, x.data(), xb, cols, n, 0, groups / 2, packed.data());
+                q::tile_pack(t, x.data(), xb, cols, n, groups / 2, groups, packed.data());
+                const size_t ostride = nrows + 2;
+                std::vector<float> got(ostride * size_t(cols), -1.f);
+                q::vec_dot_tile_packed(t, w.data(), wstride, nrows, packed.data(), cols, n, got.data(), ostride);
+                vbmi = false;
+                for (bool wide : {true, false}) {
+                    avx512 = wide;
+                    for (int64_t c = 0; c < cols; ++c)
+                        for (int64_t r = 0; r < nrows; ++r) {
+                            const float d = q::vec_dot(t, &w[r * wstride], &x[c * xb], n);
+                            ASSERT_EQ(std::memcmp(&got[c * ostride + r], &d, 4), 0)
+                                << "blocks " << nblk << " cols " << cols << " r " << r << " c " << c
+                                << (wide ? " (AVX-512)" : " (AVX2)") << ": " << got[c * ostride + r] << " vs " << d;
+                        }
+                }
+                for (int64_t c = 0; c < cols; ++c)   // the padding between columns is not written
+                    for (size_t r = nrows; r < ostride; ++r) ASSERT_EQ(got[c * ostride + r], -1.f);
+            }
+        }
+    }
+    vbmi = false;
+    EXPECT_EQ(q::tile_pack_bytes(t, 4096, 1), 0u);
 }
 
 // The AVX2 Q8_0 quantiser (every activation row of a Q8_0 product) against its scalar

@@ -195,6 +195,21 @@ int main(int argc, char **argv) {
         }
         std::printf("%-8s vec_dot_rows (1 thread) %8.2f GB/s  %7.2f Gweights/s  (%lld rows x %lld)\n", f.name,
                     double(bytes) / best / 1e9, double(rows) * double(n) / best / 1e9, (long long)rows, (long long)n);
+        if (const uint64_t pb = ds4::quant::tile_pack_bytes(f.t, n, 1)) {   // decode's packed kernel (IQ2_XXS on VBMI)
+            std::vector<uint8_t> packed(pb);
+            std::vector<float> pout(static_cast<size_t>(rows));
+            double pbest = 1e30;
+            for (int r = 0; r <= reps; ++r) {
+                const double t0 = now();
+                ds4::quant::tile_pack(f.t, xa.data(), xa.size(), 1, n, 0, 1, packed.data());
+                ds4::quant::vec_dot_tile_packed(f.t, w, row, rows, packed.data(), 1, n, pout.data(), 1);
+                if (r) pbest = std::min(pbest, now() - t0);
+            }
+            if (std::memcmp(pout.data(), out.data(), out.size() * sizeof(float)) != 0)
+                std::printf("%-8s packed rows differ from vec_dot_rows\n", f.name);
+            std::printf("%-8s packed rows   (1 thread) %8.2f GB/s  %7.2f Gweights/s\n", f.name, double(bytes) / pbest / 1e9,
+                        double(rows) * double(n) / pbest / 1e9);
+        }
         if (tile_cols > 0) {   // prefill-style: the same weights against several activation rows
             std::vector<uint8_t> xs(xa.size() * size_t(tile_cols));
             for (int c = 0; c < tile_cols; ++c) std::memcpy(&xs[xa.size() * size_t(c)], xa.data(), xa.size());
@@ -214,7 +229,7 @@ int main(int argc, char **argv) {
                 for (int r = 0; r <= reps; ++r) {
                     const double t0 = now();
                     ds4::quant::tile_pack(f.t, xs.data(), xa.size(), tile_cols, n, 0,
-                                          ds4::quant::tile_pack_groups(tile_cols), packed.data());
+                                          ds4::quant::tile_pack_groups(f.t, tile_cols), packed.data());
                     // in row blocks of ~256 KB, as the prefill's products run it
                     const int64_t blk = std::max<int64_t>(4, int64_t(256 << 10) / int64_t(row));
                     for (int64_t r0 = 0; r0 < trows; r0 += blk)

@@ -1,0 +1,331 @@
+// IQ2_XXS products on AVX-512 VBMI + VNNI + GFNI, with the activations transposed once per product.
+//
+// An IQ2_XXS weight is a byte of an 8-byte codebook entry picked by an index byte, so in
+// natural order every weight needs a 64-bit table lookup (a gather, ~32 a block: the old
+// kernel ran at a third of the memory bandwidth). Transposed, it needs none: with two
+// blocks' activations laid out position-major (x_j[k] = element j of index k), lane k of
+// every register belongs to index k, and position j of 64 indices is one vpermb away.
+//   - the codebook's levels (8, 25, 43) are stored as 2-bit codes, 4 positions a byte, in
+//     two 256-byte tables (two vpermi2b and a blend each);
+//   - the 7 stored sign bits of 64 indices are spread to bytes by one vpmultishiftqb and
+//     completed to 8 (the parity bit) by one GF2P8AFFINEQB;
+//   - a position pair's two codes and two signs make a 6-bit vpermb index into a 64-byte
+//     table of w + 64 (so the weight is an unsigned byte for vpdpbusd); the 64 * sum(x) this
+//     adds per 32-group is worked out when the activations are packed;
+//   - each vpdpbusd adds 4 indices of one 32-group, so after the 8 positions lane g holds
+//     32-group g's exact integer dot.
+// Every 512-bit op here shares two ports, so the count of vector ops per block is the cost.
+//
+// The float steps are the ones of dot_iq2_xxs (iq2_xxs.cpp): per block the exact integer
+// T_b = sum over 32-groups of (2 * scale + 1) * group dot, then a[b % 4] += s_b * T_b with
+// s_b = (d_x / 8) * d_w, result (a0 + a2) + (a1 + a3); every result is bit-identical to
+// vec_dot.
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "engine/quant/blocks.h"
+#include "engine/quant/half.h"
+#include "engine/quant/iq2xxs_tables.h"
+#include "engine/quant/kernels.h"
+
+#include <immintrin.h>
+
+namespace ds4::quant::detail {
+
+namespace {
+
+// Two blocks' activations, position-major (8 x 64 bytes), then 64 * the sum of each of the
+// 16 32-groups (int32): the weights go in as w + 64 (unsigned), which adds 64 * sum(x).
+constexpr int64_t kPairBytes = 9 * 64;
+
+int64_t pairs_of(int64_t n) { return (n / kQK_K + 1) / 2; }
+
+// Per column: the transposed activations of every block pair, then (d_x / 8) per block
+// (0 for the missing half of an odd last pair), padded to a cache line.
+uint64_t col_bytes(int64_t n) {
+    const int64_t p = pairs_of(n);
+    return uint64_t(p * kPairBytes + (p * 8 + 63) / 64 * 64);
+}
+
+struct Tables {
+    alignas(64) uint8_t code[2][256];   // entry k: 2-bit level codes of positions 0-3 / 4-7
+    alignas(64) uint8_t level[2][64];   // level[h][i]: 64 + the signed weight of code (i >> 2h) & 3, sign bit 4 + h
+    alignas(64) uint32_t pick_idx[16];   // index words of two blocks' qs
+    alignas(64) uint32_t pick_sg[16];   // sign/scale words of two blocks' qs
+    alignas(64) uint8_t sign_shift[64];   // bit offsets of index k's 7 sign bits in its qword
+    Tables() {
+        for (int k = 0; k < 256; ++k)
+            for (int h = 0; h < 2; ++h) {
+                uint8_t c = 0;
+                for (int j = 0; j < 4; ++j) {
+                    const uint8_t m = uint8_t(kIq2xxsGrid[k] >> (8 * (4 * h + j)));
+                    c |= uint8_t((m == 8 ? 0 : m == 25 ? 1 : 2) << (2 * j));
+                }
+                code[h][k] = c;
+            }
+        static constexpr int kLevels[4] = {8, 25, 43, 0};
+        for (int h = 0; h < 2; ++h)
+            for (int i = 0; i < 64; ++i) {
+                const int m = kLevels[(i >> (2 * h)) & 3];
+                level[h][i] = uint8_t(64 + ((i >> (4 + h)) & 1 ? -m : m));
+            }
+        // qs of a block as bytes: 32-group g = [4 index bytes][sign/scale word] at 8g.
+        for (int k = 0; k < 64; ++k) {
+            const int l = k % 4;
+            // index k's sign word is word k / 4 of pick_sg's result: qword k / 8, half (k / 4) % 2
+            sign_shift[k] = uint8_t(32 * ((k / 4) % 2) + 7 * l);
+        }
+        for (int g = 0; g < 16; ++g) {
+            pick_idx[g] = uint32_t(16 * (g / 8) + 2 * (g % 8));
+            pick_sg[g] = pick_idx[g] + 1;
+        }
+    }
+};
+const Tables &tables() {
+    static const Tables t;
+    return t;
+}
+
+#define DS4_VBMI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512vbmi,gfni")))
+// GCC 12 warns about the undefined pass-through operand inside its AVX-512 intrinsics.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
+// GF2P8AFFINEQB matrix from a byte's 7 stored sign bits (bit 7 ignored) to the 8 signs
+// with their nibbles swapped: sign j < 7 is bit j, sign 7 the parity of bits 0-6 (output
+// bit i takes the parity of matrix byte 7 - i AND the input byte).
+constexpr long long kSignMatrix = [] {
+    unsigned long long a = 0;
+    for (int i = 0; i < 8; ++i) {
+        const int j = (i + 4) & 7;
+        const unsigned long long row = j < 7 ? 1u << j : 0x7Fu;
+        a |= row << (8 * (7 - i));
+    }
+    return (long long)a;
+}();
+
+// vpternlog truth table of (a & c) | (b & ~c): bit (a << 2 | b << 1 | c).
+constexpr int kTakeLowNibble = [] {
+    int imm = 0;
+    for (int a = 0; a < 2; ++a)
+        for (int b = 0; b < 2; ++b)
+            for (int c = 0; c < 2; ++c)
+                if ((a & c) | (b & (1 - c))) imm |= 1 << (a * 4 + b * 2 + c);
+    return imm;
+}();
+
+DS4_VBMI inline __m512i load64(const void *p) { return _mm512_loadu_si512(p); }
+
+
+// Transposes one q8_K row into its packed column.
+DS4_VBMI void pack_col(const BlockQ8_K *x, int64_t nb, uint8_t *dst) {
+    // Within 64 bytes (8 indices), byte 8j + i takes element 8i + j: position j of 8 indices.
+    alignas(64) uint8_t perm[64];
+    for (int j = 0; j < 8; ++j)
+        for (int i = 0; i < 8; ++i) perm[8 * j + i] = uint8_t(8 * i + j);
+    const __m512i tr = load64(perm);
+    const int64_t np = pairs_of(nb * kQK_K);
+    float *scale = reinterpret_cast<float *>(dst + np * kPairBytes);
+    for (int64_t p = 0; p < np; ++p) {
+        uint8_t *out = dst + p * kPairBytes;
+        for (int h = 0; h < 2; ++h) {
+            const int64_t b = 2 * p + h;
+            if (b >= nb) {
+                for (int j = 0; j < 8; ++j) std::memset(out + 64 * j + 32 * h, 0, 32);
+                std::memset(out + 8 * 64 + 32 * h, 0, 32);
+                scale[b] = 0.f;
+                continue;
+            }
+            scale[b] = 0.125f * x[b].d;
+            for (int q = 0; q < 4; ++q) {   // indices 8q..8q+7 of the block
+                alignas(64) uint8_t t[64];
+                _mm512_store_si512(t, _mm512_permutexvar_epi8(tr, load64(x[b].qs + 64 * q)));
+                for (int j = 0; j < 8; ++j) std::memcpy(out + 64 * j + 32 * h + 8 * q, t + 8 * j, 8);
+            }
+            for (int g = 0; g < 8; ++g) {
+                const int32_t sum = 64 * (int32_t(x[b].bsums[2 * g]) + int32_t(x[b].bsums[2 * g + 1]));
+                std::memcpy(out + 8 * 64 + 4 * (8 * h + g), &sum, 4);
+            }
+        }
+    }
+    std::memset(dst + np * kPairBytes + np * 8, 0, col_bytes(nb * kQK_K) - uint64_t(np * kPairBytes + np * 8));
+}
+
+// The two blocks at w (the second absent when !two) against C packed columns: per column,
+// lane g holds 32-group g's exact integer dot times its multiplier 2 * scale + 1 (groups
+// 0-7 of the first block, 8-15 of the second).
+// NP pairs side by side (each step for all of them before the next), so the out-of-order
+// window sees independent work while one pair waits on its permute and vpdpbusd latencies.
+template <int C, int NP>
+DS4_VBMI inline void pair_sums(const Tables &T, const uint8_t *w, const bool *two, const uint8_t *const *xc,
+                               int64_t p, __m512i (*sums)[C]) {
+    constexpr int64_t kB = sizeof(BlockIQ2_XXS);
+    __m512i idx[NP], sgsc[NP], sg[NP], c[NP][2];
+    for (int q = 0; q < NP; ++q) {
+        const uint8_t *wq = w + 2 * kB * q;
+        const __m512i qa = load64(wq + 2);
+        const __m512i qb = two[q] ? load64(wq + kB + 2) : _mm512_setzero_si512();
+        idx[q] = _mm512_permutex2var_epi32(qa, load64(T.pick_idx), qb);
+        sgsc[q] = _mm512_permutex2var_epi32(qa, load64(T.pick_sg), qb);
+    }
+    for (int q = 0; q < NP; ++q) {
+        const __m512i s7 = _mm512_multishift_epi64_epi8(load64(T.sign_shift), sgsc[q]);
+        sg[q] = _mm512_gf2p8affine_epi64_epi8(s7, _mm512_set1_epi64(kSignMatrix), 0);
+        const __mmask64 hi = _mm512_movepi8_mask(idx[q]);
+        for (int h = 0; h < 2; ++h) {
+            const uint8_t *t = T.code[h];
+            c[q][h] = _mm512_mask_blend_epi8(hi, _mm512_permutex2var_epi8(load64(t), idx[q], load64(t + 64)),
+                                             _mm512_permutex2var_epi8(load64(t + 128), idx[q], load64(t + 192)));
+        }
+    }
+    // Per position pair: a 6-bit permute index of the pair's two codes (bits 0-3) and two
+    // signs (bits 4-5); the bits above are ignored by vpermb, and the shifts' spill between
+    // bytes lands only in bits the blend or vpermb drop.
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    __m512i ix[NP][4];
+    for (int q = 0; q < NP; ++q) {
+        ix[q][0] = _mm512_ternarylogic_epi32(c[q][0], sg[q], low, kTakeLowNibble);
+        ix[q][1] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(c[q][0], 4), _mm512_srli_epi16(sg[q], 2), low,
+                                             kTakeLowNibble);
+        ix[q][2] = _mm512_ternarylogic_epi32(c[q][1], _mm512_slli_epi16(sg[q], 4), low, kTakeLowNibble);
+        ix[q][3] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(c[q][1], 4), _mm512_slli_epi16(sg[q], 2), low,
+                                             kTakeLowNibble);
+    }
+    // Unsigned weights (w + 64) against the signed activations: the packed 64 * sum(x) of
+    // each 32-group comes off at the end.
+    const __m512i zero = _mm512_setzero_si512();
+    __m512i acc[NP][C][2];
+    for (int q = 0; q < NP; ++q)
+        for (int k = 0; k < C; ++k) acc[q][k][0] = acc[q][k][1] = zero;
+    for (int j = 0; j < 8; ++j)
+        for (int q = 0; q < NP; ++q) {
+            const __m512i v = _mm512_permutexvar_epi8(ix[q][j / 2], load64(T.level[j & 1]));
+            for (int k = 0; k < C; ++k)
+                acc[q][k][j & 1] =
+                    _mm512_dpbusd_epi32(acc[q][k][j & 1], v, load64(xc[k] + (p + q) * kPairBytes + 64 * j));
+        }
+    for (int q = 0; q < NP; ++q) {
+        // multipliers 2 * scale + 1
+        const __m512i m = _mm512_or_si512(_mm512_srli_epi32(sgsc[q], 27), _mm512_set1_epi32(1));
+        for (int k = 0; k < C; ++k) {
+            const __m512i corr = load64(xc[k] + (p + q) * kPairBytes + 8 * 64);
+            sums[q][k] = _mm512_mullo_epi32(_mm512_sub_epi32(_mm512_add_epi32(acc[q][k][0], acc[q][k][1]), corr), m);
+        }
+    }
+}
+
+template <int C>
+DS4_VBMI void rows_cols(const uint8_t *w, size_t w_stride, int64_t n_rows, const uint8_t *const *xc,
+                        const float *const *sc, int64_t nb, float *const *out) {
+    const Tables &T = tables();
+    const int64_t np = (nb + 1) / 2;
+    constexpr int64_t kBlock = sizeof(BlockIQ2_XXS);
+    const __m512i quad_lanes = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+    for (int64_t r = 0; r < n_rows; ++r) {
+        const uint8_t *wr = w + size_t(r) * w_stride;
+        __m128 a[C];   // a[b % 4] of the float steps, in the 4 lanes
+        for (int k = 0; k < C; ++k) a[k] = _mm_setzero_ps();
+        int64_t p = 0;
+        for (; p + 2 <= np; p += 2) {   // 4 blocks: slots 0-3 in order
+            const uint8_t *wp = wr + p * 2 * kBlock;
+            // the weights 8 KB ahead (4 blocks span up to 6 lines); measured from memory on an
+            // Emerald Rapids VM: 2 KB 9.6-9.8, 4 KB 9.8-10.0, 8 KB 10.1-10.4, 16 KB 9.5-10.0 GB/s
+            for (int l = 0; l < 5; ++l) _mm_prefetch(reinterpret_cast<const char *>(wp) + 8192 + 64 * l, _MM_HINT_T0);
+            const bool four = 2 * p + 3 < nb;
+            __m512i t[2][C];
+            const bool two[2] = {true, four};
+            pair_sums<C, 2>(T, wp, two, xc, p, t);
+            const __m512i *t0 = t[0], *t1 = t[1];
+            uint16_t h[4];
+            for (int i = 0; i < 4; ++i) std::memcpy(&h[i], wp + i * kBlock, 2);
+            if (!four) h[3] = 0;
+            uint64_t hw;
+            std::memcpy(&hw, h, 8);
+            const __m128 dw = _mm_cvtph_ps(_mm_cvtsi64_si128(int64_t(hw)));
+            for (int k = 0; k < C; ++k) {
+                // [block 4q, 4q+1, 4q+2, 4q+3] partial sums, one per 128-bit lane
+                __m512i u = _mm512_add_epi32(_mm512_shuffle_i32x4(t0[k], t1[k], _MM_SHUFFLE(2, 0, 2, 0)),
+                                             _mm512_shuffle_i32x4(t0[k], t1[k], _MM_SHUFFLE(3, 1, 3, 1)));
+                u = _mm512_add_epi32(u, _mm512_shuffle_epi32(u, _MM_PERM_BADC));
+                u = _mm512_add_epi32(u, _mm512_shuffle_epi32(u, _MM_PERM_CDAB));
+                const __m128i tb = _mm512_castsi512_si128(_mm512_permutexvar_epi32(quad_lanes, u));
+                const __m128 s = _mm_mul_ps(_mm_loadu_ps(sc[k] + 2 * p), dw);
+                a[k] = _mm_fmadd_ps(s, _mm_cvtepi32_ps(tb), a[k]);
+            }
+        }
+        alignas(16) float al[C][4];
+        for (int k = 0; k < C; ++k) _mm_store_ps(al[k], a[k]);
+        if (p < np) {   // an odd last pair: slots 0 and 1
+            const uint8_t *wp = wr + p * 2 * kBlock;
+            const bool two = 2 * p + 1 < nb;
+            __m512i tt[1][C];
+            pair_sums<C, 1>(T, wp, &two, xc, p, tt);
+            const __m512i *t0 = tt[0];
+            uint16_t ha, hb = 0;
+            std::memcpy(&ha, wp, 2);
+            if (two) std::memcpy(&hb, wp + kBlock, 2);
+            for (int k = 0; k < C; ++k) {
+                __m512i t = _mm512_add_epi32(t0[k], _mm512_shuffle_i32x4(t0[k], t0[k], _MM_SHUFFLE(2, 3, 0, 1)));
+                t = _mm512_add_epi32(t, _mm512_shuffle_epi32(t, _MM_PERM_BADC));
+                t = _mm512_add_epi32(t, _mm512_shuffle_epi32(t, _MM_PERM_CDAB));
+                al[k][0] = std::fma(sc[k][2 * p] * f16_to_f32_fast(ha), float(_mm512_cvtsi512_si32(t)), al[k][0]);
+                if (two) {
+                    const int32_t tb = _mm_cvtsi128_si32(_mm512_extracti32x4_epi32(t, 2));
+                    al[k][1] = std::fma(sc[k][2 * p + 1] * f16_to_f32_fast(hb), float(tb), al[k][1]);
+                }
+            }
+        }
+        for (int k = 0; k < C; ++k) out[k][r] = (al[k][0] + al[k][2]) + (al[k][1] + al[k][3]);
+    }
+}
+
+}  // namespace
+
+bool vbmi_available() {
+    return vnni_available() && __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("gfni");
+}
+
+bool &vbmi_enabled() {
+    static bool on = [] {
+        if (const char *e = std::getenv("DS4_NO_VBMI"); e && *e && *e != '0') return false;
+        return vbmi_available();
+    }();
+    return on;
+}
+
+uint64_t iq2_xxs_pack_bytes(int64_t n, int64_t n_cols) { return col_bytes(n) * uint64_t(n_cols); }
+
+void iq2_xxs_pack(const void *x, size_t x_row_stride, int64_t n, int64_t c0, int64_t c1, uint8_t *dst) {
+    const uint64_t cb = col_bytes(n);
+    for (int64_t c = c0; c < c1; ++c)
+        pack_col(reinterpret_cast<const BlockQ8_K *>(static_cast<const uint8_t *>(x) + size_t(c) * x_row_stride),
+                 n / kQK_K, dst + uint64_t(c) * cb);
+}
+
+void iq2_xxs_tile_packed(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const uint8_t *packed, int64_t n_cols,
+                         int64_t n, float *out, size_t out_col_stride) {
+    const uint64_t cb = col_bytes(n);
+    const int64_t nb = n / kQK_K, np = pairs_of(n);
+    // Column groups of up to 4 outer, as vec_dot_tile: the group's activations stay in L1.
+    for (int64_t c0 = 0; c0 < n_cols; c0 += kMaxCols) {
+        const int nc = int(std::min<int64_t>(kMaxCols, n_cols - c0));
+        const uint8_t *xc[kMaxCols];
+        const float *sc[kMaxCols];
+        float *o[kMaxCols];
+        for (int k = 0; k < nc; ++k) {
+            xc[k] = packed + uint64_t(c0 + k) * cb;
+            sc[k] = reinterpret_cast<const float *>(xc[k] + np * kPairBytes);
+            o[k] = out + size_t(c0 + k) * out_col_stride;
+        }
+        switch (nc) {
+            case 1: rows_cols<1>(w, w_row_stride, n_rows, xc, sc, nb, o); break;
+            case 2: rows_cols<2>(w, w_row_stride, n_rows, xc, sc, nb, o); break;
+            case 3: rows_cols<3>(w, w_row_stride, n_rows, xc, sc, nb, o); break;
+            default: rows_cols<4>(w, w_row_stride, n_rows, xc, sc, nb, o); break;
+        }
+    }
+}
+
+}  // namespace ds4::quant::detail
