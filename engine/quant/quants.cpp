@@ -174,7 +174,7 @@ uint64_t tile_pack_bytes(Type t, int64_t n, int64_t n_cols) {
         need(t, n, "tile_pack_bytes");
         return detail::q8_0_pack_bytes(n, n_cols);
     }
-    if (t == Type::IQ2_XXS && n_cols >= 1 && detail::vbmi_enabled()) {
+    if (t == Type::IQ2_XXS && n_cols >= 1 && detail::avx512_enabled() && detail::vbmi_enabled()) {
         need(t, n, "tile_pack_bytes");
         return detail::iq2_xxs_pack_bytes(n, n_cols);
     }

@@ -225,32 +225,43 @@ TEST(Quant, Q8_0QuantizerMatchesDefinition) {
     for (int i = 0; i < 32; ++i) EXPECT_EQ(y[0].qs[i], 0);
 }
 
+// The AVX-512 dots (and, for Q2_K, the VBMI one) against the AVX2 ones, bit for bit.
 TEST(Quant, Avx512PathsMatchAvx2) {
     bool &on = ds4::quant::detail::avx512_enabled();
     if (!(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
           __builtin_cpu_supports("avx512dq")))
         GTEST_SKIP() << "no AVX-512 on this CPU";
-    const bool saved = on;
+    bool &vbmi = ds4::quant::detail::vbmi_enabled();
+    const bool saved = on, saved_vbmi = vbmi;
     for (Type t : {Type::IQ2_XXS, Type::Q2_K}) {
         std::mt19937 rng(21);
-        const int64_t n = 256 * 6, nrows = 7, ncols = 6;
-        for (Scale s : {Scale::Normal, Scale::Mixed, Scale::Huge}) {
-            const auto w = random_weights(t, nrows, n, s, rng);
-            const size_t rb = row_size(t, n), xb = q::vec_dot_row_bytes(t, n);
-            std::vector<uint8_t> x(xb * ncols);
-            for (int64_t c = 0; c < ncols; ++c) {
-                const auto xf = gaussian(n, 1.f, rng);
-                q::quantize_activation(t, xf.data(), &x[c * xb], n);
+        for (int64_t nblk : {1, 6}) {
+            const int64_t n = 256 * nblk, nrows = 7, ncols = 6;
+            for (Scale s : {Scale::Normal, Scale::Mixed, Scale::Huge, Scale::Negative}) {
+                const auto w = random_weights(t, nrows, n, s, rng);
+                const size_t rb = row_size(t, n), xb = q::vec_dot_row_bytes(t, n);
+                std::vector<uint8_t> x(xb * ncols);
+                for (int64_t c = 0; c < ncols; ++c) {
+                    const auto xf = gaussian(n, c % 2 ? 1.f : 40.f, rng);
+                    q::quantize_activation(t, xf.data(), &x[c * xb], n);
+                }
+                std::vector<float> a(nrows * ncols), b(nrows * ncols), v(nrows * ncols);
+                on = false;
+                q::vec_dot_tile(t, w.data(), rb, nrows, x.data(), xb, ncols, n, a.data(), nrows);
+                on = true;
+                vbmi = false;
+                q::vec_dot_tile(t, w.data(), rb, nrows, x.data(), xb, ncols, n, b.data(), nrows);
+                for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << name(t) << " " << i;
+                if (!ds4::quant::detail::vbmi_available()) continue;
+                vbmi = true;
+                q::vec_dot_tile(t, w.data(), rb, nrows, x.data(), xb, ncols, n, v.data(), nrows);
+                for (size_t i = 0; i < a.size(); ++i)
+                    ASSERT_EQ(std::memcmp(&a[i], &v[i], 4), 0) << name(t) << " VBMI " << i << ": " << a[i] << " vs " << v[i];
             }
-            std::vector<float> a(nrows * ncols), b(nrows * ncols);
-            on = false;
-            q::vec_dot_tile(t, w.data(), rb, nrows, x.data(), xb, ncols, n, a.data(), nrows);
-            on = true;
-            q::vec_dot_tile(t, w.data(), rb, nrows, x.data(), xb, ncols, n, b.data(), nrows);
-            for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << name(t) << " " << i;
         }
     }
     on = saved;
+    vbmi = saved_vbmi;
 }
 
 // A Q8_0 product's operands: nrows weight rows with a code of -128 in the first block
