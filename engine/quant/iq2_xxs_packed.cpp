@@ -6,7 +6,7 @@
 // blocks' activations laid out position-major (x_j[k] = element j of index k), lane k of
 // every register belongs to index k, and position j of 64 indices is one vpermb away.
 //   - the codebook's levels (8, 25, 43) are stored as 2-bit codes, 4 positions a byte, in
-//     two 256-byte tables (two vpermi2b and a blend each);
+//     two 256-byte tables (two merge-masked vpermi2b each);
 //   - the 7 stored sign bits of 64 indices are spread to bytes by one vpmultishiftqb and
 //     completed to 8 (the parity bit) by one GF2P8AFFINEQB;
 //   - a position pair's two codes and two signs make a 6-bit vpermb index into a 64-byte
@@ -173,11 +173,13 @@ DS4_VBMI inline void pair_sums(const Tables &T, const uint8_t *w, const bool *tw
     for (int q = 0; q < NP; ++q) {
         const __m512i s7 = _mm512_multishift_epi64_epi8(load64(T.sign_shift), sgsc[q]);
         sg[q] = _mm512_gf2p8affine_epi64_epi8(s7, _mm512_set1_epi64(kSignMatrix), 0);
-        const __mmask64 hi = _mm512_movepi8_mask(idx[q]);
+        // entries 128-255 first, written only where index bit 7 is set (the other lanes keep
+        // their index), then entries 0-127 into the other lanes: no blend
+        const __mmask64 hi = _mm512_movepi8_mask(idx[q]), lo = _knot_mask64(hi);
         for (int h = 0; h < 2; ++h) {
             const uint8_t *t = T.code[h];
-            c[q][h] = _mm512_mask_blend_epi8(hi, _mm512_permutex2var_epi8(load64(t), idx[q], load64(t + 64)),
-                                             _mm512_permutex2var_epi8(load64(t + 128), idx[q], load64(t + 192)));
+            const __m512i part = _mm512_mask2_permutex2var_epi8(load64(t + 128), idx[q], hi, load64(t + 192));
+            c[q][h] = _mm512_mask2_permutex2var_epi8(load64(t), part, lo, load64(t + 64));
         }
     }
     // Per position pair: a 6-bit permute index of the pair's two codes (bits 0-3) and two
