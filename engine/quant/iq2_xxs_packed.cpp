@@ -204,9 +204,11 @@ DS4_VBMI inline void pair_sums(const Tables &T, const uint8_t *w, const bool *tw
     for (int j = 0; j < 8; ++j)
         for (int q = 0; q < NP; ++q) {
             const __m512i v = _mm512_permutexvar_epi8(ix[q][j / 2], load64(T.level[j & 1]));
+            // up to two columns: two chains each against the vpdpbusd latency; more columns
+            // are chains enough (and two each would not fit the registers)
+            const int ch = C <= 2 ? (j & 1) : 0;
             for (int k = 0; k < C; ++k)
-                acc[q][k][j & 1] =
-                    _mm512_dpbusd_epi32(acc[q][k][j & 1], v, load64(xc[k] + (p + q) * kPairBytes + 64 * j));
+                acc[q][k][ch] = _mm512_dpbusd_epi32(acc[q][k][ch], v, load64(xc[k] + (p + q) * kPairBytes + 64 * j));
         }
     for (int q = 0; q < NP; ++q) {
         // multipliers 2 * scale + 1
