@@ -242,9 +242,8 @@ DS4_VBMI void rows_cols(const uint8_t *w, size_t w_stride, int64_t n_rows, const
             const bool two[2] = {true, four};
             pair_sums<C, 2>(T, wp, two, xc, p, t);
             const __m512i *t0 = t[0], *t1 = t[1];
-            uint16_t h[4];
-            for (int i = 0; i < 4; ++i) std::memcpy(&h[i], wp + i * kBlock, 2);
-            if (!four) h[3] = 0;
+            uint16_t h[4] = {0, 0, 0, 0};   // a missing fourth block is not read (it may lie past a mapping)
+            for (int i = 0; i < (four ? 4 : 3); ++i) std::memcpy(&h[i], wp + i * kBlock, 2);
             uint64_t hw;
             std::memcpy(&hw, h, 8);
             const __m128 dw = _mm_cvtph_ps(_mm_cvtsi64_si128(int64_t(hw)));

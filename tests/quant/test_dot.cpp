@@ -7,6 +7,9 @@
 #include <random>
 #include <vector>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include "engine/common/error.h"
 #include "engine/quant/kernels.h"
 #include "quant_test_util.h"
@@ -441,6 +444,55 @@ TEST(Quant, Iq2XxsPackedEqualsDotBitForBit) {
     }
     vbmi = false;
     EXPECT_EQ(q::tile_pack_bytes(t, 4096, 1), 0u);
+}
+
+// Weights usually come from a mapped file, so a kernel must not read past a row's last
+// block (the next page may not be mapped): every path, for every block count that leaves a
+// tail, on a row that ends where an inaccessible page begins.
+TEST(Quant, KernelsReadNothingPastTheRow) {
+    const size_t page = size_t(sysconf(_SC_PAGESIZE));
+    const size_t span = 8 * page;
+    void *map = mmap(nullptr, span + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ASSERT_NE(map, MAP_FAILED);
+    ASSERT_EQ(mprotect(static_cast<uint8_t *>(map) + span, page, PROT_NONE), 0);
+    uint8_t *end = static_cast<uint8_t *>(map) + span;
+    bool &vbmi = ds4::quant::detail::vbmi_enabled();
+    bool &avx512 = ds4::quant::detail::avx512_enabled();
+    const SwitchGuard restore_vbmi(vbmi), restore_avx512(avx512);
+    std::mt19937 rng(47);
+    for (Type t : {Type::IQ2_XXS, Type::Q2_K, Type::Q4_K, Type::Q8_0}) {
+        for (int64_t nblk : {1, 2, 3, 5, 7}) {
+            const int64_t n = block_elems(t) * nblk * (t == Type::Q8_0 ? 8 : 1);
+            const size_t rb = row_size(t, n);
+            const auto w = random_weights(t, 1, n, Scale::Mixed, rng);
+            uint8_t *row = end - rb;   // the row's last byte is the last accessible one
+            std::memcpy(row, w.data(), rb);
+            const size_t xb = q::vec_dot_row_bytes(t, n);
+            std::vector<uint8_t> x(xb * 9);
+            for (int c = 0; c < 9; ++c) {
+                const auto xf = gaussian(n, 1.f, rng);
+                q::quantize_activation(t, xf.data(), &x[c * xb], n);
+            }
+            for (bool wide : {false, true}) {
+                avx512 = wide && __builtin_cpu_supports("avx512bw");
+                for (bool v : {false, true}) {
+                    vbmi = v && ds4::quant::detail::vbmi_available();
+                    for (int64_t cols = 1; cols <= 9; ++cols) {
+                        std::vector<float> got(static_cast<size_t>(cols));
+                        q::vec_dot_tile(t, row, rb, 1, x.data(), xb, cols, n, got.data(), 1);
+                        if (const uint64_t pb = q::tile_pack_bytes(t, n, cols)) {
+                            std::vector<uint8_t> packed(pb);
+                            q::tile_pack(t, x.data(), xb, cols, n, 0, q::tile_pack_groups(t, cols), packed.data());
+                            q::vec_dot_tile_packed(t, row, rb, 1, packed.data(), cols, n, got.data(), 1);
+                        }
+                        for (int64_t c = 0; c < cols; ++c)
+                            ASSERT_EQ(got[size_t(c)], q::vec_dot(t, w.data(), &x[size_t(c) * xb], n)) << name(t) << " blocks " << nblk;
+                    }
+                }
+            }
+        }
+    }
+    munmap(map, span + page);
 }
 
 // The AVX2 Q8_0 quantiser (every activation row of a Q8_0 product) against its scalar
