@@ -995,9 +995,37 @@ void indexer_scores(cudaStream_t s, const float *iq, const float *iw, int IH, in
     DS4_CUDA_LAUNCHED();
 }
 
+namespace {
+
+// Which attention kernel attend() runs for a shape: one decision, shared with the scratch
+// sizing, so scratch is never short and the tensor-core path (which keeps its scores in
+// shared memory) reserves none.
+enum class AttnKernel { TensorCore, Rows, Split, Plain };
+
+AttnKernel attn_kernel(int rows, int H, int hd, int max_keys) {
+    const int hb = std::min(H, kAttnHeads);
+    static const bool alu = [] {
+        const char *e = std::getenv("DS4_CUDA_ATTN_F32");
+        return e && *e && *e != '0';
+    }();
+    if (!alu && rows >= 16 && H % hb == 0 && hd % 8 == 0 && hd <= kAttnMaxHd) return AttnKernel::TensorCore;
+    if (rows >= 16 && H % hb == 0 && hd % kAttnKeys == 0 && hd <= kAttnMaxHd) return AttnKernel::Rows;
+    const int splits = (max_keys + kSplitKeys - 1) / kSplitKeys;
+    if (splits > 1 && hd <= 2 * kBlock) return AttnKernel::Split;
+    return AttnKernel::Plain;
+}
+
+}  // namespace
+
 size_t attend_scratch_floats(int rows, int H, int hd, int max_keys) {
-    const size_t splits = (size_t)(max_keys + kSplitKeys - 1) / kSplitKeys;
-    return (size_t)rows * H * std::max<size_t>((size_t)max_keys, splits * (size_t)(hd + 2));
+    const size_t rh = (size_t)rows * H;
+    switch (attn_kernel(rows, H, hd, max_keys)) {
+        case AttnKernel::TensorCore: return 0;
+        case AttnKernel::Split: return rh * (size_t)((max_keys + kSplitKeys - 1) / kSplitKeys) * (size_t)(hd + 2);
+        case AttnKernel::Rows:
+        case AttnKernel::Plain: break;
+    }
+    return rh * (size_t)max_keys;   // a score per (row, head, key)
 }
 
 void attend(cudaStream_t s, const float *q, const AttnRow *desc, int H, int hd, int window, const float *sinks, float *scratch,
@@ -1005,39 +1033,37 @@ void attend(cudaStream_t s, const float *q, const AttnRow *desc, int H, int hd, 
     if (rows <= 0) return;
     if (hd % 4) failf("CUDA backend: attention needs a head dimension that is a multiple of 4 (%d)", hd);
     const int hb = std::min(H, kAttnHeads);
-    static const bool alu = [] {
-        const char *e = std::getenv("DS4_CUDA_ATTN_F32");
-        return e && *e && *e != '0';
-    }();
-    if (!alu && rows >= 16 && H % hb == 0 && hd % 8 == 0 && hd <= kAttnMaxHd) {
-        const size_t shm = sizeof(float) * tc_attn_floats(hd);
-        static const cudaError_t opted = cudaFuncSetAttribute(attend_rows_tc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                              (int)(sizeof(float) * tc_attn_floats(kAttnMaxHd)));
-        DS4_CUDA_CHECK(opted);
-        launch_pdl(attend_rows_tc_kernel, dim3((unsigned)rows, (unsigned)(H / hb)), kBlock, shm, s, q, desc, H, hd, window, sinks, o);
-        DS4_CUDA_LAUNCHED();
-        return;
+    switch (attn_kernel(rows, H, hd, max_keys)) {
+        case AttnKernel::TensorCore: {
+            const size_t shm = sizeof(float) * tc_attn_floats(hd);
+            static const cudaError_t opted = cudaFuncSetAttribute(attend_rows_tc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                                  (int)(sizeof(float) * tc_attn_floats(kAttnMaxHd)));
+            DS4_CUDA_CHECK(opted);
+            launch_pdl(attend_rows_tc_kernel, dim3((unsigned)rows, (unsigned)(H / hb)), kBlock, shm, s, q, desc, H, hd, window, sinks, o);
+            break;
+        }
+        case AttnKernel::Rows: {
+            const size_t shm = sizeof(float) * (size_t)(kAttnHeads + kAttnKeys) * (hd + 4);
+            // the kernel's dynamic shared memory limit, raised once (thread-safe static) to the most it asks
+            static const cudaError_t opted = cudaFuncSetAttribute(attend_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                                  (int)(sizeof(float) * (kAttnHeads + kAttnKeys) * (kAttnMaxHd + 4)));
+            DS4_CUDA_CHECK(opted);
+            launch_pdl(attend_rows_kernel, dim3((unsigned)rows, (unsigned)(H / hb)), kBlock, shm, s, q, desc, H, hd, window, sinks,
+                       scratch, max_keys, o);
+            break;
+        }
+        case AttnKernel::Split: {
+            const int splits = (max_keys + kSplitKeys - 1) / kSplitKeys;
+            launch_pdl(attend_split_kernel, dim3((unsigned)(rows * H), (unsigned)splits), kBlock, 0, s, q, desc, H, hd, window, scratch,
+                       splits);
+            DS4_CUDA_LAUNCHED();
+            launch_pdl(attend_merge_kernel, rows * H, kBlock, 0, s, scratch, H, hd, sinks, splits, o);
+            break;
+        }
+        case AttnKernel::Plain:
+            launch_pdl(attend_kernel, rows * H, kBlock, 0, s, q, desc, H, hd, window, sinks, scratch, max_keys, o);
+            break;
     }
-    if (rows >= 16 && H % hb == 0 && hd % kAttnKeys == 0 && hd <= kAttnMaxHd) {
-        const size_t shm = sizeof(float) * (size_t)(kAttnHeads + kAttnKeys) * (hd + 4);
-        // the kernel's dynamic shared memory limit, raised once (thread-safe static) to the most it asks
-        static const cudaError_t opted = cudaFuncSetAttribute(attend_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                              (int)(sizeof(float) * (kAttnHeads + kAttnKeys) * (kAttnMaxHd + 4)));
-        DS4_CUDA_CHECK(opted);
-        launch_pdl(attend_rows_kernel, dim3((unsigned)rows, (unsigned)(H / hb)), kBlock, shm, s, q, desc, H, hd, window, sinks, scratch,
-                                                                                        max_keys, o);
-        DS4_CUDA_LAUNCHED();
-        return;
-    }
-    const int splits = (max_keys + kSplitKeys - 1) / kSplitKeys;
-    if (splits > 1 && hd <= 2 * kBlock) {
-        launch_pdl(attend_split_kernel, dim3((unsigned)(rows * H), (unsigned)splits), kBlock, 0, s, q, desc, H, hd, window, scratch, splits);
-        DS4_CUDA_LAUNCHED();
-        launch_pdl(attend_merge_kernel, rows * H, kBlock, 0, s, scratch, H, hd, sinks, splits, o);
-        DS4_CUDA_LAUNCHED();
-        return;
-    }
-    launch_pdl(attend_kernel, rows * H, kBlock, 0, s, q, desc, H, hd, window, sinks, scratch, max_keys, o);
     DS4_CUDA_LAUNCHED();
 }
 
