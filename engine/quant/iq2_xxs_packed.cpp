@@ -29,8 +29,7 @@
 #include "engine/quant/half.h"
 #include "engine/quant/iq2xxs_tables.h"
 #include "engine/quant/kernels.h"
-
-#include <immintrin.h>
+#include "engine/quant/simd.h"
 
 namespace ds4::quant::detail {
 
@@ -236,7 +235,7 @@ DS4_VBMI void rows_cols(const uint8_t *w, size_t w_stride, int64_t n_rows, const
             const uint8_t *wp = wr + p * 2 * kBlock;
             // the weights 8 KB ahead (4 blocks span up to 6 lines); measured from memory on an
             // Emerald Rapids VM: 2 KB 9.6-9.8, 4 KB 9.8-10.0, 8 KB 10.1-10.4, 16 KB 9.5-10.0 GB/s
-            for (int l = 0; l < 5; ++l) _mm_prefetch(reinterpret_cast<const char *>(wp) + 8192 + 64 * l, _MM_HINT_T0);
+            simd::prefetch_ahead<8192, 5>(wp);
             const bool four = 2 * p + 3 < nb;
             __m512i t[2][C];
             const bool two[2] = {true, four};

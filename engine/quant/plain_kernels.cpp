@@ -42,7 +42,7 @@ void dot_plain(const uint8_t *w, const void *const *xv, int64_t n, float *out) {
         const uint8_t *p = w + i * L::kBytes;
         // 4 KB ahead: from memory these dots waited on their loads (one core of an Emerald
         // Rapids VM: f16 9.5 -> 12.8-13.1 GB/s, bf16 9.0 -> 12.4-12.9, f32 12.0-12.6 -> 14.1-14.7)
-        for (int l = 0; l < L::kBytes / 2; ++l) _mm_prefetch(reinterpret_cast<const char *>(p) + 4096 + 64 * l, _MM_HINT_T0);
+        simd::prefetch_ahead<4096, L::kBytes / 2>(p);
         const __m256 w0 = L::load8(p), w1 = L::load8(p + 8 * L::kBytes);
         const __m256 w2 = L::load8(p + 16 * L::kBytes), w3 = L::load8(p + 24 * L::kBytes);
         for (int c = 0; c < C; ++c) {

@@ -254,9 +254,7 @@ DS4_VBMI_Q2 void dot_cols_vbmi(const uint8_t *wv, const void *const *xv, int64_t
     for (int64_t b = 0; b < n / kQK_K; ++b) {
         // 4 KB ahead: this kernel keeps up with memory, and 2 KB left it waiting (from memory
         // on an Emerald Rapids VM: 11.6-12.3 GB/s at 2 KB, 12.1-13.3 at 4 KB, 11.5-12.6 at 8 KB)
-        const char *pf = reinterpret_cast<const char *>(w + b) + 4096;
-        _mm_prefetch(pf, _MM_HINT_T0);
-        _mm_prefetch(pf + 64, _MM_HINT_T0);
+        simd::prefetch_ahead<4096, 2>(w + b);
         const BlockQ2_K &wb = w[b];
         const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i *>(wb.scales));
         const __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc8, 4), m4));

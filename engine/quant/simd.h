@@ -38,14 +38,14 @@ inline __m256i dot_i8(__m256i a, __m256i b) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(ua, sb), _mm256_set1_epi16(1));
 }
 
-// Ask for the weights ~2 KB ahead of block p (two lines: blocks of 66-84 bytes would
-// skip lines with one): the hardware prefetcher loses track across the many short rows of
-// a decode step, and from memory the 2-bit dots waited on their loads without this.
-template <class Block>
-inline void prefetch_ahead(const Block *p) {
-    const char *c = reinterpret_cast<const char *>(p) + 2048;
-    _mm_prefetch(c, _MM_HINT_T0);
-    _mm_prefetch(c + 64, _MM_HINT_T0);
+// Ask for the weights Ahead bytes past p, Lines cache lines of them (blocks of 66-144
+// bytes would skip lines with one a block): the hardware prefetcher loses track across the
+// many short rows of a decode step, and from memory the dots waited on their loads without
+// this. Each kernel's distance is the one it measured best with.
+template <int Ahead = 2048, int Lines = 2>
+inline void prefetch_ahead(const void *p) {
+    const char *c = static_cast<const char *>(p) + Ahead;
+    for (int l = 0; l < Lines; ++l) _mm_prefetch(c + 64 * l, _MM_HINT_T0);
 }
 
 inline __m256i loadu(const void *p) { return _mm256_loadu_si256(static_cast<const __m256i *>(p)); }
