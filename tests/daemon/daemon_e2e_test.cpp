@@ -865,6 +865,15 @@ TEST_F(DaemonE2E, StaleSocketIsReplacedAndSigtermMidStreamExitsCleanly) {
     EXPECT_NE(read_file(d.log).find("SIGTERM"), std::string::npos);
 }
 
+// Greets on c, shrinks its receive buffer to 4 KB (so an unread stream fills the socket
+// soon) and asks for n tokens of prompt (request id 2).
+bool start_unread_stream(RawConn &c, const std::vector<int32_t> &prompt, uint32_t n) {
+    if (!c.hello()) return false;
+    int small = 4096;
+    setsockopt(c.fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+    return c.send(generate_tokens_frame(2, prompt, n, true));
+}
+
 TEST_F(DaemonE2E, SlowReaderIsPausedNotBuffered) {
     Daemon d;
     const std::string path = dir->path + "/bp.sock";
@@ -900,11 +909,8 @@ TEST_F(DaemonE2E, SlowReaderIsPausedNotBuffered) {
         EXPECT_EQ(c.stats().sessions, 0u);
     }
     RawConn slow(path);
-    ASSERT_TRUE(slow.hello());
-    int small = 4096;
-    setsockopt(slow.fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
     const uint32_t n = 3000;
-    ASSERT_TRUE(slow.send(generate_tokens_frame(2, unique_prompt(5, 15), n, true)));
+    ASSERT_TRUE(start_unread_stream(slow, unique_prompt(5, 15), n));
     Client watcher(path);
     // Generation must stall well short of n while nothing is read.
     uint64_t last = UINT64_MAX;
@@ -940,11 +946,8 @@ TEST_F(DaemonE2E, LoopRepliesNeverSplitAFrameTheWorkerWrote) {
     const std::string path = dir->path + "/mix.sock";
     ASSERT_EQ(d.start(DS4D_PATH, model_path, path, dir->path + "/mix.log"), "");
     RawConn slow(path);
-    ASSERT_TRUE(slow.hello());
-    int small = 4096;
-    setsockopt(slow.fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
     const uint32_t n = 3000;
-    ASSERT_TRUE(slow.send(generate_tokens_frame(2, unique_prompt(5, 16), n, true)));
+    ASSERT_TRUE(start_unread_stream(slow, unique_prompt(5, 16), n));
     const int kLoopReplies = 40;
     for (int i = 0; i < kLoopReplies; ++i) {
         std::this_thread::sleep_for(std::chrono::milliseconds(3));
