@@ -100,7 +100,8 @@ void comp_emit(cudaStream_t s, const float *kv_ring, const float *gate_ring, int
                int n_pairs);
 
 // Lightning indexer: scores[r][s] = sum_h w_h/sqrt(IH) * ReLU(q_h . e_s)/sqrt(Id) for
-// s < n_vis[r]; then the top-k indices (ties: lower first) into sel[r][topk], count in nsel.
+// s < n_vis[r]; then the top-k indices (ties: lower first) into sel[r][topk] in ascending
+// index order, count in nsel.
 void indexer_scores(cudaStream_t s, const float *iq, const float *iw, int IH, int Id, const float *const *entries,
                     const int *n_vis, int max_vis, float *scores, int rows);
 void topk_rows(cudaStream_t s, float *scores, int stride, const int *n_vis, int k, int *sel, int *nsel, int rows);

@@ -107,13 +107,14 @@ template <int T, int NT = kTileTok>
 __global__ void __launch_bounds__(32 * kWarps) matmul_kernel(const uint8_t *__restrict__ w, int64_t in, int64_t out,
                                                              uint64_t row_bytes, const float *__restrict__ x, int64_t n_tok,
                                                              int64_t x_stride, float *__restrict__ y, int64_t y_stride) {
-    pdl_enter();
     const int lane = threadIdx.x & 31;
     const int64_t o = (int64_t)blockIdx.x * kWarps + (threadIdx.x >> 5);
+    const uint8_t *row = w + (uint64_t)o * row_bytes;
+    if (NT == 1 && o < out) prefetch_l2(row, row_bytes, lane, 32);   // before waiting: weights never change
+    pdl_enter();
     if (o >= out) return;
     const int64_t t0 = (int64_t)blockIdx.y * NT;
     const int nt = (int)(n_tok - t0 < NT ? n_tok - t0 : NT);
-    const uint8_t *row = w + (uint64_t)o * row_bytes;
     float acc[NT];
 #pragma unroll
     for (int t = 0; t < NT; ++t) acc[t] = 0.f;
@@ -151,13 +152,14 @@ __global__ void __launch_bounds__(32 * kSplitWarps) matmul_split_kernel(const ui
                                                                        uint64_t row_bytes, const float *__restrict__ x,
                                                                        int64_t n_tok, int64_t x_stride, float *__restrict__ y,
                                                                        int64_t y_stride) {
+    const int64_t o = blockIdx.x;
+    const uint8_t *row = w + (uint64_t)o * row_bytes;
+    if (NT == 1) prefetch_l2(row, row_bytes, threadIdx.x, 32 * kSplitWarps);
     pdl_enter();
     __shared__ float part[kSplitWarps][NT];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int64_t o = blockIdx.x;
     const int64_t t0 = (int64_t)blockIdx.y * NT;
     const int nt = (int)(n_tok - t0 < NT ? n_tok - t0 : NT);
-    const uint8_t *row = w + (uint64_t)o * row_bytes;
     float acc[NT];
 #pragma unroll
     for (int t = 0; t < NT; ++t) acc[t] = 0.f;
@@ -201,12 +203,13 @@ template <int T>
 __global__ void __launch_bounds__(32 * kSplitWarps) matmul_rms_kernel(const uint8_t *__restrict__ w, int64_t in, uint64_t row_bytes,
                                                                       const float *__restrict__ x, int64_t x_stride, float eps,
                                                                       float *__restrict__ y, int64_t y_stride) {
+    const int64_t o = blockIdx.x, t = blockIdx.y;
+    const uint8_t *row = w + (uint64_t)o * row_bytes;
+    if (t == 0) prefetch_l2(row, row_bytes, threadIdx.x, 32 * kSplitWarps);
     pdl_enter();
     __shared__ float part[kSplitWarps];
     __shared__ double part_ss[kSplitWarps];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int64_t o = blockIdx.x, t = blockIdx.y;
-    const uint8_t *row = w + (uint64_t)o * row_bytes;
     const float *xr = x + t * x_stride;
     float acc = 0.f;
     double ss = 0;
