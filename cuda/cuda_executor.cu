@@ -686,7 +686,11 @@ private:
         float *g = g_.need((size_t)m * F), *u = u_.need((size_t)m * F);
         if (!xq && !f32_act_ && act_type(gate.type) != gguf::Type::F32 && act_type(up.type) == act_type(gate.type))
             xq = quantised(gate.type, in, m, D, D, &qrow);   // once for both
-        if (xq) {
+        if (xq && m == 1 && gate.type == up.type && gate.in == up.in &&
+            matmul_q_pair(s_, gate.type, gate.in, wdev(gate.data), F, gate.row_bytes, g, wdev(up.data), up.out, up.row_bytes, u, xq,
+                          qrow)) {
+            stats_.weight_bytes += gate.bytes() + up.bytes();   // one launch for both (a decode step's shared expert)
+        } else if (xq) {
             mmq(gate, xq, qrow, m, g, F, tensor_cores);
             mmq(up, xq, qrow, m, u, F, tensor_cores);
         } else {
