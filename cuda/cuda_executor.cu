@@ -173,8 +173,10 @@ public:
         PROFILE("compress");
         const int wd = cw.width;
         float *p1 = p1_.need((size_t)R_ * wd), *p2 = p2_.need((size_t)R_ * wd);
-        mm(cw.kv, XN_.get(), R_, c_.n_embd, p1, wd);
-        mm(cw.gate, XN_.get(), R_, c_.n_embd, p2, wd);
+        if (!mm_pair_f32(cw.kv, cw.gate, XN_.get(), p1, p2)) {
+            mm(cw.kv, XN_.get(), R_, c_.n_embd, p1, wd);
+            mm(cw.gate, XN_.get(), R_, c_.n_embd, p2, wd);
+        }
         for (const StepSegment &sg : lay_.segs) {
             CudaSessionState &ss = st(sg);
             DevComp &cs = which ? ss.layers[layer].icomp : ss.layers[layer].comp;
@@ -662,6 +664,14 @@ private:
         const uint8_t *xq = quantised(a.type, x, 1, D, D, &qrow);
         if (!matmul_q_pair(s_, a.type, D, wdev(a.data), a.out, a.row_bytes, ya, wdev(b.data), b.out, b.row_bytes, yb, xq, qrow))
             return false;
+        stats_.weight_bytes += a.bytes() + b.bytes();
+        return true;
+    }
+    // The same for weights that take f32 activations (a decode step's compressor kv and gate).
+    bool mm_pair_f32(const WeightView &a, const WeightView &b, const float *x, float *ya, float *yb) {
+        if (R_ != 1 || a.empty() || b.empty() || a.type != b.type || a.in != b.in || (!f32_act_ && act_type(a.type) != gguf::Type::F32))
+            return false;
+        if (!matmul_pair(s_, a.type, a.in, wdev(a.data), a.out, a.row_bytes, ya, wdev(b.data), b.out, b.row_bytes, yb, x)) return false;
         stats_.weight_bytes += a.bytes() + b.bytes();
         return true;
     }

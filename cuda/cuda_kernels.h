@@ -22,6 +22,12 @@ bool stage_rows(int64_t in);
 void matmul(cudaStream_t s, gguf::Type type, const void *w, int64_t in, int64_t out, uint64_t row_bytes, const float *x,
             int64_t n_tok, int64_t x_stride, float *y, int64_t y_stride);
 
+// Two one-token products of f32 activations x (in elements) in one launch, each row as
+// matmul computes it; false (nothing launched) where they would not take matmul's
+// split-row kernel.
+bool matmul_pair(cudaStream_t s, gguf::Type type, int64_t in, const void *w0, int64_t out0, uint64_t rb0, float *y0, const void *w1,
+                 int64_t out1, uint64_t rb1, float *y1, const float *x);
+
 // Split-K (cuda_splitk.cu): how many input splits a product of `blocks` output tiles and
 // `ksteps` input steps gets (1: none); the partial buffer [splits][n_tok][out]; the reduction
 // (splits added in order) into y, which also frees the partials.
