@@ -157,16 +157,15 @@ public:
         }
         rmsnorm_rows(s_, qr_.get(), c.q_lora, nullptr, c.q_lora, dw_.device(L.q_a_norm.data()), c.rms_eps, qr_.get(), c.q_lora, R_);
         mm(L.q_b, qr_.get(), R_, c.q_lora, q_.get(), (int64_t)H * hd);
-        const float *inv = dw_.device(rope.inv_freq.data());
-        norm_rope_heads(s_, q_.get(), H, hd, true, nullptr, c.rms_eps, pos_, inv, rope.n_pairs, 1.f, R_);
-        norm_rope_heads(s_, kvb, 1, hd, true, dw_.device(L.kv_norm.data()), c.rms_eps, pos_, inv, rope.n_pairs, 1.f, R_);
         h_ptrs_.resize(R_);
         for (const StepSegment &sg : lay_.segs) {
             DevLayer &dl = st(sg).layers[layer];
             st(sg).will_write(dl.kv.get(), dl.cap_kv, hd, sg.n0, sg.n, s_);
             for (int i = 0; i < sg.n; ++i) h_ptrs_[sg.row0 + i] = dl.kv.get() + ((sg.n0 + i) % dl.cap_kv) * hd;
         }
-        scatter_rows(s_, kvb, hd, to_device(ptrs_buf_, h_ptrs_, s_, stage_), R_);
+        // q's heads and the kv head normed and rotated, kv written into the ring: one launch
+        norm_rope_q_kv(s_, q_.get(), H, kvb, dw_.device(L.kv_norm.data()), to_device(ptrs_buf_, h_ptrs_, s_, stage_), hd, c.rms_eps,
+                       pos_, dw_.device(rope.inv_freq.data()), rope.n_pairs, R_);
     }
 
     void compress(int layer, int which, const CompressorWeights &cw, const Rope &rope) override {

@@ -94,8 +94,10 @@ void hc_post(cudaStream_t s, float *H, const float *A, const float *post, const 
 // trailing 2*n_pairs channels at pos[row] (sign -1 rotates back).
 void norm_rope_heads(cudaStream_t s, float *x, int n_heads, int hd, bool norm, const float *w, float eps,
                      const int64_t *pos, const float *inv_freq, int n_pairs, float sign, int rows);
-// dst[r] = src row r (width floats) for r < rows.
-void scatter_rows(cudaStream_t s, const float *src, int width, float *const *dst, int rows);
+// norm_rope_heads of q (n_heads heads, no norm weight, sign +1) and of the rows' single kv
+// head (norm weight kv_w), then kv row r copied to kv_dst[r] (the cache ring): one launch.
+void norm_rope_q_kv(cudaStream_t s, float *q, int n_heads, float *kv, const float *kv_w, float *const *kv_dst, int hd, float eps,
+                    const int64_t *pos, const float *inv_freq, int n_pairs, int rows);
 
 // Compressor ring update for n rows of one segment starting at absolute position n0.
 void comp_ring_write(cudaStream_t s, const float *p_kv, const float *p_gate, int row0, const float *ape, int width,
