@@ -37,7 +37,18 @@ namespace {
 // Pinned host memory for a step's uploads (row tables, descriptors): a copy from pageable
 // memory makes the host wait for a staging copy every time; from here it is queued like a
 // launch. Append-only within a step, so nothing queued is overwritten; reset() only once the
-// stream has drained.
+// stream has drained. The memory is mapped into the device's address space: a small table
+// is read by the kernels where it lies (up to 4 KB), with no copy in the stream -- a
+// decode step had over a hundred such copies, each a stream operation of its own between
+// two kernels that could otherwise overlap (pdl_enter). DS4_CUDA_ZERO_COPY=0 copies every
+// table (for comparisons).
+size_t zero_copy_bytes() {
+    static const size_t n = [] {
+        const char *e = std::getenv("DS4_CUDA_ZERO_COPY");
+        return e && *e == '0' ? size_t(0) : size_t(4096);
+    }();
+    return n;
+}
 class HostStage {
 public:
     ~HostStage() {
@@ -49,7 +60,8 @@ public:
         if (used_ + n > cap_) {
             if (p_) retired_.push_back(p_);
             cap_ = std::max<size_t>({2 * cap_, n, 64 << 10});
-            DS4_CUDA_CHECK(cudaHostAlloc(&p_, cap_, cudaHostAllocDefault));
+            DS4_CUDA_CHECK(cudaHostAlloc(&p_, cap_, cudaHostAllocMapped));
+            DS4_CUDA_CHECK(cudaHostGetDevicePointer(&dev_, p_, 0));
             used_ = 0;
         }
         void *d = static_cast<uint8_t *>(p_) + used_;
@@ -57,6 +69,8 @@ public:
         used_ += n;
         return d;
     }
+    // The device's address of what put() just returned.
+    void *device_alias(void *host) const { return static_cast<uint8_t *>(dev_) + (static_cast<uint8_t *>(host) - static_cast<uint8_t *>(p_)); }
     void reset() {
         for (void *p : retired_) cudaFreeHost(p);
         retired_.clear();
@@ -64,17 +78,17 @@ public:
     }
 
 private:
-    void *p_ = nullptr;
+    void *p_ = nullptr, *dev_ = nullptr;
     size_t cap_ = 0, used_ = 0;
     std::vector<void *> retired_;
 };
 
 template <class T>
 T *to_device(DeviceBuffer<T> &buf, const std::vector<T> &v, cudaStream_t s, HostStage &stage) {
+    const size_t n = v.size() * sizeof(T);
+    if (n > 0 && n <= zero_copy_bytes()) return static_cast<T *>(stage.device_alias(stage.put(v.data(), n)));
     T *d = buf.need(std::max<size_t>(1, v.size()));
-    if (!v.empty())
-        DS4_CUDA_CHECK(cudaMemcpyAsync(d, stage.put(v.data(), v.size() * sizeof(T)), v.size() * sizeof(T),
-                                       cudaMemcpyHostToDevice, s));
+    if (!v.empty()) DS4_CUDA_CHECK(cudaMemcpyAsync(d, stage.put(v.data(), n), n, cudaMemcpyHostToDevice, s));
     return d;
 }
 
