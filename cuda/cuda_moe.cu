@@ -104,7 +104,7 @@ __global__ void __launch_bounds__(32 * kWarps, SG ? 8 : NT == 1 ? 6 : 4)
     if constexpr (SG) {
         // one row (NT == 1): kRowsPerWarp output rows a warp, so the block's prologue (the
         // expert, its pairs, the grid table) is paid once for all of them; gate and up of a
-        // row are staged together, kGroup output rows' copies in flight at once
+        // row are staged together, G output rows' copies in flight at once
         constexpr int G = stage_group<T, 2>();
         __shared__ __align__(16) uint8_t stage_s[kWarps][G * 2 * Stage<T>::kBytes];
         uint8_t *sw = stage_s[threadIdx.x >> 5];
