@@ -1,6 +1,7 @@
 // CPU executor: step set-up, embedding, hyper-connections, norms, the output head and the
 // activation hooks.
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "engine/common/error.h"
@@ -29,6 +30,14 @@ void CpuExecutor::begin(const StepLayout &lay) {
     grow(qr_, R * c_.q_lora);
     grow(q_, R * c_.n_head * c_.head_dim);
     grow(o_, R * c_.n_head * c_.head_dim);
+    // Several sessions in one step: the steps to come will likely batch them again, so the
+    // dense matrices' row prep is worth keeping (MatmulCtx::keep_prep; it costs ~24% of their
+    // Q8_0 bytes in memory, and DS4_CPU_KEEP_PREP=0 declines it).
+    static const bool keep = [] {
+        const char *e = std::getenv("DS4_CPU_KEEP_PREP");
+        return !(e && std::strcmp(e, "0") == 0);
+    }();
+    mm_.keep_prep = keep && lay.segs.size() >= 2;
     prof_.step(R_);
     ++stats_.steps;
     stats_.rows += R;

@@ -36,8 +36,17 @@ constexpr int kPackCols = 16;
 int64_t q8_0_pack_groups(int64_t n_cols);
 uint64_t q8_0_pack_bytes(int64_t n, int64_t n_cols);
 void q8_0_pack(const void *x, size_t x_row_stride, int64_t n_cols, int64_t n, int64_t g0, int64_t g1, uint8_t *dst);
+// Q8_0 rows against ncols (1..kMaxCols) activation rows, the activations' block scales
+// converted once for all rows: out[c][r] = dot_q8_0 of row r and column c, bit for bit.
+void q8_0_tile_cols(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const void *const *x, int ncols, int64_t n,
+                    float *const *out);
+
+// prep: the rows' q8_0_row_prep (kRowPrepBytes a block, rows after one another), or null
+// to work it out here.
 void q8_0_tile_packed(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const uint8_t *packed, int64_t n_cols,
-                      int64_t n, float *out, size_t out_col_stride);
+                      int64_t n, float *out, size_t out_col_stride, const uint8_t *prep);
+constexpr uint64_t kRowPrepBytes = 8;
+void q8_0_row_prep(const uint8_t *w, size_t w_row_stride, int64_t n_rows, int64_t n, uint8_t *dst);
 
 // IQ2_XXS with transposed activations on AVX-512 VBMI + VNNI (iq2_xxs_packed.cpp):
 // column c of the packed buffer is activation row c transposed; results are bit-identical

@@ -1,7 +1,9 @@
 // Q8_0: 32 elements, f16 scale + int8. Used for weights and as the activation format
 // for Q8_0 weights.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "engine/quant/blocks.h"
 #include "engine/quant/half.h"
@@ -105,9 +107,12 @@ namespace {
 
 // The scales of blocks b[0..nt) as f32 lanes; missing blocks scale by 0.
 inline __m128 scales4(const BlockQ8_0 *b, int nt) {
-    const short d0 = short(b[0].d), d1 = nt > 1 ? short(b[1].d) : 0, d2 = nt > 2 ? short(b[2].d) : 0,
-                d3 = nt > 3 ? short(b[3].d) : 0;
-    return _mm_cvtph_ps(_mm_setr_epi16(d0, d1, d2, d3, 0, 0, 0, 0));
+    // Gathered in a general register: pinsrw would take four shuffle-port slots.
+    uint64_t h = b[0].d;
+    if (nt > 1) h |= uint64_t(b[1].d) << 16;
+    if (nt > 2) h |= uint64_t(b[2].d) << 32;
+    if (nt > 3) h |= uint64_t(b[3].d) << 48;
+    return _mm_cvtph_ps(_mm_cvtsi64_si128(int64_t(h)));
 }
 
 // Four-byte sums of |w| x sign(x, w) = w x. |w| x sign(x, w) pairs stay within 127 * 127 * 2,
@@ -125,9 +130,11 @@ inline __m256i dot4(__m256i aw, __m256i sx) {
     }
 }
 
-// One weight row against C activation rows, four blocks a step (nt < 4 at the tail).
+// One weight row against C activation rows, four blocks a step (nt < 4 at the tail). xd:
+// null, or the activation rows' block scales as f32 (xd[c][b], zero past the last block),
+// worked out once for many weight rows (see q8_0_tile_cols).
 template <int C, bool kVnni>
-void dot_cols(const uint8_t *wv, const void *const *xv, int64_t n, float *out) {
+void dot_cols(const uint8_t *wv, const void *const *xv, int64_t n, float *out, const float *const *xd = nullptr) {
     const BlockQ8_0 *w = reinterpret_cast<const BlockQ8_0 *>(wv);
     const BlockQ8_0 *x[C];
     __m128 acc[C];
@@ -154,7 +161,7 @@ void dot_cols(const uint8_t *wv, const void *const *xv, int64_t n, float *out) {
             for (int k = 0; k < 4; ++k)
                 p[k] = k < nt ? dot4<kVnni>(aq[k], _mm256_sign_epi8(simd::loadu(x[c][b + k].qs), q[k]))
                               : _mm256_setzero_si256();
-            const __m128 s = _mm_mul_ps(dw, scales4(x[c] + b, nt));
+            const __m128 s = _mm_mul_ps(dw, xd ? _mm_loadu_ps(xd[c] + b) : scales4(x[c] + b, nt));
             acc[c] = _mm_fmadd_ps(s, _mm_cvtepi32_ps(simd::sum4_i32(p[0], p[1], p[2], p[3])), acc[c]);
         }
     };
@@ -177,7 +184,47 @@ void dot_cols_avx2(const uint8_t *w, const void *const *x, int64_t n, float *out
     dot_cols<C, false>(w, x, n, out);
 }
 
+template <int C, bool kVnni>
+void tile_cols(const uint8_t *w, size_t w_stride, int64_t n_rows, const void *const *x, const float *const *xd,
+               int64_t n, float *const *out) {
+    float res[C];
+    for (int64_t r = 0; r < n_rows; ++r) {
+        dot_cols<C, kVnni>(w + size_t(r) * w_stride, x, n, res, xd);
+        for (int c = 0; c < C; ++c) out[c][r] = res[c];
+    }
+}
+
+template <bool kVnni>
+void tile_cols_any(const uint8_t *w, size_t w_stride, int64_t n_rows, const void *const *x, int ncols,
+                   const float *const *xd, int64_t n, float *const *out) {
+    switch (ncols) {
+        case 1: tile_cols<1, kVnni>(w, w_stride, n_rows, x, xd, n, out); break;
+        case 2: tile_cols<2, kVnni>(w, w_stride, n_rows, x, xd, n, out); break;
+        case 3: tile_cols<3, kVnni>(w, w_stride, n_rows, x, xd, n, out); break;
+        default: tile_cols<4, kVnni>(w, w_stride, n_rows, x, xd, n, out); break;
+    }
+}
+
 }  // namespace
+
+void q8_0_tile_cols(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const void *const *x, int ncols, int64_t n,
+                    float *const *out) {
+    // The scales of the activation blocks, converted once here rather than per weight row.
+    const int64_t nb = n / kQK8_0;
+    thread_local std::vector<float> scales;
+    const size_t per = size_t(nb + 4);
+    if (scales.size() < per * size_t(ncols)) scales.resize(per * size_t(ncols));
+    const float *xd[kMaxCols];
+    for (int c = 0; c < ncols; ++c) {
+        const BlockQ8_0 *xb = static_cast<const BlockQ8_0 *>(x[c]);
+        float *d = scales.data() + per * size_t(c);
+        for (int64_t b = 0; b < nb; ++b) d[b] = f16_to_f32_fast(xb[b].d);
+        std::fill(d + nb, d + per, 0.f);
+        xd[c] = d;
+    }
+    if (vnni_enabled()) tile_cols_any<true>(w, w_row_stride, n_rows, x, ncols, xd, n, out);
+    else tile_cols_any<false>(w, w_row_stride, n_rows, x, ncols, xd, n, out);
+}
 
 void dot_q8_0(const uint8_t *w, const void *const *x, int ncols, int64_t n, float *out) {
     if (vnni_enabled()) {

@@ -37,6 +37,7 @@ struct RowPrep {
     int32_t neg_corr;   // -128 * sum of the block's weights
     float dw;           // the block's scale
 };
+static_assert(sizeof(RowPrep) == kRowPrepBytes);
 
 #define DS4_VNNI512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 // GCC 12 warns about the undefined pass-through operand inside its AVX-512 intrinsics.
@@ -288,12 +289,14 @@ void pack_wide(const void *x, size_t x_row_stride, int nc, int64_t n, uint8_t *d
     }
 }
 
-// The narrow panel: four rows a step, corrections worked out just before each step's rows.
+// The narrow panel: four rows a step, corrections worked out just before each step's rows
+// (unless kept: cached).
+// fill: where to work the corrections out, or null where prep holds them already.
 void tile_narrow(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const uint8_t *panel, int nc, int64_t nb,
-                 RowPrep *prep, float *out, size_t out_col_stride) {
+                 RowPrep *fill, const RowPrep *prep, float *out, size_t out_col_stride) {
     for (int64_t r = 0; r < n_rows; r += 4) {
         const int64_t m = std::min<int64_t>(4, n_rows - r);
-        prep_rows(w + size_t(r) * w_row_stride, w_row_stride, m, nb, prep + r * nb);
+        if (fill) prep_rows(w + size_t(r) * w_row_stride, w_row_stride, m, nb, fill + r * nb);
         const uint8_t *pf = w + size_t(std::min(r + 4, n_rows)) * w_row_stride;
         const uint8_t *pf_end = w + size_t(std::min<int64_t>(r + 8, n_rows)) * w_row_stride;
         if (m > 2) rows_narrow<2>(w, w_row_stride, r, n_rows, prep, panel, nb, nc, out, out_col_stride, pf, pf_end);
@@ -303,13 +306,22 @@ void tile_narrow(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const ui
 
 }  // namespace
 
+void q8_0_row_prep(const uint8_t *w, size_t w_row_stride, int64_t n_rows, int64_t n, uint8_t *dst) {
+    prep_rows(w, w_row_stride, n_rows, n / kQK8_0, reinterpret_cast<RowPrep *>(dst));
+}
+
 void q8_0_tile_packed(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const uint8_t *packed, int64_t n_cols,
-                      int64_t n, float *out, size_t out_col_stride) {
+                      int64_t n, float *out, size_t out_col_stride, const uint8_t *cached) {
     const int64_t nb = n / kQK8_0;
-    thread_local std::vector<RowPrep> prep;
-    if (prep.size() < size_t(n_rows * nb)) prep.resize(size_t(n_rows * nb));
+    thread_local std::vector<RowPrep> scratch;
+    RowPrep *fill = nullptr;
+    if (!cached) {
+        if (scratch.size() < size_t(n_rows * nb)) scratch.resize(size_t(n_rows * nb));
+        fill = scratch.data();
+    }
+    const RowPrep *prep = cached ? reinterpret_cast<const RowPrep *>(cached) : fill;
     if (n_cols <= kNarrowCols) {
-        tile_narrow(w, w_row_stride, n_rows, packed, int(n_cols), nb, prep.data(), out, out_col_stride);
+        tile_narrow(w, w_row_stride, n_rows, packed, int(n_cols), nb, fill, prep, out, out_col_stride);
         return;
     }
     const uint64_t group_bytes = uint64_t(nb) * kGroupBlockBytes;
@@ -317,24 +329,25 @@ void q8_0_tile_packed(const uint8_t *w, size_t w_row_stride, int64_t n_rows, con
         const uint8_t *panel = packed + uint64_t(c0 / kPackCols) * group_bytes;
         const int nc = int(std::min<int64_t>(kPackCols, n_cols - c0));
         float *o = out + size_t(c0) * out_col_stride;
-        // The first group works out each row's corrections just before using it, so the
-        // first pass over the weights (from memory) overlaps the products.
+        // The first group works out each row's corrections just before using it (unless
+        // kept), so the first pass over the weights (from memory) overlaps the products.
         const bool first = c0 == 0;
         int64_t r = 0;
         for (; r + 4 <= n_rows; r += 4) {
             const uint8_t *pf = nullptr, *pf_end = nullptr;
             if (first) {
-                prep_rows(w + size_t(r) * w_row_stride, w_row_stride, 4, nb, prep.data() + r * nb);
+                if (fill) prep_rows(w + size_t(r) * w_row_stride, w_row_stride, 4, nb, fill + r * nb);
                 pf = w + size_t(r + 4) * w_row_stride;
                 pf_end = w + size_t(std::min<int64_t>(r + 8, n_rows)) * w_row_stride;
             }
-            rows_group<4>(w, w_row_stride, r, prep.data(), panel, nb, nc, o, out_col_stride, pf, pf_end);
+            rows_group<4>(w, w_row_stride, r, prep, panel, nb, nc, o, out_col_stride, pf, pf_end);
         }
-        if (first && r < n_rows) prep_rows(w + size_t(r) * w_row_stride, w_row_stride, n_rows - r, nb, prep.data() + r * nb);
+        if (first && fill && r < n_rows)
+            prep_rows(w + size_t(r) * w_row_stride, w_row_stride, n_rows - r, nb, fill + r * nb);
         switch (n_rows - r) {
-            case 3: rows_group<3>(w, w_row_stride, r, prep.data(), panel, nb, nc, o, out_col_stride); break;
-            case 2: rows_group<2>(w, w_row_stride, r, prep.data(), panel, nb, nc, o, out_col_stride); break;
-            case 1: rows_group<1>(w, w_row_stride, r, prep.data(), panel, nb, nc, o, out_col_stride); break;
+            case 3: rows_group<3>(w, w_row_stride, r, prep, panel, nb, nc, o, out_col_stride); break;
+            case 2: rows_group<2>(w, w_row_stride, r, prep, panel, nb, nc, o, out_col_stride); break;
+            case 1: rows_group<1>(w, w_row_stride, r, prep, panel, nb, nc, o, out_col_stride); break;
             default: break;
         }
     }

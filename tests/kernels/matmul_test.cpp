@@ -24,7 +24,9 @@ std::vector<float> gaussian(size_t n, float sd, std::mt19937 &rng) {
 
 // Products of a 4096-wide weight of type t (large enough for the pool and the row blocks;
 // 203 rows leave a row block and a 4-row step with remainders) for many token counts.
-void expect_products_equal_one_pair_dots(gguf::Type t, std::mt19937 &rng) {
+// keep_prep and dense: as a batched step runs a dense matrix (the row prep kept in the context).
+void expect_products_equal_one_pair_dots(gguf::Type t, std::mt19937 &rng, bool keep_prep = false, bool dense = false,
+                                         MatmulCtx *kept = nullptr) {
     const int64_t in = 4096, out = 203;
     const auto wf = gaussian(size_t(in * out), 0.05f, rng);
     const size_t row = size_t(gguf::row_bytes(t, in));
@@ -37,8 +39,11 @@ void expect_products_equal_one_pair_dots(gguf::Type t, std::mt19937 &rng) {
     w.out = out;
     w.data = wq.data();
     w.row_bytes = row;
+    w.dense = dense;
     ThreadPool pool(2);
-    MatmulCtx ctx(pool);
+    MatmulCtx own(pool);
+    MatmulCtx &ctx = kept ? *kept : own;
+    ctx.keep_prep = keep_prep;
     for (int64_t n_tok : {1, 2, 4, 5, 7, 8, 9, 16, 17, 40}) {
         const auto x = gaussian(size_t(in * n_tok), 1.f, rng);
         const int64_t y_stride = out + 3;
@@ -60,6 +65,22 @@ void expect_products_equal_one_pair_dots(gguf::Type t, std::mt19937 &rng) {
 TEST(Matmul, Q8_0ProductsEqualOnePairDotsForEveryTokenCount) {
     std::mt19937 rng(41);
     expect_products_equal_one_pair_dots(gguf::Type::Q8_0, rng);
+}
+
+// A batched step keeps a dense Q8_0 matrix's row prep in its context (worked out at the
+// first packed product, then reused): the same bits, and only where the packed tile runs.
+TEST(Matmul, Q8_0ProductsWithAKeptRowPrepEqualOnePairDots) {
+    std::mt19937 rng(47);
+    ThreadPool pool(2);
+    MatmulCtx ctx(pool);
+    expect_products_equal_one_pair_dots(gguf::Type::Q8_0, rng, true, true, &ctx);
+    const uint64_t per_row = quant::tile_prep_row_bytes(gguf::Type::Q8_0, 4096);
+    EXPECT_EQ(ctx.prep_bytes, per_row * 203);   // one matrix, kept once (0 without AVX-512 VNNI)
+    EXPECT_EQ(ctx.preps.size(), per_row ? 1u : 0u);
+    // A routed expert's matrix (not dense) is not kept.
+    MatmulCtx ctx2(pool);
+    expect_products_equal_one_pair_dots(gguf::Type::Q8_0, rng, true, false, &ctx2);
+    EXPECT_EQ(ctx2.prep_bytes, 0u);
 }
 
 // IQ2_XXS takes the packed (transposed) path on AVX-512 VBMI for every token count.

@@ -376,6 +376,17 @@ TEST(Quant, Q8_0PackedTileEqualsDotBitForBit) {
                         }
                     for (int64_t c = 0; c < cols; ++c)   // the padding between columns is not written
                         for (size_t r = size_t(rows); r < ostride; ++r) ASSERT_EQ(a[c * ostride + r], -1.f);
+                    // The same with a kept row prep (built in two parts, as threads do): the same bits.
+                    const uint64_t prow = q::tile_prep_row_bytes(Type::Q8_0, n);
+                    ASSERT_GT(prow, 0u);
+                    std::vector<uint8_t> prep(prow * size_t(rows));
+                    q::tile_prep(Type::Q8_0, w.data(), rb, n, 0, rows / 2, prep.data());
+                    q::tile_prep(Type::Q8_0, w.data(), rb, n, rows / 2, rows, prep.data());
+                    std::vector<float> b(ostride * size_t(cols), -1.f);
+                    q::vec_dot_tile_packed(Type::Q8_0, w.data(), rb, rows, packed.data(), cols, n, b.data(), ostride,
+                                           prep.data());
+                    ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0)
+                        << "with a kept prep: n " << n << " cols " << cols << " rows " << rows;
                 }
             }
         }
@@ -387,8 +398,13 @@ TEST(Quant, Q8_0PackedTileEqualsDotBitForBit) {
     EXPECT_THROW(q::vec_dot_tile_packed(Type::Q8_0, dummy.data(), 34, 1, dummy.data(), q::kTilePackMinCols - 1, 32,
                                        out.data(), 1),
                  std::exception);
+    // A row prep exists for Q8_0 only, and only where the packed tile runs.
+    EXPECT_EQ(q::tile_prep_row_bytes(Type::Q2_K, 256), 0u);
+    EXPECT_THROW(q::tile_prep(Type::Q2_K, dummy.data(), 84, 256, 0, 1, out.data()), std::exception);
+    EXPECT_THROW(q::tile_prep(Type::Q8_0, dummy.data(), 34, 32, 1, 0, out.data()), std::exception);
     on = false;
     EXPECT_EQ(q::tile_pack_bytes(Type::Q8_0, 4096, 64), 0u);
+    EXPECT_EQ(q::tile_prep_row_bytes(Type::Q8_0, 4096), 0u);
 }
 
 // IQ2_XXS with transposed activations (AVX-512 VBMI) against the one-pair dot with the
