@@ -269,7 +269,13 @@ void forward_batch(Executor &ex, std::span<const BatchRow> rows, std::vector<flo
         if (b.logits) want.push_back((int)r);
     }
     const int V = model->config().n_vocab;
-    std::vector<float> out(want.size() * (size_t)V);
+    // The step's logits: a batch of 8 on a 129K vocabulary is 4 MB, which a fresh vector
+    // would map, fault in and zero every step, so a thread's steps reuse one (the head
+    // writes every value) unless the caller takes them.
+    thread_local std::vector<float> scratch;
+    std::vector<float> taken;
+    std::vector<float> &out = logits ? taken : scratch;
+    out.resize(want.size() * (size_t)V);
     for (size_t i = 0; i < segs.size(); ++i) {
         if (!rows[size_t(segs[i].row0)].trial) continue;
         Session &s = *sessions[i];   // as Session::trial
