@@ -25,7 +25,7 @@ namespace {
 const uint8_t *kept_prep(MatmulCtx &ctx, const WeightView &w, uint64_t row) {
     std::vector<uint8_t> &p = ctx.preps[w.data];
     if (p.empty()) {
-        p.resize(row * (uint64_t)w.out);
+        p.resize(quant::tile_prep_bytes(w.type, w.in, w.out));
         ctx.pool.parallel_for(w.out, 256, [&](int64_t b, int64_t e, int) {
             quant::tile_prep(w.type, w.data, w.row_bytes, w.in, b, e, p.data());
         });

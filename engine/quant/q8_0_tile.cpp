@@ -29,38 +29,62 @@ namespace {
 // Per column group and block: 8 slices x 16 lanes x 4 bytes, then 16 f32 scales.
 constexpr int64_t kSliceBytes = kPackCols * 4;
 constexpr int64_t kGroupBlockBytes = 8 * kSliceBytes + kPackCols * 4;
-// Narrow layout, per block: 4 slice pairs x 16 lanes x 4 bytes, then the 8 scales twice.
+// Narrow layout, per block: 4 slice pairs x 16 lanes x 4 bytes, then the 8 scales, each
+// twice, in the results' lane order (lane 2c + r: column c, row r of a pair).
 constexpr int kNarrowCols = 8;
 constexpr int64_t kNarrowBlockBytes = 4 * kSliceBytes + kPackCols * 4;
 
-struct RowPrep {
-    int32_t neg_corr;   // -128 * sum of the block's weights
-    float dw;           // the block's scale
+// A block of a row pair (2p, 2p + 1), at [p * nb + b]: side by side, so one 64-bit
+// broadcast gives the narrow kernel both rows' values in its lane order.
+struct PairPrep {
+    int32_t neg_corr[2];   // -128 * sum of the block's weights
+    float dw[2];           // the block's scale
 };
-static_assert(sizeof(RowPrep) == kRowPrepBytes);
+static_assert(sizeof(PairPrep) == 2 * kRowPrepBytes);
+
+// Row r's entries of a pair-layout prep.
+struct RowRef {
+    const PairPrep *p;
+    int s;
+    int32_t neg_corr(int64_t b) const { return p[b].neg_corr[s]; }
+    float dw(int64_t b) const { return p[b].dw[s]; }
+};
+inline RowRef row_ref(const PairPrep *prep, int64_t r, int64_t nb) { return {prep + (r >> 1) * nb, int(r & 1)}; }
 
 #define DS4_VNNI512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 // GCC 12 warns about the undefined pass-through operand inside its AVX-512 intrinsics.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 
-DS4_VNNI512 void prep_rows(const uint8_t *w, size_t w_stride, int64_t n_rows, int64_t nb, RowPrep *prep) {
+// Rows [0, n_rows) of w into prep (row 0 the first of a pair); an odd count's last pair
+// repeats its row, as the narrow kernel does.
+DS4_VNNI512 void prep_rows(const uint8_t *w, size_t w_stride, int64_t n_rows, int64_t nb, PairPrep *prep) {
     const __m256i ones = _mm256_set1_epi8(1), zero = _mm256_setzero_si256();
     for (int64_t r = 0; r < n_rows; ++r) {
         const BlockQ8_0 *wb = reinterpret_cast<const BlockQ8_0 *>(w + size_t(r) * w_stride);
-        RowPrep *p = prep + r * nb;
+        PairPrep *p = prep + (r >> 1) * nb;
+        const int h = int(r & 1);
+        const bool last_alone = h == 0 && r + 1 == n_rows;
+        auto put = [&](int64_t b, int32_t sum, float d) {
+            p[b].neg_corr[h] = -128 * sum;
+            p[b].dw[h] = d;
+            if (last_alone) {
+                p[b].neg_corr[1] = p[b].neg_corr[0];
+                p[b].dw[1] = d;
+            }
+        };
         int64_t b = 0;
         for (; b + 4 <= nb; b += 4) {
             __m256i s[4];
             for (int k = 0; k < 4; ++k) s[k] = _mm256_dpbusd_epi32(zero, ones, simd::loadu(wb[b + k].qs));
             alignas(16) int32_t sums[4];
             _mm_store_si128(reinterpret_cast<__m128i *>(sums), simd::sum4_i32(s[0], s[1], s[2], s[3]));
-            for (int k = 0; k < 4; ++k) p[b + k] = {-128 * sums[k], f16_to_f32_fast(wb[b + k].d)};
+            for (int k = 0; k < 4; ++k) put(b + k, sums[k], f16_to_f32_fast(wb[b + k].d));
         }
         for (; b < nb; ++b) {
             int32_t sum = 0;
             for (int i = 0; i < kQK8_0; ++i) sum += wb[b].qs[i];
-            p[b] = {-128 * sum, f16_to_f32_fast(wb[b].d)};
+            put(b, sum, f16_to_f32_fast(wb[b].d));
         }
     }
 }
@@ -105,7 +129,7 @@ DS4_VNNI512 inline void for_blocks(int64_t nb, F &&block) {
 // pf..pf_end: weights to pull into L2 meanwhile (the next rows, on the first pass over a
 // row block, when they still come from memory); three lines a block covers 4 rows.
 template <int R>
-DS4_VNNI512 inline void rows_x16(const BlockQ8_0 *const *w, const RowPrep *const *prep, const uint8_t *panel,
+DS4_VNNI512 inline void rows_x16(const BlockQ8_0 *const *w, const RowRef *prep, const uint8_t *panel,
                                  int64_t nb, const uint8_t *pf, const uint8_t *pf_end, __m512 *out) {
     __m512 acc[R][4];
     for (int r = 0; r < R; ++r)
@@ -117,7 +141,7 @@ DS4_VNNI512 inline void rows_x16(const BlockQ8_0 *const *w, const RowPrep *const
         // block would leave the units waiting on their latency.
         __m512i dot[R][2];
         for (int r = 0; r < R; ++r) {
-            dot[r][0] = _mm512_set1_epi32(prep[r][b].neg_corr);
+            dot[r][0] = _mm512_set1_epi32(prep[r].neg_corr(b));
             dot[r][1] = _mm512_setzero_si512();
         }
 #pragma GCC unroll 8
@@ -129,21 +153,21 @@ DS4_VNNI512 inline void rows_x16(const BlockQ8_0 *const *w, const RowPrep *const
         }
         const __m512 dx = _mm512_loadu_ps(pb + 8 * kSliceBytes);
         for (int r = 0; r < R; ++r)
-            acc[r][k] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(prep[r][b].dw), dx),
+            acc[r][k] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(prep[r].dw(b)), dx),
                                         _mm512_cvtepi32_ps(_mm512_add_epi32(dot[r][0], dot[r][1])), acc[r][k]);
     });
     for (int r = 0; r < R; ++r) out[r] = sum_chains(acc[r]);
 }
 
 template <int R>
-DS4_VNNI512 void rows_group(const uint8_t *w, size_t w_stride, int64_t r0, const RowPrep *prep, const uint8_t *panel,
+DS4_VNNI512 void rows_group(const uint8_t *w, size_t w_stride, int64_t r0, const PairPrep *prep, const uint8_t *panel,
                             int64_t nb, int nc, float *out, size_t out_col_stride, const uint8_t *pf = nullptr,
                             const uint8_t *pf_end = nullptr) {
     const BlockQ8_0 *wr[R];
-    const RowPrep *pr[R];
+    RowRef pr[R];
     for (int r = 0; r < R; ++r) {
         wr[r] = reinterpret_cast<const BlockQ8_0 *>(w + size_t(r0 + r) * w_stride);
-        pr[r] = prep + (r0 + r) * nb;
+        pr[r] = row_ref(prep, r0 + r, nb);
     }
     __m512 res[R];
     rows_x16<R>(wr, pr, panel, nb, pf, pf_end, res);
@@ -155,11 +179,12 @@ DS4_VNNI512 void rows_group(const uint8_t *w, size_t w_stride, int64_t r0, const
 }
 
 // P pairs of weight rows (w[2p], w[2p + 1]) against the narrow panel of up to 8 columns;
-// out[p] lanes 0-7 hold row 2p's results, lanes 8-15 row 2p + 1's.
+// out[p] lane 2c + r holds row 2p + r's result for column c. prep[p]: pair p's blocks.
 template <int P>
-DS4_VNNI512 inline void pairs_x8(const BlockQ8_0 *const *w, const RowPrep *const *prep, const uint8_t *panel,
+DS4_VNNI512 inline void pairs_x8(const BlockQ8_0 *const *w, const PairPrep *const *prep, const uint8_t *panel,
                                  int64_t nb, const uint8_t *pf, const uint8_t *pf_end, __m512 *out) {
-    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    // Lane 2c + r of a pair's sums: row r's column c, its halves from lanes 2c and 2c + 1.
+    const __m512i even = _mm512_setr_epi32(0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30);
     const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
     __m512 acc[P][4];
     for (int p = 0; p < P; ++p)
@@ -167,13 +192,9 @@ DS4_VNNI512 inline void pairs_x8(const BlockQ8_0 *const *w, const RowPrep *const
     for_blocks(nb, [&](int64_t b, int k) DS4_VNNI512 {
         const uint8_t *pb = panel + b * kNarrowBlockBytes;
         prefetch_some(pf, pf_end);
-        // Two integer chains a row (even and odd slice pairs); the correction goes into
-        // the even lane of each pair.
+        // Two integer chains a row (even and odd slice pairs).
         __m512i dot[2 * P][2];
-        for (int q = 0; q < 2 * P; ++q) {
-            dot[q][0] = _mm512_maskz_set1_epi32(0x5555, prep[q][b].neg_corr);
-            dot[q][1] = _mm512_setzero_si512();
-        }
+        for (int q = 0; q < 2 * P; ++q) dot[q][0] = dot[q][1] = _mm512_setzero_si512();
 #pragma GCC unroll 4
         for (int j = 0; j < 4; ++j) {
             const __m512i x = _mm512_loadu_si512(pb + j * kSliceBytes);
@@ -183,30 +204,34 @@ DS4_VNNI512 inline void pairs_x8(const BlockQ8_0 *const *w, const RowPrep *const
         }
         const __m512 dx = _mm512_loadu_ps(pb + 4 * kSliceBytes);
         for (int p = 0; p < P; ++p) {
+            // The pair's corrections and scales side by side: one broadcast each.
+            uint64_t c2, d2;
+            std::memcpy(&c2, prep[p][b].neg_corr, 8);
+            std::memcpy(&d2, prep[p][b].dw, 8);
             const __m512i a = _mm512_add_epi32(dot[2 * p][0], dot[2 * p][1]);
             const __m512i c = _mm512_add_epi32(dot[2 * p + 1][0], dot[2 * p + 1][1]);
-            const __m512i sum = _mm512_add_epi32(_mm512_permutex2var_epi32(a, even, c),
-                                                 _mm512_permutex2var_epi32(a, odd, c));
-            const __m512 dw = _mm512_mask_broadcastss_ps(_mm512_set1_ps(prep[2 * p][b].dw), 0xFF00,
-                                                         _mm_set_ss(prep[2 * p + 1][b].dw));
+            const __m512i sum = _mm512_add_epi32(
+                _mm512_add_epi32(_mm512_permutex2var_epi32(a, even, c), _mm512_permutex2var_epi32(a, odd, c)),
+                _mm512_set1_epi64(int64_t(c2)));
+            const __m512 dw = _mm512_castsi512_ps(_mm512_set1_epi64(int64_t(d2)));
             acc[p][k] = _mm512_fmadd_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(sum), acc[p][k]);
         }
     });
     for (int p = 0; p < P; ++p) out[p] = sum_chains(acc[p]);
 }
 
-// Rows [r0, r0 + 2P) (rows past n_rows repeat the last row and are not written).
+// Rows [r0, r0 + 2P) (r0 even; rows past n_rows repeat the last row and are not written).
 template <int P>
-DS4_VNNI512 void rows_narrow(const uint8_t *w, size_t w_stride, int64_t r0, int64_t n_rows, const RowPrep *prep,
+DS4_VNNI512 void rows_narrow(const uint8_t *w, size_t w_stride, int64_t r0, int64_t n_rows, const PairPrep *prep,
                              const uint8_t *panel, int64_t nb, int nc, float *out, size_t out_col_stride,
                              const uint8_t *pf, const uint8_t *pf_end) {
     const BlockQ8_0 *wr[2 * P];
-    const RowPrep *pr[2 * P];
+    const PairPrep *pr[P];
     for (int q = 0; q < 2 * P; ++q) {
         const int64_t r = std::min<int64_t>(r0 + q, n_rows - 1);
         wr[q] = reinterpret_cast<const BlockQ8_0 *>(w + size_t(r) * w_stride);
-        pr[q] = prep + r * nb;
     }
+    for (int p = 0; p < P; ++p) pr[p] = prep + (r0 / 2 + p) * nb;
     __m512 res[P];
     pairs_x8<P>(wr, pr, panel, nb, pf, pf_end, res);
     for (int p = 0; p < P; ++p) {
@@ -215,7 +240,7 @@ DS4_VNNI512 void rows_narrow(const uint8_t *w, size_t w_stride, int64_t r0, int6
         for (int h = 0; h < 2; ++h) {
             const int64_t r = r0 + 2 * p + h;
             if (r >= n_rows) break;
-            for (int c = 0; c < nc; ++c) out[size_t(c) * out_col_stride + size_t(r)] = v[h * kNarrowCols + c];
+            for (int c = 0; c < nc; ++c) out[size_t(c) * out_col_stride + size_t(r)] = v[2 * c + h];
         }
     }
 }
@@ -233,7 +258,7 @@ void pack_narrow(const void *x, size_t x_row_stride, int nc, int64_t n, uint8_t 
             for (int j = 0; j < 4; ++j)
                 for (int h = 0; h < 2; ++h)
                     slices[j * kPackCols + 2 * c + h] = blk ? load_u32(blk->qs + 8 * j + 4 * h) ^ 0x80808080u : 0x80808080u;
-            dx[c] = dx[kNarrowCols + c] = blk ? f16_to_f32_fast(blk->d) : 0.f;
+            dx[2 * c] = dx[2 * c + 1] = blk ? f16_to_f32_fast(blk->d) : 0.f;   // the results' lane order
         }
         std::memcpy(pb, slices, sizeof slices);
         std::memcpy(pb + 4 * kSliceBytes, dx, sizeof dx);
@@ -293,10 +318,10 @@ void pack_wide(const void *x, size_t x_row_stride, int nc, int64_t n, uint8_t *d
 // (unless kept: cached).
 // fill: where to work the corrections out, or null where prep holds them already.
 void tile_narrow(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const uint8_t *panel, int nc, int64_t nb,
-                 RowPrep *fill, const RowPrep *prep, float *out, size_t out_col_stride) {
+                 PairPrep *fill, const PairPrep *prep, float *out, size_t out_col_stride) {
     for (int64_t r = 0; r < n_rows; r += 4) {
         const int64_t m = std::min<int64_t>(4, n_rows - r);
-        if (fill) prep_rows(w + size_t(r) * w_row_stride, w_row_stride, m, nb, fill + r * nb);
+        if (fill) prep_rows(w + size_t(r) * w_row_stride, w_row_stride, m, nb, fill + (r / 2) * nb);
         const uint8_t *pf = w + size_t(std::min(r + 4, n_rows)) * w_row_stride;
         const uint8_t *pf_end = w + size_t(std::min<int64_t>(r + 8, n_rows)) * w_row_stride;
         if (m > 2) rows_narrow<2>(w, w_row_stride, r, n_rows, prep, panel, nb, nc, out, out_col_stride, pf, pf_end);
@@ -307,19 +332,19 @@ void tile_narrow(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const ui
 }  // namespace
 
 void q8_0_row_prep(const uint8_t *w, size_t w_row_stride, int64_t n_rows, int64_t n, uint8_t *dst) {
-    prep_rows(w, w_row_stride, n_rows, n / kQK8_0, reinterpret_cast<RowPrep *>(dst));
+    prep_rows(w, w_row_stride, n_rows, n / kQK8_0, reinterpret_cast<PairPrep *>(dst));
 }
 
 void q8_0_tile_packed(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const uint8_t *packed, int64_t n_cols,
                       int64_t n, float *out, size_t out_col_stride, const uint8_t *cached) {
     const int64_t nb = n / kQK8_0;
-    thread_local std::vector<RowPrep> scratch;
-    RowPrep *fill = nullptr;
+    thread_local std::vector<PairPrep> scratch;
+    PairPrep *fill = nullptr;
     if (!cached) {
-        if (scratch.size() < size_t(n_rows * nb)) scratch.resize(size_t(n_rows * nb));
+        if (scratch.size() < size_t((n_rows + 1) / 2 * nb)) scratch.resize(size_t((n_rows + 1) / 2 * nb));
         fill = scratch.data();
     }
-    const RowPrep *prep = cached ? reinterpret_cast<const RowPrep *>(cached) : fill;
+    const PairPrep *prep = cached ? reinterpret_cast<const PairPrep *>(cached) : fill;
     if (n_cols <= kNarrowCols) {
         tile_narrow(w, w_row_stride, n_rows, packed, int(n_cols), nb, fill, prep, out, out_col_stride);
         return;
@@ -336,14 +361,14 @@ void q8_0_tile_packed(const uint8_t *w, size_t w_row_stride, int64_t n_rows, con
         for (; r + 4 <= n_rows; r += 4) {
             const uint8_t *pf = nullptr, *pf_end = nullptr;
             if (first) {
-                if (fill) prep_rows(w + size_t(r) * w_row_stride, w_row_stride, 4, nb, fill + r * nb);
+                if (fill) prep_rows(w + size_t(r) * w_row_stride, w_row_stride, 4, nb, fill + (r / 2) * nb);
                 pf = w + size_t(r + 4) * w_row_stride;
                 pf_end = w + size_t(std::min<int64_t>(r + 8, n_rows)) * w_row_stride;
             }
             rows_group<4>(w, w_row_stride, r, prep, panel, nb, nc, o, out_col_stride, pf, pf_end);
         }
         if (first && fill && r < n_rows)
-            prep_rows(w + size_t(r) * w_row_stride, w_row_stride, n_rows - r, nb, fill + r * nb);
+            prep_rows(w + size_t(r) * w_row_stride, w_row_stride, n_rows - r, nb, fill + (r / 2) * nb);
         switch (n_rows - r) {
             case 3: rows_group<3>(w, w_row_stride, r, prep, panel, nb, nc, o, out_col_stride); break;
             case 2: rows_group<2>(w, w_row_stride, r, prep, panel, nb, nc, o, out_col_stride); break;

@@ -235,10 +235,16 @@ uint64_t tile_prep_row_bytes(Type t, int64_t n) {
     return uint64_t(n / kQK8_0) * detail::kRowPrepBytes;
 }
 
+uint64_t tile_prep_bytes(Type t, int64_t n, int64_t n_rows) {
+    return tile_prep_row_bytes(t, n) * uint64_t((std::max<int64_t>(n_rows, 0) + 1) / 2 * 2);
+}
+
 void tile_prep(Type t, const void *w, size_t w_row_stride, int64_t n, int64_t r0, int64_t r1, void *dst) {
     const uint64_t row = tile_prep_row_bytes(t, n);
     if (row == 0) failf("quant: tile_prep: no row prep for %u on this CPU", unsigned(t));
     if (r0 < 0 || r1 < r0) failf("quant: tile_prep: rows [%lld, %lld) out of range", (long long)r0, (long long)r1);
+    if (r0 % 2) failf("quant: tile_prep: rows [%lld, %lld) start at an odd row (rows are kept in pairs)", (long long)r0,
+                      (long long)r1);
     detail::q8_0_row_prep(static_cast<const uint8_t *>(w) + size_t(r0) * w_row_stride, w_row_stride, r1 - r0, n,
                           static_cast<uint8_t *>(dst) + uint64_t(r0) * row);
 }

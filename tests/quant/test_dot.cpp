@@ -379,9 +379,10 @@ TEST(Quant, Q8_0PackedTileEqualsDotBitForBit) {
                     // The same with a kept row prep (built in two parts, as threads do): the same bits.
                     const uint64_t prow = q::tile_prep_row_bytes(Type::Q8_0, n);
                     ASSERT_GT(prow, 0u);
-                    std::vector<uint8_t> prep(prow * size_t(rows));
-                    q::tile_prep(Type::Q8_0, w.data(), rb, n, 0, rows / 2, prep.data());
-                    q::tile_prep(Type::Q8_0, w.data(), rb, n, rows / 2, rows, prep.data());
+                    std::vector<uint8_t> prep(q::tile_prep_bytes(Type::Q8_0, n, rows));
+                    ASSERT_EQ(prep.size(), prow * size_t((rows + 1) / 2 * 2));
+                    q::tile_prep(Type::Q8_0, w.data(), rb, n, 0, rows / 4 * 2, prep.data());
+                    q::tile_prep(Type::Q8_0, w.data(), rb, n, rows / 4 * 2, rows, prep.data());
                     std::vector<float> b(ostride * size_t(cols), -1.f);
                     q::vec_dot_tile_packed(Type::Q8_0, w.data(), rb, rows, packed.data(), cols, n, b.data(), ostride,
                                            prep.data());
@@ -402,6 +403,7 @@ TEST(Quant, Q8_0PackedTileEqualsDotBitForBit) {
     EXPECT_EQ(q::tile_prep_row_bytes(Type::Q2_K, 256), 0u);
     EXPECT_THROW(q::tile_prep(Type::Q2_K, dummy.data(), 84, 256, 0, 1, out.data()), std::exception);
     EXPECT_THROW(q::tile_prep(Type::Q8_0, dummy.data(), 34, 32, 1, 0, out.data()), std::exception);
+    EXPECT_THROW(q::tile_prep(Type::Q8_0, dummy.data(), 34, 32, 1, 2, out.data()), std::exception);   // odd start
     on = false;
     EXPECT_EQ(q::tile_pack_bytes(Type::Q8_0, 4096, 64), 0u);
     EXPECT_EQ(q::tile_prep_row_bytes(Type::Q8_0, 4096), 0u);
