@@ -101,7 +101,8 @@ inline uint64_t load_u64(const int8_t *p) {
     return v;
 }
 
-// Pull [pf, pf_end) into L2 three lines at a time (see Rows).
+// Pull [pf, pf_end) into L2 three lines at a time (see Rows; four lines a block for the
+// narrow tile's six rows measured no faster).
 inline void prefetch_some(const uint8_t *&pf, const uint8_t *pf_end) {
     for (int i = 0; i < 3 && pf < pf_end; ++i, pf += 64) _mm_prefetch(reinterpret_cast<const char *>(pf), _MM_HINT_T1);
 }
@@ -314,20 +315,25 @@ void pack_wide(const void *x, size_t x_row_stride, int nc, int64_t n, uint8_t *d
     }
 }
 
-// The narrow panel: four rows a step, corrections worked out just before each step's rows
+// The narrow panel: six rows a step, corrections worked out just before each step's rows
 // (unless kept: cached).
 // fill: where to work the corrections out, or null where prep holds them already.
 void tile_narrow(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const uint8_t *panel, int nc, int64_t nb,
                  PairPrep *fill, const PairPrep *prep, float *out, size_t out_col_stride) {
-    for (int64_t r = 0; r < n_rows; r += 4) {
-        const int64_t m = std::min<int64_t>(4, n_rows - r);
+    // Six rows (three pairs) a step: measured 10-15% faster than four, from memory and from
+    // L2, on one core and two (eight would not fit the registers).
+    constexpr int64_t G = 6;
+    for (int64_t r = 0; r < n_rows; r += G) {
+        const int64_t m = std::min<int64_t>(G, n_rows - r);
         if (fill) prep_rows(w + size_t(r) * w_row_stride, w_row_stride, m, nb, fill + (r / 2) * nb);
-        const uint8_t *pf = w + size_t(std::min(r + 4, n_rows)) * w_row_stride;
-        const uint8_t *pf_end = w + size_t(std::min<int64_t>(r + 8, n_rows)) * w_row_stride;
-        if (m > 2) rows_narrow<2>(w, w_row_stride, r, n_rows, prep, panel, nb, nc, out, out_col_stride, pf, pf_end);
+        const uint8_t *pf = w + size_t(std::min<int64_t>(r + G, n_rows)) * w_row_stride;
+        const uint8_t *pf_end = w + size_t(std::min<int64_t>(r + 2 * G, n_rows)) * w_row_stride;
+        if (m > 4) rows_narrow<3>(w, w_row_stride, r, n_rows, prep, panel, nb, nc, out, out_col_stride, pf, pf_end);
+        else if (m > 2) rows_narrow<2>(w, w_row_stride, r, n_rows, prep, panel, nb, nc, out, out_col_stride, pf, pf_end);
         else rows_narrow<1>(w, w_row_stride, r, n_rows, prep, panel, nb, nc, out, out_col_stride, pf, pf_end);
     }
 }
+
 
 }  // namespace
 
