@@ -191,7 +191,8 @@ const ExecutorStats &CpuExecutor::stats() const {
 }
 
 uint64_t CpuExecutor::scratch_bytes() const {
-    uint64_t b = mm_.xq.capacity() + xq_ffn_.capacity();
+    // The kept row prep of batched steps (MatmulCtx::keep_prep) counts here too.
+    uint64_t b = mm_.xq.capacity() + mm_.xpack.capacity() + mm_.prep_bytes + xq_ffn_.capacity();
     for (const std::vector<float> *v : {&H_, &X_, &XN_, &A_, &post_, &comb_, &qr_, &q_, &o_, &flat_, &mix_, &p1_, &p2_,
                                         &kvb_, &iq_, &iw_, &oa_, &head_, &g_, &u_, &ein_, &eout_, &router_, &expert_w_})
         b += v->capacity() * sizeof(float);
