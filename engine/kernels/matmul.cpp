@@ -22,14 +22,17 @@ WeightView ExpertsView::expert(int64_t e) const {
 
 namespace {
 
-const uint8_t *kept_prep(MatmulCtx &ctx, const WeightView &w, uint64_t row) {
+// The kept prep of w's rows. A view of the first rows of a matrix (WeightView::rows) has the
+// matrix's address: a prep kept for fewer rows than w has is worked out again for all.
+const uint8_t *kept_prep(MatmulCtx &ctx, const WeightView &w) {
     std::vector<uint8_t> &p = ctx.preps[w.data];
-    if (p.empty()) {
-        p.resize(quant::tile_prep_bytes(w.type, w.in, w.out));
+    const uint64_t need = quant::tile_prep_bytes(w.type, w.in, w.out);
+    if (p.size() < need) {
+        ctx.prep_bytes += need - p.size();
+        p.resize(need);
         ctx.pool.parallel_for(w.out, 256, [&](int64_t b, int64_t e, int) {
             quant::tile_prep(w.type, w.data, w.row_bytes, w.in, b, e, p.data());
         });
-        ctx.prep_bytes += p.size();
     }
     return p.data();
 }
@@ -85,7 +88,7 @@ void matmul_q(MatmulCtx &ctx, const WeightView &w, const uint8_t *xq, int64_t n_
         return;
     }
     const uint64_t prep_row = pack_bytes && ctx.keep_prep && w.dense ? quant::tile_prep_row_bytes(w.type, w.in) : 0;
-    const uint8_t *prep = prep_row ? kept_prep(ctx, w, prep_row) : nullptr;
+    const uint8_t *prep = prep_row ? kept_prep(ctx, w) : nullptr;
     // Row blocks sized to stay in L2 (~256 KB of weights) while all tokens pass over them.
     int64_t block = std::max<int64_t>(4, (int64_t)((256 * 1024) / std::max<uint64_t>(1, w.row_bytes)));
     block = std::min<int64_t>(block, 256);
