@@ -11,6 +11,10 @@ namespace ds4::quant::detail {
 // call with that column alone (same operations in the same order).
 constexpr int kMaxCols = 4;
 using DotFn = void (*)(const uint8_t *w, const void *const *x, int ncols, int64_t n, float *out);
+// n_rows weight rows against ncols (1..kMaxCols) activation rows: out[c][r], the DotFn's
+// results bit for bit, with work that depends on the activations only done once.
+using TileColsFn = void (*)(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const void *const *x, int ncols,
+                            int64_t n, float *const *out);
 
 void dot_f32(const uint8_t *w, const void *const *x, int ncols, int64_t n, float *out);
 void dot_f16(const uint8_t *w, const void *const *x, int ncols, int64_t n, float *out);
@@ -36,8 +40,7 @@ constexpr int kPackCols = 16;
 int64_t q8_0_pack_groups(int64_t n_cols);
 uint64_t q8_0_pack_bytes(int64_t n, int64_t n_cols);
 void q8_0_pack(const void *x, size_t x_row_stride, int64_t n_cols, int64_t n, int64_t g0, int64_t g1, uint8_t *dst);
-// Q8_0 rows against ncols (1..kMaxCols) activation rows, the activations' block scales
-// converted once for all rows: out[c][r] = dot_q8_0 of row r and column c, bit for bit.
+// A TileColsFn: the activations' block scales converted once for all rows.
 void q8_0_tile_cols(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const void *const *x, int ncols, int64_t n,
                     float *const *out);
 

@@ -194,15 +194,15 @@ void tile_cols(const uint8_t *w, size_t w_stride, int64_t n_rows, const void *co
     }
 }
 
-template <bool kVnni>
-void tile_cols_any(const uint8_t *w, size_t w_stride, int64_t n_rows, const void *const *x, int ncols,
-                   const float *const *xd, int64_t n, float *const *out) {
-    switch (ncols) {
-        case 1: tile_cols<1, kVnni>(w, w_stride, n_rows, x, xd, n, out); break;
-        case 2: tile_cols<2, kVnni>(w, w_stride, n_rows, x, xd, n, out); break;
-        case 3: tile_cols<3, kVnni>(w, w_stride, n_rows, x, xd, n, out); break;
-        default: tile_cols<4, kVnni>(w, w_stride, n_rows, x, xd, n, out); break;
-    }
+template <int C>
+void tile_cols_vnni(const uint8_t *w, size_t w_stride, int64_t n_rows, const void *const *x, const float *const *xd,
+                    int64_t n, float *const *out) {
+    tile_cols<C, true>(w, w_stride, n_rows, x, xd, n, out);
+}
+template <int C>
+void tile_cols_avx2(const uint8_t *w, size_t w_stride, int64_t n_rows, const void *const *x, const float *const *xd,
+                    int64_t n, float *const *out) {
+    tile_cols<C, false>(w, w_stride, n_rows, x, xd, n, out);
 }
 
 }  // namespace
@@ -222,8 +222,11 @@ void q8_0_tile_cols(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const
         std::fill(d + nb, d + per, 0.f);
         xd[c] = d;
     }
-    if (vnni_enabled()) tile_cols_any<true>(w, w_row_stride, n_rows, x, ncols, xd, n, out);
-    else tile_cols_any<false>(w, w_row_stride, n_rows, x, ncols, xd, n, out);
+    if (vnni_enabled()) {
+        DS4_QUANT_COLS_DISPATCH(tile_cols_vnni, w, w_row_stride, n_rows, x, xd, n, out)
+    } else {
+        DS4_QUANT_COLS_DISPATCH(tile_cols_avx2, w, w_row_stride, n_rows, x, xd, n, out)
+    }
 }
 
 void dot_q8_0(const uint8_t *w, const void *const *x, int ncols, int64_t n, float *out) {

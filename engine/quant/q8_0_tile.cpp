@@ -5,9 +5,9 @@
 // ones of dot_q8_0 (q8_0.cpp) lane for lane, so every result is bit-identical to vec_dot.
 //
 // vpdpbusd multiplies unsigned by signed bytes. The activations are packed as x + 128
-// (x ^ 0x80), which adds 128 * sum(w) to each block dot; the accumulator starts at minus
-// that, so the integer that comes out is exact. The correction depends on the weight row
-// only and is worked out once per row per call.
+// (x ^ 0x80), which adds 128 * sum(w) to each block dot; minus that goes into the integer
+// sum, so the integer that comes out is exact. The correction depends on the weight row
+// only: it is worked out once per row per call, or kept by the caller (q8_0_row_prep).
 //
 // Up to 8 columns (batched decode) take a narrow layout that keeps the lanes full: lane
 // 2c + h holds column c's 4-byte slice 2s + h, so one vpdpbusd takes 8 weight bytes
@@ -333,7 +333,6 @@ void tile_narrow(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const ui
         else rows_narrow<1>(w, w_row_stride, r, n_rows, prep, panel, nb, nc, out, out_col_stride, pf, pf_end);
     }
 }
-
 
 }  // namespace
 

@@ -26,6 +26,7 @@ struct Format {
     DequantFn dequant;
     QuantFn quant;
     detail::DotFn dot;   // one weight row x up to kMaxCols activation rows
+    detail::TileColsFn tile_cols = nullptr;   // many weight rows x the same: vec_dot_tile, where it has one
 };
 
 void dequant_f32(const void *src, float *dst, int64_t n) { std::memcpy(dst, src, size_t(n) * 4); }
@@ -36,7 +37,7 @@ const Format *format_of(Type t) {
     static const Format kF16{"f16", 1, 2, Type::F32, detail::dequant_f16, detail::quant_f16, detail::dot_f16};
     static const Format kBF16{"bf16", 1, 2, Type::F32, detail::dequant_bf16, detail::quant_bf16, detail::dot_bf16};
     static const Format kQ8_0{"q8_0", kQK8_0, sizeof(BlockQ8_0), Type::Q8_0, detail::dequant_q8_0, detail::quant_q8_0,
-                              detail::dot_q8_0};
+                              detail::dot_q8_0, detail::q8_0_tile_cols};
     static const Format kQ8_K{"q8_K", kQK_K, sizeof(BlockQ8_K), Type::Q8_K, detail::dequant_q8_k, detail::quant_q8_k,
                               nullptr};
     static const Format kQ2_K{"q2_K", kQK_K, sizeof(BlockQ2_K), Type::Q8_K, detail::dequant_q2_k, detail::quant_q2_k,
@@ -161,10 +162,10 @@ void vec_dot_tile(Type t, const void *w, size_t w_row_stride, int64_t n_rows, co
         const int nc = int(std::min<int64_t>(detail::kMaxCols, n_cols - c0));
         const void *xs[detail::kMaxCols];
         for (int c = 0; c < nc; ++c) xs[c] = xp + size_t(c0 + c) * x_row_stride;
-        if (t == Type::Q8_0) {
+        if (f.tile_cols) {
             float *o[detail::kMaxCols];
             for (int c = 0; c < nc; ++c) o[c] = out + size_t(c0 + c) * out_col_stride;
-            detail::q8_0_tile_cols(wp, w_row_stride, n_rows, xs, nc, n, o);
+            f.tile_cols(wp, w_row_stride, n_rows, xs, nc, n, o);
             continue;
         }
         for (int64_t r = 0; r < n_rows; ++r) {
