@@ -6,15 +6,19 @@
 // blocks' activations laid out position-major (x_j[k] = element j of index k), lane k of
 // every register belongs to index k, and position j of 64 indices is one vpermb away.
 //   - the codebook's levels (8, 25, 43) are stored as 2-bit codes, 4 positions a byte, in
-//     two 256-byte tables (two merge-masked vpermi2b each);
+//     two 256-byte tables (four vpermb each, the last three merge-masked by index bits 6-7:
+//     a vpermi2b is three uops on Sapphire Rapids, a vpermb one);
 //   - the 7 stored sign bits of 64 indices are spread to bytes by one vpmultishiftqb and
 //     completed to 8 (the parity bit) by one GF2P8AFFINEQB;
 //   - a position pair's two codes and two signs make a 6-bit vpermb index into a 64-byte
-//     table of w + 64 (so the weight is an unsigned byte for vpdpbusd); the 64 * sum(x) this
-//     adds per 32-group is worked out when the activations are packed;
+//     table of w + 64 (so the weight is an unsigned byte for vpdpbusd): one vpternlog merge
+//     of a code nibble with the other nibble of the signs, and for three of the four pairs
+//     one GF2P8AFFINEQB that moves the bits into place; the 64 * sum(x) the + 64 adds per
+//     32-group is packed (negated) with the activations and starts the integer chain;
 //   - each vpdpbusd adds 4 indices of one 32-group, so after the 8 positions lane g holds
 //     32-group g's exact integer dot.
-// Every 512-bit op here shares two ports, so the count of vector ops per block is the cost.
+// Every 512-bit op here shares two ports (vpdpbusd either, the permutes port 5, the affine
+// and shifts port 0), so the count of vector uops per block is the cost.
 //
 // The float steps are the ones of dot_iq2_xxs (iq2_xxs.cpp): per block the exact integer
 // T_b = sum over 32-groups of (2 * scale + 1) * group dot, then a[b % 4] += s_b * T_b with
@@ -35,7 +39,7 @@ namespace ds4::quant::detail {
 
 namespace {
 
-// Two blocks' activations, position-major (8 x 64 bytes), then 64 * the sum of each of the
+// Two blocks' activations, position-major (8 x 64 bytes), then -64 * the sum of each of the
 // 16 32-groups (int32): the weights go in as w + 64 (unsigned), which adds 64 * sum(x).
 constexpr int64_t kPairBytes = 9 * 64;
 
@@ -92,18 +96,31 @@ const Tables &tables() {
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 
-// GF2P8AFFINEQB matrix from a byte's 7 stored sign bits (bit 7 ignored) to the 8 signs
-// with their nibbles swapped: sign j < 7 is bit j, sign 7 the parity of bits 0-6 (output
-// bit i takes the parity of matrix byte 7 - i AND the input byte).
-constexpr long long kSignMatrix = [] {
+// GF2P8AFFINEQB matrices: output bit i takes the parity of matrix byte 7 - i AND the input
+// byte, so a row with one bit set moves that bit. src[i]: the input bit of output bit i
+// (-1: zero; 7 in the sign matrix: the parity of input bits 0-6).
+constexpr long long affine_matrix(const int (&src)[8], bool parity7 = false) {
     unsigned long long a = 0;
     for (int i = 0; i < 8; ++i) {
-        const int j = (i + 4) & 7;
-        const unsigned long long row = j < 7 ? 1u << j : 0x7Fu;
+        const unsigned long long row = src[i] < 0 ? 0 : parity7 && src[i] == 7 ? 0x7Fu : 1u << src[i];
         a |= row << (8 * (7 - i));
     }
     return (long long)a;
-}();
+}
+// From a byte's 7 stored sign bits (bit 7 ignored) to the 8 signs in the order the index
+// merges below want them: bits 0-3 signs 2, 3, 6, 7; bits 4-7 signs 0, 1, 4, 5 (sign 7 is
+// the parity of the stored 7).
+constexpr int kSignOrder[8] = {2, 3, 6, 7, 0, 1, 4, 5};
+constexpr long long kSignMatrix = affine_matrix(kSignOrder, true);
+// A position pair's permute index wants its two codes in bits 0-3 and their signs in bits
+// 4-5. A merge of a code byte's nibble with a sign byte's other nibble holds them, but not
+// always there; these move them (bits 6-7 are ignored by vpermb).
+constexpr int kLowCodesHighSigns[8] = {0, 1, 2, 3, 6, 7, -1, -1};   // positions 4, 5: signs at bits 6-7
+constexpr int kHighCodesSigns01[8] = {4, 5, 6, 7, 0, 1, -1, -1};    // positions 2, 3
+constexpr int kHighCodesSigns23[8] = {4, 5, 6, 7, 2, 3, -1, -1};    // positions 6, 7
+constexpr long long kMovePos45 = affine_matrix(kLowCodesHighSigns);
+constexpr long long kMovePos23 = affine_matrix(kHighCodesSigns01);
+constexpr long long kMovePos67 = affine_matrix(kHighCodesSigns23);
 
 // vpternlog truth table of (a & c) | (b & ~c): bit (a << 2 | b << 1 | c).
 constexpr int kTakeLowNibble = [] {
@@ -114,6 +131,10 @@ constexpr int kTakeLowNibble = [] {
                 if ((a & c) | (b & (1 - c))) imm |= 1 << (a * 4 + b * 2 + c);
     return imm;
 }();
+
+// Column counts up to this run two vpdpbusd chains a column (see pair_sums; one chain for
+// one column measured ~1% slower).
+constexpr int kChainCols = 2;
 
 DS4_VBMI inline __m512i load64(const void *p) { return _mm512_loadu_si512(p); }
 
@@ -144,7 +165,7 @@ DS4_VBMI void pack_col(const BlockQ8_K *x, int64_t nb, uint8_t *dst) {
                 for (int j = 0; j < 8; ++j) std::memcpy(out + 64 * j + 32 * h + 8 * q, t + 8 * j, 8);
             }
             for (int g = 0; g < 8; ++g) {
-                const int32_t sum = 64 * (int32_t(x[b].bsums[2 * g]) + int32_t(x[b].bsums[2 * g + 1]));
+                const int32_t sum = -64 * (int32_t(x[b].bsums[2 * g]) + int32_t(x[b].bsums[2 * g + 1]));
                 std::memcpy(out + 8 * 64 + 4 * (8 * h + g), &sum, 4);
             }
         }
@@ -172,50 +193,55 @@ DS4_VBMI inline void pair_sums(const Tables &T, const uint8_t *w, const bool *tw
     for (int q = 0; q < NP; ++q) {
         const __m512i s7 = _mm512_multishift_epi64_epi8(load64(T.sign_shift), sgsc[q]);
         sg[q] = _mm512_gf2p8affine_epi64_epi8(s7, _mm512_set1_epi64(kSignMatrix), 0);
-        // entries 128-255 first, written only where index bit 7 is set (the other lanes keep
-        // their index), then entries 0-127 into the other lanes: no blend
-        const __mmask64 hi = _mm512_movepi8_mask(idx[q]), lo = _knot_mask64(hi);
+        // A 256-entry table is four 64-entry vpermb (a vpermi2b costs three uops, a vpermb
+        // one), each later one merged where index bits 6-7 pick its quarter.
+        const __mmask64 b7 = _mm512_movepi8_mask(idx[q]);
+        const __mmask64 b6 = _mm512_test_epi8_mask(idx[q], _mm512_set1_epi8(0x40));
+        const __mmask64 b76 = _kand_mask64(b7, b6);
         for (int h = 0; h < 2; ++h) {
             const uint8_t *t = T.code[h];
-            const __m512i part = _mm512_mask2_permutex2var_epi8(load64(t + 128), idx[q], hi, load64(t + 192));
-            c[q][h] = _mm512_mask2_permutex2var_epi8(load64(t), part, lo, load64(t + 64));
+            __m512i v = _mm512_permutexvar_epi8(idx[q], load64(t));
+            v = _mm512_mask_permutexvar_epi8(v, b6, idx[q], load64(t + 64));
+            v = _mm512_mask_permutexvar_epi8(v, b7, idx[q], load64(t + 128));
+            c[q][h] = _mm512_mask_permutexvar_epi8(v, b76, idx[q], load64(t + 192));
         }
     }
     // Per position pair: a 6-bit permute index of the pair's two codes (bits 0-3) and two
-    // signs (bits 4-5); the bits above are ignored by vpermb, and the shifts' spill between
-    // bytes lands only in bits the blend or vpermb drop.
+    // signs (bits 4-5): one merge of a code nibble with the other nibble of the signs, then
+    // (but for positions 0-1) one affine move of the bits into place.
     const __m512i low = _mm512_set1_epi8(0x0F);
-    __m512i ix[NP][4];
+    __m512i ix[NP][4];   // positions 0-1, 2-3, 4-5, 6-7
     for (int q = 0; q < NP; ++q) {
+        ix[q][1] = _mm512_gf2p8affine_epi64_epi8(_mm512_ternarylogic_epi32(sg[q], c[q][0], low, kTakeLowNibble),
+                                                 _mm512_set1_epi64(kMovePos23), 0);
+        ix[q][2] = _mm512_gf2p8affine_epi64_epi8(_mm512_ternarylogic_epi32(c[q][1], sg[q], low, kTakeLowNibble),
+                                                 _mm512_set1_epi64(kMovePos45), 0);
+        ix[q][3] = _mm512_gf2p8affine_epi64_epi8(_mm512_ternarylogic_epi32(sg[q], c[q][1], low, kTakeLowNibble),
+                                                 _mm512_set1_epi64(kMovePos67), 0);
         ix[q][0] = _mm512_ternarylogic_epi32(c[q][0], sg[q], low, kTakeLowNibble);
-        ix[q][1] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(c[q][0], 4), _mm512_srli_epi16(sg[q], 2), low,
-                                             kTakeLowNibble);
-        ix[q][2] = _mm512_ternarylogic_epi32(c[q][1], _mm512_slli_epi16(sg[q], 4), low, kTakeLowNibble);
-        ix[q][3] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(c[q][1], 4), _mm512_slli_epi16(sg[q], 2), low,
-                                             kTakeLowNibble);
     }
-    // Unsigned weights (w + 64) against the signed activations: the packed 64 * sum(x) of
-    // each 32-group comes off at the end.
-    const __m512i zero = _mm512_setzero_si512();
+    // Unsigned weights (w + 64) against the signed activations: each chain starts at minus
+    // the packed 64 * sum(x) of its 32-group, so it ends at the exact group dot.
     __m512i acc[NP][C][2];
     for (int q = 0; q < NP; ++q)
-        for (int k = 0; k < C; ++k) acc[q][k][0] = acc[q][k][1] = zero;
+        for (int k = 0; k < C; ++k) {
+            acc[q][k][0] = load64(xc[k] + (p + q) * kPairBytes + 8 * 64);
+            acc[q][k][1] = _mm512_setzero_si512();
+        }
     for (int j = 0; j < 8; ++j)
         for (int q = 0; q < NP; ++q) {
             const __m512i v = _mm512_permutexvar_epi8(ix[q][j / 2], load64(T.level[j & 1]));
             // up to two columns: two chains each against the vpdpbusd latency; more columns
             // are chains enough (and two each would not fit the registers)
-            const int ch = C <= 2 ? (j & 1) : 0;
+            const int ch = C <= kChainCols ? (j & 1) : 0;
             for (int k = 0; k < C; ++k)
                 acc[q][k][ch] = _mm512_dpbusd_epi32(acc[q][k][ch], v, load64(xc[k] + (p + q) * kPairBytes + 64 * j));
         }
     for (int q = 0; q < NP; ++q) {
         // multipliers 2 * scale + 1
         const __m512i m = _mm512_or_si512(_mm512_srli_epi32(sgsc[q], 27), _mm512_set1_epi32(1));
-        for (int k = 0; k < C; ++k) {
-            const __m512i corr = load64(xc[k] + (p + q) * kPairBytes + 8 * 64);
-            sums[q][k] = _mm512_mullo_epi32(_mm512_sub_epi32(_mm512_add_epi32(acc[q][k][0], acc[q][k][1]), corr), m);
-        }
+        for (int k = 0; k < C; ++k)
+            sums[q][k] = _mm512_mullo_epi32(C <= kChainCols ? _mm512_add_epi32(acc[q][k][0], acc[q][k][1]) : acc[q][k][0], m);
     }
 }
 
