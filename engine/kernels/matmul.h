@@ -12,6 +12,7 @@
 
 #include "engine/gguf/gguf.h"
 #include "engine/kernels/threadpool.h"
+#include "engine/quant/cache_aligned.h"
 
 namespace ds4 {
 
@@ -47,7 +48,7 @@ struct MatmulCtx {
     explicit MatmulCtx(ThreadPool &p) : pool(p) {}
     ThreadPool &pool;
     std::vector<uint8_t> xq;
-    std::vector<uint8_t> xpack;   // activations repacked for a packed tile (quant::tile_pack)
+    quant::CacheAlignedVector<uint8_t> xpack;   // activations repacked for a packed tile (quant::tile_pack)
     uint64_t weight_bytes = 0;
     // Batched steps (several sessions) set keep_prep: a dense matrix's row prep
     // (quant::tile_prep: 8 bytes a 34-byte Q8_0 block) is then worked out once and kept

@@ -57,7 +57,8 @@ void vec_dot_tile(Type t, const void *w, size_t w_row_stride, int64_t n_rows, co
 // repacked once per product and each row block then runs vec_dot_tile_packed. Results are
 // bit-identical to vec_dot. tile_pack_bytes is 0 where no packed path applies: use
 // vec_dot_tile / vec_dot_rows there. tile_pack writes column groups [g0, g1) of
-// tile_pack_groups(t, n_cols), so threads can split the packing.
+// tile_pack_groups(t, n_cols), so threads can split the packing. The kernels read the
+// packed panel in 64-byte loads: give it a buffer on a cache line (CacheAlignedVector).
 constexpr int64_t kTilePackMinCols = 5;
 uint64_t tile_pack_bytes(Type t, int64_t n, int64_t n_cols);
 int64_t tile_pack_groups(Type t, int64_t n_cols);

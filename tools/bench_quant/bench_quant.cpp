@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/quant/cache_aligned.h"
 #include "engine/quant/quants.h"
 #include "ds4_version.h"
 
@@ -196,7 +197,7 @@ int main(int argc, char **argv) {
         std::printf("%-8s vec_dot_rows (1 thread) %8.2f GB/s  %7.2f Gweights/s  (%lld rows x %lld)\n", f.name,
                     double(bytes) / best / 1e9, double(rows) * double(n) / best / 1e9, (long long)rows, (long long)n);
         if (const uint64_t pb = ds4::quant::tile_pack_bytes(f.t, n, 1)) {   // decode's packed kernel (IQ2_XXS on VBMI)
-            std::vector<uint8_t> packed(pb);
+            ds4::quant::CacheAlignedVector<uint8_t> packed(pb);
             std::vector<float> pout(static_cast<size_t>(rows));
             double pbest = 1e30;
             for (int r = 0; r <= reps; ++r) {
@@ -224,7 +225,7 @@ int main(int argc, char **argv) {
             std::printf("%-8s vec_dot_tile x%-3d        %7.2f Gweight-dots/s (%g MB of rows)\n", f.name, tile_cols,
                         double(trows) * double(n) * tile_cols / tbest / 1e9, tile_mb);
             if (const uint64_t pb = ds4::quant::tile_pack_bytes(f.t, n, tile_cols)) {
-                std::vector<uint8_t> packed(pb);
+                ds4::quant::CacheAlignedVector<uint8_t> packed(pb);
                 double pbest = 1e30;
                 for (int r = 0; r <= reps; ++r) {
                     const double t0 = now();
