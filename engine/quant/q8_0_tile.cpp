@@ -56,9 +56,10 @@ inline RowRef row_ref(const PairPrep *prep, int64_t r, int64_t nb) { return {pre
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 
-// Rows [0, n_rows) of w into prep (row 0 the first of a pair); an odd count's last pair
-// repeats its row, as the narrow kernel does.
-DS4_VNNI512 void prep_rows(const uint8_t *w, size_t w_stride, int64_t n_rows, int64_t nb, PairPrep *prep) {
+// Blocks [b_start, nb) of rows [0, n_rows) of w into prep (row 0 the first of a pair), a row
+// and a block at a time; an odd count's last pair repeats its row, as the narrow kernel does.
+DS4_VNNI512 void prep_rows_from(const uint8_t *w, size_t w_stride, int64_t n_rows, int64_t nb, int64_t b_start,
+                                PairPrep *prep) {
     const __m256i ones = _mm256_set1_epi8(1), zero = _mm256_setzero_si256();
     for (int64_t r = 0; r < n_rows; ++r) {
         const BlockQ8_0 *wb = reinterpret_cast<const BlockQ8_0 *>(w + size_t(r) * w_stride);
@@ -73,7 +74,7 @@ DS4_VNNI512 void prep_rows(const uint8_t *w, size_t w_stride, int64_t n_rows, in
                 p[b].dw[1] = d;
             }
         };
-        int64_t b = 0;
+        int64_t b = b_start;
         for (; b + 4 <= nb; b += 4) {
             __m256i s[4];
             for (int k = 0; k < 4; ++k) s[k] = _mm256_dpbusd_epi32(zero, ones, simd::loadu(wb[b + k].qs));
@@ -87,6 +88,69 @@ DS4_VNNI512 void prep_rows(const uint8_t *w, size_t w_stride, int64_t n_rows, in
             put(b, sum, f16_to_f32_fast(wb[b].d));
         }
     }
+}
+
+// Eight blocks from b of rows a and c (a row pair; c = a for an odd count's last row) into
+// their PairPreps: the block sums of 16 (row, block)s reduced side by side, the scales by
+// one gather, two permutes into the pair layout. A row and a block at a time this cost about
+// half of a 16-column pass of the products; this way the tile without a kept prep measured
+// x8 / x16 / x25 columns 87-89 -> 101-110, 134-140 -> 153-159, 130-133 -> 138-141 G
+// weight-dots/s from cache.
+DS4_VNNI512 void prep_pair8(const BlockQ8_0 *a, const BlockQ8_0 *c, int64_t b, PairPrep *out) {
+    const __m512i ones = _mm512_set1_epi8(1), zero = _mm512_setzero_si512();
+    // v[k]: row (k < 4 ? a : c), blocks b + 2 (k % 4) (lanes 0-7) and the next (8-15)
+    __m512i v[8];
+    for (int k = 0; k < 8; ++k) {
+        const BlockQ8_0 *r = (k < 4 ? a : c) + b + 2 * (k % 4);
+        const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(simd::loadu(r[0].qs)), simd::loadu(r[1].qs), 1);
+        v[k] = _mm512_dpbusd_epi32(zero, ones, q);
+    }
+    // 128-bit lane L of t[h]: the partial sums (lanes 4L..4L+3 of v) of v[4h], v[4h+1], ...
+    __m512i t[2];
+    for (int h = 0; h < 2; ++h) {
+        __m512i u[2];
+        for (int i = 0; i < 2; ++i) {
+            const __m512i x = v[4 * h + 2 * i], y = v[4 * h + 2 * i + 1];
+            u[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(x, y), _mm512_unpackhi_epi32(x, y));
+        }
+        t[h] = _mm512_add_epi32(_mm512_unpacklo_epi64(u[0], u[1]), _mm512_unpackhi_epi64(u[0], u[1]));
+    }
+    // lane i: row a's block b + i, lane 8 + i: row c's (lanes 0-3 of each 128-bit lane of
+    // t: v[0..3]; a block's first half-sum in lane 0 or 2 of the four, its second in 1 or 3)
+    const __m512i lo = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 16, 24, 17, 25, 18, 26, 19, 27);
+    const __m512i hi = _mm512_add_epi32(lo, _mm512_set1_epi32(4));
+    const __m512i sums =
+        _mm512_add_epi32(_mm512_permutex2var_epi32(t[0], lo, t[1]), _mm512_permutex2var_epi32(t[0], hi, t[1]));
+    const __m512i neg_corr = _mm512_sub_epi32(zero, _mm512_slli_epi32(sums, 7));
+    // the scales: a 32-bit gather at each block's start (d, then 2 bytes of its qs)
+    const __m512i block_offs = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7),
+                                                  _mm512_set1_epi32(int(sizeof(BlockQ8_0))));
+    const int32_t row_c = int32_t(reinterpret_cast<const uint8_t *>(c) - reinterpret_cast<const uint8_t *>(a));
+    const __m512i idx = _mm512_add_epi32(
+        block_offs, _mm512_mask_set1_epi32(_mm512_set1_epi32(int32_t(b * int64_t(sizeof(BlockQ8_0)))), 0xFF00,
+                                           int32_t(b * int64_t(sizeof(BlockQ8_0))) + row_c));
+    const __m512i dwords = _mm512_i32gather_epi32(idx, a, 1);
+    const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dwords));
+    // PairPrep i = {neg_corr a, neg_corr c, dw a, dw c}
+    const __m512i p0 = _mm512_setr_epi32(0, 8, 16, 24, 1, 9, 17, 25, 2, 10, 18, 26, 3, 11, 19, 27);
+    const __m512i p1 = _mm512_add_epi32(p0, _mm512_set1_epi32(4));
+    const __m512i dwi = _mm512_castps_si512(dw);
+    _mm512_storeu_si512(out + b, _mm512_permutex2var_epi32(neg_corr, p0, dwi));
+    _mm512_storeu_si512(out + b + 4, _mm512_permutex2var_epi32(neg_corr, p1, dwi));
+}
+
+// Rows [0, n_rows) of w into prep (row 0 the first of a pair); an odd count's last pair
+// repeats its row, as the narrow kernel does.
+DS4_VNNI512 void prep_rows(const uint8_t *w, size_t w_stride, int64_t n_rows, int64_t nb, PairPrep *prep) {
+    // The gather's offsets are 32-bit: rows too far apart take the one-row path.
+    const int64_t b8 = w_stride < (size_t(1) << 30) ? nb / 8 * 8 : 0;
+    if (b8)
+        for (int64_t r = 0; r < n_rows; r += 2) {
+            const BlockQ8_0 *a = reinterpret_cast<const BlockQ8_0 *>(w + size_t(r) * w_stride);
+            const BlockQ8_0 *c = r + 1 < n_rows ? reinterpret_cast<const BlockQ8_0 *>(w + size_t(r + 1) * w_stride) : a;
+            for (int64_t b = 0; b < b8; b += 8) prep_pair8(a, c, b, prep + (r >> 1) * nb);
+        }
+    if (b8 < nb) prep_rows_from(w, w_stride, n_rows, nb, b8, prep);
 }
 
 inline uint32_t load_u32(const int8_t *p) {
