@@ -392,6 +392,26 @@ TEST(Quant, Q8_0PackedTileEqualsDotBitForBit) {
             }
         }
     }
+    {   // more rows than the kernel stages at once (256), an odd count, with and without a kept prep
+        const int64_t n = 64, rows = 301, cols = 20;
+        const Q8Operands op(n, rows, cols, Scale::Mixed, rng, 6);
+        std::vector<uint8_t> packed(q::tile_pack_bytes(Type::Q8_0, n, cols));
+        q::tile_pack(Type::Q8_0, op.x.data(), op.xb, cols, n, 0, q::tile_pack_groups(Type::Q8_0, cols), packed.data());
+        std::vector<uint8_t> prep(q::tile_prep_bytes(Type::Q8_0, n, rows));
+        q::tile_prep(Type::Q8_0, op.w.data(), op.rb, n, 0, rows, prep.data());
+        const size_t ostride = size_t(rows) + 5;
+        for (const uint8_t *kept : {static_cast<const uint8_t *>(nullptr), static_cast<const uint8_t *>(prep.data())}) {
+            std::vector<float> a(ostride * size_t(cols), -1.f);
+            q::vec_dot_tile_packed(Type::Q8_0, op.w.data(), op.rb, rows, packed.data(), cols, n, a.data(), ostride, kept);
+            for (int64_t c = 0; c < cols; ++c) {
+                for (int64_t r = 0; r < rows; ++r) {
+                    const float d = q::vec_dot(Type::Q8_0, &op.w[r * op.rb], &op.x[c * op.xb], n);
+                    ASSERT_EQ(std::memcmp(&a[c * ostride + r], &d, 4), 0) << "r " << r << " c " << c;
+                }
+                for (size_t r = size_t(rows); r < ostride; ++r) ASSERT_EQ(a[c * ostride + r], -1.f);
+            }
+        }
+    }
     EXPECT_EQ(q::tile_pack_bytes(Type::Q8_0, 4096, q::kTilePackMinCols - 1), 0u);
     EXPECT_EQ(q::tile_pack_bytes(Type::Q2_K, 4096, 64), 0u);
     std::vector<float> out(64);
