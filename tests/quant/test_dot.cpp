@@ -352,12 +352,12 @@ TEST(Quant, Q8_0PackedTileEqualsDotBitForBit) {
     on = true;
     std::mt19937 rng(31);
     for (int64_t n : {32, 32 * 5, 32 * 7, 4096 + 32}) {
-        const int64_t nrows = 11, ncols = 33;
+        const int64_t nrows = 11, ncols = 53;   // 53: three full groups (rows_x48) and a part-filled one
         for (Scale s : {Scale::Normal, Scale::Mixed, Scale::Huge}) {
             const Q8Operands op(n, nrows, ncols, s, rng, 6);   // padded activation rows
             const auto &w = op.w, &x = op.x;
             const size_t rb = op.rb, xb = op.xb;
-            for (int64_t cols : {int64_t(q::kTilePackMinCols), int64_t(7), int64_t(8), int64_t(9), int64_t(15), int64_t(16), int64_t(17), ncols}) {
+            for (int64_t cols : {int64_t(q::kTilePackMinCols), int64_t(7), int64_t(8), int64_t(9), int64_t(15), int64_t(16), int64_t(17), int64_t(33), int64_t(48), ncols}) {
                 std::vector<uint8_t> packed(q::tile_pack_bytes(Type::Q8_0, n, cols));
                 ASSERT_FALSE(packed.empty());
                 const int64_t groups = q::tile_pack_groups(Type::Q8_0, cols);
@@ -393,7 +393,7 @@ TEST(Quant, Q8_0PackedTileEqualsDotBitForBit) {
         }
     }
     {   // more rows than the kernel stages at once (256), an odd count, with and without a kept prep
-        const int64_t n = 64, rows = 301, cols = 20;
+        const int64_t n = 64, rows = 301, cols = 50;
         const Q8Operands op(n, rows, cols, Scale::Mixed, rng, 6);
         std::vector<uint8_t> packed(q::tile_pack_bytes(Type::Q8_0, n, cols));
         q::tile_pack(Type::Q8_0, op.x.data(), op.xb, cols, n, 0, q::tile_pack_groups(Type::Q8_0, cols), packed.data());
