@@ -562,7 +562,10 @@ public:
     void head(const ModelWeights &w, std::span<const int> rows, float *logits) override {
         PROFILE("head");
         const int hc = c_.hc_mult, D = c_.n_embd, nt = (int)rows.size(), V = c_.n_vocab;
-        if (nt == 0) return;
+        if (nt == 0) {   // a prompt's middle chunk: no logits wanted
+            profile_.step_enqueued(s_);
+            return;
+        }
         h_idx_.assign(rows.begin(), rows.end());
         const int32_t *idx = to_device(idx_buf_, h_idx_, s_, stage_);
         float *flat = flat_.need((size_t)nt * hc * D), *mix = mix_.need((size_t)nt * hc), *y = head_.need((size_t)nt * D);

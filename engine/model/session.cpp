@@ -96,7 +96,8 @@ void Session::rewind(int p) {
         if (!keep.empty()) {
             try {
                 for (size_t s = 0; s < keep.size(); s += prefill_cap_)
-                    forward(std::span<const int32_t>(keep).subspan(s, std::min<size_t>(prefill_cap_, keep.size() - s)), nullptr);
+                    forward(std::span<const int32_t>(keep).subspan(s, std::min<size_t>(prefill_cap_, keep.size() - s)), nullptr,
+                            s + prefill_cap_ >= keep.size());
             } catch (...) {
                 invalidate();
                 throw;
@@ -135,7 +136,8 @@ void Session::sync(std::span<const int32_t> toks, const Progress &progress, std:
     try {
         for (size_t s = keep; s < toks.size(); s += prefill_cap_) {
             const size_t n = std::min<size_t>(prefill_cap_, toks.size() - s);
-            forward(toks.subspan(s, n), all_logits);
+            // A progress callback may save a checkpoint (logits included) at any chunk's end.
+            forward(toks.subspan(s, n), all_logits, s + n == toks.size() || progress);
             if (progress) progress((int)(s + n), total);
         }
     } catch (...) {
@@ -158,7 +160,7 @@ void Session::eval(int32_t token) {
 }
 
 // One step of this session alone: rows are its next T tokens.
-void Session::forward(std::span<const int32_t> toks, std::vector<float> *all_logits) {
+void Session::forward(std::span<const int32_t> toks, std::vector<float> *all_logits, bool last_logits) {
     const int T = (int)toks.size(), V = m_.config().n_vocab;
     if (T == 0) return;
     if (T > prefill_cap_) failf("internal: chunk of %d tokens exceeds the prefill cap %d", T, prefill_cap_);
@@ -168,14 +170,15 @@ void Session::forward(std::span<const int32_t> toks, std::vector<float> *all_log
     seg_.assign(T, 0);
     for (int t = 0; t < T; ++t) pos_[t] = n0 + t;
     segs_.assign(1, StepSegment{state_.get(), n0, 0, T});
-    const int t0 = all_logits ? 0 : T - 1;
+    // The head of a 129K vocabulary reads ~530 MB a step: a long prompt's middle chunks skip it.
+    const int t0 = all_logits ? 0 : last_logits ? T - 1 : T;
     logit_rows_.resize(T - t0);
     for (int t = t0; t < T; ++t) logit_rows_[t - t0] = t;
     if (out_.size() < logit_rows_.size() * (size_t)V) out_.resize(logit_rows_.size() * (size_t)V);
     run_step(m_, *ex_, StepLayout{toks, pos_, seg_, segs_}, logit_rows_, out_.data());
     tokens_.insert(tokens_.end(), toks.begin(), toks.end());
-    std::memcpy(logits_.data(), out_.data() + (logit_rows_.size() - 1) * V, sizeof(float) * V);
-    has_logits_ = true;
+    has_logits_ = !logit_rows_.empty();
+    if (has_logits_) std::memcpy(logits_.data(), out_.data() + (logit_rows_.size() - 1) * V, sizeof(float) * V);
     if (all_logits) all_logits->insert(all_logits->end(), out_.begin(), out_.begin() + logit_rows_.size() * V);
 }
 

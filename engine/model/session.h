@@ -97,7 +97,9 @@ private:
     Session(const Model &m, Executor *ex, int ctx, int prefill_cap, int rewind_slack, int);   // ex null: private
     void check_tokens(std::span<const int32_t> toks) const;
     void check_idle(const char *what) const;
-    void forward(std::span<const int32_t> toks, std::vector<float> *all_logits);
+    // last_logits false (no all_logits): a chunk that more chunks follow, whose logits
+    // nobody reads; the output head is skipped and the session has no logits after it.
+    void forward(std::span<const int32_t> toks, std::vector<float> *all_logits, bool last_logits = true);
     void reset_state();
 
     const Model &m_;
