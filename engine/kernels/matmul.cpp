@@ -110,6 +110,12 @@ void matmul_q(MatmulCtx &ctx, const WeightView &w, const uint8_t *xq, int64_t n_
 void matmul(MatmulCtx &ctx, const WeightView &w, const float *x, int64_t n_tok, int64_t x_stride, float *y,
             int64_t y_stride) {
     if (w.empty()) fail("matmul: weight not bound");
+    // F32 / F16 / BF16 weights take f32 activations as they are: quantising would copy them
+    // (the hyper-connection mix: 16 MB for a 256-row step, twice a layer).
+    if (quant::vec_dot_type(w.type) == gguf::Type::F32) {
+        matmul_q(ctx, w, reinterpret_cast<const uint8_t *>(x), n_tok, (uint64_t)x_stride * sizeof(float), y, y_stride);
+        return;
+    }
     const uint64_t row = quantize_rows(ctx.pool, w.type, x, n_tok, x_stride, w.in, ctx.xq);
     matmul_q(ctx, w, ctx.xq.data(), n_tok, row, y, y_stride);
 }
