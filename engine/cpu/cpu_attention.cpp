@@ -147,6 +147,7 @@ void CpuExecutor::indexer_topk(int layer, const LayerWeights &L, const Rope &rop
             ioff_[++t1 - t0] = total;
         }
         grow(iscore_, (size_t)total);
+        const bool wide16 = ops::indexer_score16_usable();
         pool_.parallel_for(total, cpu_grain((int64_t)IH * Id * 2), [&](int64_t b, int64_t e, int) {
             int r = (int)(std::upper_bound(ioff_.begin(), ioff_.begin() + (t1 - t0) + 1, b) - ioff_.begin()) - 1;
             for (int64_t i = b; i < e;) {
@@ -154,7 +155,15 @@ void CpuExecutor::indexer_topk(int layer, const LayerWeights &L, const Rope &rop
                 const int t = t0 + r, s = (int)(i - ioff_[r]);
                 const float *q = iq_.data() + (size_t)t * IH * Id, *w = iw_.data() + (size_t)t * IH;
                 const CpuComp &ic = state_of_row(t).layers[layer].icomp;
-                if (i + 8 <= std::min<int64_t>(e, ioff_[r + 1])) {   // eight entries of one row
+                const int64_t row_end = std::min<int64_t>(e, ioff_[r + 1]);
+                if (wide16 && i + 16 <= row_end) {   // sixteen entries of one row
+                    const float *k[16];
+                    float sc[16];
+                    for (int j = 0; j < 16; ++j) k[j] = ic.entry(s + j);
+                    ops::indexer_score16(q, w, IH, Id, k, qscale, sc);
+                    for (int j = 0; j < 16; ++j) iscore_[i + j] = {sc[j], s + j};
+                    i += 16;
+                } else if (i + 8 <= row_end) {   // eight entries of one row
                     const float *k[8];
                     float sc[8];
                     for (int j = 0; j < 8; ++j) k[j] = ic.entry(s + j);

@@ -22,6 +22,11 @@ float indexer_score(const float *q, const float *w, int heads, int dim, const fl
 // evaluation of the definition is entry e (decode scores thousands of entries per row).
 void indexer_score8(const float *q, const float *w, int heads, int dim, const float *const *k, float qscale,
                     float *out);
+// The same for sixteen entries on AVX-512 F/DQ (where indexer_score16_usable(); env
+// DS4_NO_AVX512=1 turns it off), bit for bit.
+bool indexer_score16_usable();
+void indexer_score16(const float *q, const float *w, int heads, int dim, const float *const *k, float qscale,
+                     float *out);
 // y += a * x
 void axpy(float a, const float *x, float *y, int64_t n);
 // Interleaved-pair rotation of the trailing 2*n_pairs channels of x (length head_dim):

@@ -85,6 +85,32 @@ TEST(IndexerScore, EightEntriesEqualOneByOne) {
     }
 }
 
+// Sixteen entries per call (AVX-512) give each entry's own bits, NaN and negative dots too.
+TEST(IndexerScore, SixteenEntriesEqualOneByOne) {
+    if (!ops::indexer_score16_usable()) GTEST_SKIP() << "no AVX-512 F/DQ on this CPU (or DS4_NO_AVX512 set)";
+    std::mt19937 rng(9);
+    std::normal_distribution<float> g(0.f, 1.f);
+    for (int dim : {8, 16, 32, 128, 24, 12}) {
+        for (int heads : {1, 3, 4, 16, 64}) {
+            std::vector<float> q((size_t)heads * dim), w(heads), k((size_t)16 * dim + 5);
+            for (float &v : q) v = g(rng);
+            for (float &v : w) v = g(rng);
+            for (float &v : k) v = g(rng);
+            k[3] = NAN;                 // entry 0 has a NaN dot in every head
+            k[5 + 9 * dim + 1] = NAN;   // and entry 9, in the high half
+            const float *kp[16];
+            for (int e = 0; e < 16; ++e) kp[e] = k.data() + 5 * (e > 0) + (size_t)e * dim;   // not aligned
+            float got[16];
+            const float qscale = 1.f / std::sqrt((float)dim);
+            ops::indexer_score16(q.data(), w.data(), heads, dim, kp, qscale, got);
+            for (int e = 0; e < 16; ++e) {
+                const float want = reference_score(q.data(), w.data(), heads, dim, kp[e], qscale);
+                ASSERT_EQ(bits(got[e]), bits(want)) << "heads " << heads << " dim " << dim << " entry " << e;
+            }
+        }
+    }
+}
+
 TEST(IndexerScore, NegativeAndNanDotsCountAsZero) {
     const int heads = 4, dim = 8;
     std::vector<float> q(heads * dim, 1.f), w(heads, 1.f), k(dim, -1.f);
