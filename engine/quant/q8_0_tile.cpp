@@ -9,7 +9,7 @@
 // sum, so the integer that comes out is exact. The correction depends on the weight row
 // only: it is worked out once per row per call, or kept by the caller (q8_0_row_prep).
 //
-// From 48 columns, three groups go together (rows_x48): each broadcast weight slice then
+// From 33 columns, three groups go together (rows_x48): each broadcast weight slice then
 // feeds three vpdpbusd instead of one, which matters where loads bound the kernel (Zen 5).
 //
 // Up to 8 columns (batched decode) take a narrow layout that keeps the lanes full: lane
@@ -271,8 +271,8 @@ DS4_VNNI512 inline void rows_x48(const BlockQ8_0 *const *w, const RowRef *prep, 
 
 template <int R>
 DS4_VNNI512 void rows_group3(const uint8_t *w, size_t w_stride, int64_t r0, const PairPrep *prep, const uint8_t *panel,
-                             uint64_t group_bytes, int64_t nb, float *out, size_t out_col_stride, const uint8_t *pf,
-                             const uint8_t *pf_end) {
+                             uint64_t group_bytes, int64_t nb, int nc_last, float *out, size_t out_col_stride,
+                             const uint8_t *pf, const uint8_t *pf_end) {
     const BlockQ8_0 *wr[R];
     RowRef pr[R];
     for (int r = 0; r < R; ++r) {
@@ -287,7 +287,7 @@ DS4_VNNI512 void rows_group3(const uint8_t *w, size_t w_stride, int64_t r0, cons
             alignas(64) float v[kPackCols];
             _mm512_store_ps(v, _mm512_add_ps(_mm512_add_ps(c[0], c[2 * R * 3]), _mm512_add_ps(c[R * 3], c[3 * R * 3])));
             float *o = out + size_t(g * kPackCols) * out_col_stride + size_t(r0 + r);
-            for (int i = 0; i < kPackCols; ++i) o[size_t(i) * out_col_stride] = v[i];
+            for (int i = 0, nc = g < 2 ? kPackCols : nc_last; i < nc; ++i) o[size_t(i) * out_col_stride] = v[i];
         }
 }
 
@@ -542,11 +542,12 @@ namespace {
 void tile_wide(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const uint8_t *packed, int64_t n_cols,
                int64_t nb, PairPrep *fill, const PairPrep *prep, float *out, size_t out_col_stride) {
     const uint64_t group_bytes = uint64_t(nb) * kGroupBlockBytes;
-    // Full groups three at a time (rows_x48: from cache on Zen 5, 4096 x 4096 against 256
-    // columns 542 -> 623 G/s on two cores), what is left a group at a time (two groups
-    // together measured no faster than one after the other).
+    // Groups three at a time where more than two are left (rows_x48: from cache on Zen 5,
+    // 4096 x 4096 against 256 columns 542 -> 623 G/s on two cores), what is left a group at a
+    // time (two groups together measured no faster than one after the other).
     for (int64_t c0 = 0; c0 < n_cols;) {
-        const bool three = n_cols - c0 >= 3 * kPackCols;
+        const bool three = n_cols - c0 > 2 * kPackCols;   // the third group may be part-filled
+        const int nc3 = int(std::min<int64_t>(kPackCols, n_cols - c0 - 2 * kPackCols));
         const uint8_t *panel = packed + uint64_t(c0 / kPackCols) * group_bytes;
         const int nc = int(std::min<int64_t>(kPackCols, n_cols - c0));
         float *o = out + size_t(c0) * out_col_stride;
@@ -563,10 +564,10 @@ void tile_wide(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const uint
             }
             if (three) {
                 switch (m) {
-                    case 4: rows_group3<4>(w, w_row_stride, r, prep, panel, group_bytes, nb, o, out_col_stride, pf, pf_end); break;
-                    case 3: rows_group3<3>(w, w_row_stride, r, prep, panel, group_bytes, nb, o, out_col_stride, pf, pf_end); break;
-                    case 2: rows_group3<2>(w, w_row_stride, r, prep, panel, group_bytes, nb, o, out_col_stride, pf, pf_end); break;
-                    default: rows_group3<1>(w, w_row_stride, r, prep, panel, group_bytes, nb, o, out_col_stride, pf, pf_end); break;
+                    case 4: rows_group3<4>(w, w_row_stride, r, prep, panel, group_bytes, nb, nc3, o, out_col_stride, pf, pf_end); break;
+                    case 3: rows_group3<3>(w, w_row_stride, r, prep, panel, group_bytes, nb, nc3, o, out_col_stride, pf, pf_end); break;
+                    case 2: rows_group3<2>(w, w_row_stride, r, prep, panel, group_bytes, nb, nc3, o, out_col_stride, pf, pf_end); break;
+                    default: rows_group3<1>(w, w_row_stride, r, prep, panel, group_bytes, nb, nc3, o, out_col_stride, pf, pf_end); break;
                 }
             } else {
                 switch (m) {
@@ -577,7 +578,7 @@ void tile_wide(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const uint
                 }
             }
         }
-        c0 += three ? 3 * kPackCols : kPackCols;
+        c0 += three ? 3 * kPackCols : kPackCols;   // past n_cols after a part-filled third group
     }
 }
 
