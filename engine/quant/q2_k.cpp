@@ -260,8 +260,8 @@ DS4_VBMI_Q2 void dot_cols_vbmi(const uint8_t *wv, const void *const *xv, int64_t
         const __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc8, 4), m4));
         // lane q of the table: q * scale of each sub-block
         const __m512i s4 = _mm512_and_si512(_mm512_broadcast_i32x4(sc8), lo4);
-        const __m512i table = _mm512_add_epi8(_mm512_maskz_mov_epi8(0xFFFF0000FFFF0000ULL, s4),
-                                              _mm512_maskz_add_epi8(0xFFFFFFFF00000000ULL, s4, s4));
+        const __m512i twice = _mm512_maskz_add_epi8(0xFFFFFFFF00000000ULL, s4, s4);   // 0, 0, 2s, 2s
+        const __m512i table = _mm512_mask_add_epi8(twice, 0xFFFF0000FFFF0000ULL, twice, s4);   // 0, s, 2s, 3s
         __m512i v[4];
         for (int j = 0; j < 4; ++j) {
             const __m512i q = _mm512_broadcast_i64x4(simd::loadu(wb.qs + 32 * (j / 2)));
