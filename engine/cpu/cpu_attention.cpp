@@ -205,7 +205,7 @@ void CpuExecutor::attend(int layer, const AttnSpec &spec, const float *sinks, co
     // heads; the same floats as the per-head loop) and the groups still give every thread a
     // task (one decode row of an 8-head model would otherwise run on one thread), else one
     // head at a time.
-    const int G = (H % 8 == 0 && ops::attend8_usable(hd) && (int64_t)T * (H / 8) >= pool_.size()) ? 8 : 1;
+    const int G = (H % 8 == 0 && ops::attend8_usable(hd) && (int64_t)T * (H / 8) >= pool_.active()) ? 8 : 1;
     pool_.parallel_for((int64_t)T * (H / G), cpu_grain(n_keys * hd * 2 * G), [&](int64_t b, int64_t e, int th) {
         std::vector<float> &lg = tasks_[th].f;
         std::vector<const float *> &rows = tasks_[th].rows;

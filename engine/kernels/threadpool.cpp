@@ -1,11 +1,14 @@
 #include "engine/kernels/threadpool.h"
 
+#include <fcntl.h>
 #include <linux/futex.h>
 #include <sched.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <chrono>
 #include <climits>
 
@@ -39,12 +42,35 @@ constexpr uint32_t next_of(uint64_t w) { return (uint32_t)w & 0xffff; }
 constexpr auto kWorkerSpin = std::chrono::microseconds(50);
 constexpr auto kWorkerYield = std::chrono::microseconds(2000);
 constexpr auto kCallerSpin = std::chrono::microseconds(30);
+constexpr int64_t kSampleNs = 50'000'000;   // how often the caller looks at the load
+
+int64_t now_ns() { return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count(); }
+
+// Runnable tasks on the machine now (procs_running of /proc/stat), or -1.
+int procs_running() {
+    const int fd = open("/proc/stat", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    char buf[8192];
+    const ssize_t got = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (got <= 0) return -1;
+    buf[got] = 0;
+    const char *p = strstr(buf, "procs_running ");
+    return p ? atoi(p + 14) : -1;
+}
+
+int cpus_allowed() {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) != 0) return (int)std::max(1u, std::thread::hardware_concurrency());
+    return std::max(1, CPU_COUNT(&set));
+}
 
 }  // namespace
 
-ThreadPool::ThreadPool(int n_threads) {
+ThreadPool::ThreadPool(int n_threads, bool share_cores) : share_cores_(share_cores), n_cpus_(cpus_allowed()) {
     if (n_threads <= 0) n_threads = (int)std::max(1u, std::thread::hardware_concurrency());
     n_threads_ = std::min(n_threads, 1024);
+    active_.store((uint32_t)n_threads_);
     for (int i = 1; i < n_threads_; ++i) threads_.emplace_back([this, i] { worker(i); });
 }
 
@@ -52,6 +78,8 @@ ThreadPool::~ThreadPool() {
     stop_.store(true);
     epoch_.fetch_add(1);
     futex_wake(epoch_, INT_MAX);
+    active_.fetch_add(1u << 16);   // past any index: inactive workers wake and see stop_
+    futex_wake(active_, INT_MAX);
     for (auto &t : threads_) t.join();
 }
 
@@ -82,9 +110,27 @@ void ThreadPool::run_chunks(uint32_t epoch, int index) {
     }
 }
 
+void ThreadPool::sample_load() {
+    const int running = procs_running();
+    if (running < 0) return;
+    // Ours among them: the caller and the workers taking part and not asleep.
+    const int ours = 1 + std::max(0, (int)(active_.load() & 0xffff) - 1 - sleepers_.load());
+    const int others = std::max(0, running - ours);
+    const int fit = std::clamp(n_cpus_ - others, 1, n_threads_);
+    const bool crowded = fit < n_threads_;
+    crowded_samples_ = crowded ? crowded_samples_ + 1 : 0;
+    const uint32_t want = crowded && crowded_samples_ < 2 ? active_.load() : (uint32_t)fit;
+    if (want != active_.load()) {
+        active_.store(want);
+        futex_wake(active_, INT_MAX);
+    }
+}
+
 void ThreadPool::worker(int index) {
     uint32_t seen = 0;
     for (;;) {
+        // Not taking part: sleep until the count of threads taking part changes.
+        for (uint32_t a; (int)((a = active_.load()) & 0xffff) <= index && !stop_.load();) futex_wait(active_, a);
         uint32_t ep = epoch_.load(std::memory_order_acquire);
         if (ep == seen) {
             const auto t0 = Clock::now();
@@ -107,6 +153,7 @@ void ThreadPool::worker(int index) {
         }
         seen = ep;
         if (stop_.load()) return;
+        if ((int)(active_.load() & 0xffff) <= index) continue;
         run_chunks(ep, index);
     }
 }
@@ -115,11 +162,19 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain, RangeFn fn) {
     if (n <= 0) return;
     grain = std::max<int64_t>(1, grain);
     const int64_t units = (n + grain - 1) / grain;
-    if (n_threads_ == 1 || units <= 1) {
+    if (share_cores_ && n_threads_ > 1 && (++loops_ & 63) == 0) {
+        const int64_t t = now_ns();
+        if (t >= next_sample_ns_) {
+            next_sample_ns_ = t + kSampleNs;
+            sample_load();
+        }
+    }
+    const int64_t threads = active_.load() & 0xffff;
+    if (threads <= 1 || units <= 1) {
         fn(0, n, 0);
         return;
     }
-    const int64_t want = std::min<int64_t>({units, (int64_t)n_threads_ * kChunksPerThread, 0xffff});
+    const int64_t want = std::min<int64_t>({units, threads * kChunksPerThread, 0xffff});
     const int64_t per = (units + want - 1) / want;   // grains per chunk
     chunk_ = per * grain;
     n_chunks_ = (uint32_t)((n + chunk_ - 1) / chunk_);

@@ -8,7 +8,12 @@
 // atomic word until none are left, and the caller returns when every chunk is finished.
 // A worker that is descheduled (another process holds its core) or asleep simply claims
 // nothing; only a chunk already claimed is waited for, and then the caller sleeps instead
-// of spinning so the kernel can run the late worker on the caller's core. Which thread runs
+// of spinning so the kernel can run the late worker on the caller's core. A spinning worker
+// is runnable, though, and where other processes keep cores busy it takes time from the
+// caller: so every 50 ms (at most) the caller reads how many tasks are runnable
+// (/proc/stat procs_running) and, while other processes would leave fewer cores than the
+// pool has threads (two samples in a row), only that many threads take part; the others
+// sleep until it changes. Which thread runs
 // a chunk varies from call to call; each index of [0, n) is still handled by exactly one
 // call of the body, so bodies that write disjoint outputs give the same bits as one thread.
 #pragma once
@@ -42,7 +47,8 @@ private:
 
 class ThreadPool {
 public:
-    explicit ThreadPool(int n_threads);   // 0 = all cores
+    // 0 = all cores. share_cores false: all threads always take part (tests of the split).
+    explicit ThreadPool(int n_threads, bool share_cores = true);
     ~ThreadPool();
     ThreadPool(const ThreadPool &) = delete;
     ThreadPool &operator=(const ThreadPool &) = delete;
@@ -57,6 +63,10 @@ public:
 
     // At most this many chunks per thread in one loop (tests check uneven splits).
     static constexpr int kChunksPerThread = 8;
+    // Threads taking part now (size() unless other processes crowd the cores).
+    int active() const { return active_.load(); }
+    // Takes a sample now (as parallel_for does every 50 ms): runnable tasks of other processes.
+    void sample_load();
 
 private:
     void worker(int index);
@@ -80,6 +90,13 @@ private:
     uint32_t n_chunks_ = 0;
     std::exception_ptr error_;
     std::mutex err_mu_;
+    // Sharing the cores (caller side, but for active_ which workers read).
+    bool share_cores_ = true;
+    int n_cpus_ = 1;
+    uint32_t loops_ = 0;
+    int64_t next_sample_ns_ = 0;
+    int crowded_samples_ = 0;
+    std::atomic<uint32_t> active_{1};   // futex: inactive workers wait for it to change
 };
 
 }  // namespace ds4

@@ -11,6 +11,10 @@
 #include <thread>
 #include <vector>
 
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include "engine/kernels/threadpool.h"
 
 namespace ds4 {
@@ -82,8 +86,9 @@ TEST(ThreadPool, FirstExceptionReachesTheCallerAndThePoolStaysUsable) {
 
 TEST(ThreadPool, SplitsIntoMoreChunksThanThreads) {
     // Dynamic scheduling needs spare chunks: a loop with enough grains is cut into several
-    // per thread, and each chunk is a whole number of grains.
-    ThreadPool pool(2);
+    // per thread, and each chunk is a whole number of grains. (Not sharing cores: a busy
+    // machine, ctest -j, must not change the split under test.)
+    ThreadPool pool(2, false);
     std::atomic<int> calls{0};
     pool.parallel_for(1 << 16, 16, [&](int64_t, int64_t, int) { calls++; });
     EXPECT_EQ(calls.load(), 2 * ThreadPool::kChunksPerThread);
@@ -93,7 +98,7 @@ TEST(ThreadPool, SplitsIntoMoreChunksThanThreads) {
 }
 
 TEST(ThreadPool, IdleWorkersSleepAndWakeForLaterLoops) {
-    ThreadPool pool(3);
+    ThreadPool pool(3, false);
     run_and_check(pool, 999, 1);
     std::this_thread::sleep_for(std::chrono::milliseconds(20));   // past the spin: workers sleep
     for (int i = 0; i < 3; ++i) {
@@ -107,6 +112,35 @@ TEST(ThreadPool, IdleWorkersSleepAndWakeForLaterLoops) {
         EXPECT_GT(others.load(), 0) << "no worker woke for the loop";
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
+}
+
+// Other processes spinning on every allowed core: after two load samples the pool runs on
+// fewer threads than it has (its spinning workers would take time from the caller), and the
+// loops still cover everything.
+TEST(ThreadPool, GivesWayToOtherProcessesOnTheCores) {
+    cpu_set_t set;
+    ASSERT_EQ(sched_getaffinity(0, sizeof set, &set), 0);
+    const int cpus = CPU_COUNT(&set);
+    std::vector<pid_t> kids;
+    for (int i = 0; i < cpus; ++i) {
+        const pid_t p = fork();
+        ASSERT_GE(p, 0);
+        if (p == 0) {
+            for (volatile uint64_t x = 0;; x = x + 1) {
+            }
+        }
+        kids.push_back(p);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));   // the children are running
+    ThreadPool pool(std::max(2, cpus));
+    pool.sample_load();
+    pool.sample_load();
+    const int active = pool.active();
+    run_and_check(pool, 5000, 3);
+    for (pid_t p : kids) kill(p, SIGKILL);
+    for (pid_t p : kids) waitpid(p, nullptr, 0);
+    EXPECT_LT(active, pool.size()) << cpus << " busy processes on " << cpus << " cores";
+    EXPECT_GE(active, 1);
 }
 
 }  // namespace
