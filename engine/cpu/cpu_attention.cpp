@@ -155,21 +155,16 @@ void CpuExecutor::indexer_topk(int layer, const LayerWeights &L, const Rope &rop
                 const int t = t0 + r, s = (int)(i - ioff_[r]);
                 const float *q = iq_.data() + (size_t)t * IH * Id, *w = iw_.data() + (size_t)t * IH;
                 const CpuComp &ic = state_of_row(t).layers[layer].icomp;
+                // Runs of sixteen (AVX-512) or eight entries of one row: the same bits as one by one.
                 const int64_t row_end = std::min<int64_t>(e, ioff_[r + 1]);
-                if (wide16 && i + 16 <= row_end) {   // sixteen entries of one row
+                const int run = wide16 && i + 16 <= row_end ? 16 : i + 8 <= row_end ? 8 : 0;
+                if (run) {
                     const float *k[16];
                     float sc[16];
-                    for (int j = 0; j < 16; ++j) k[j] = ic.entry(s + j);
-                    ops::indexer_score16(q, w, IH, Id, k, qscale, sc);
-                    for (int j = 0; j < 16; ++j) iscore_[i + j] = {sc[j], s + j};
-                    i += 16;
-                } else if (i + 8 <= row_end) {   // eight entries of one row
-                    const float *k[8];
-                    float sc[8];
-                    for (int j = 0; j < 8; ++j) k[j] = ic.entry(s + j);
-                    ops::indexer_score8(q, w, IH, Id, k, qscale, sc);
-                    for (int j = 0; j < 8; ++j) iscore_[i + j] = {sc[j], s + j};
-                    i += 8;
+                    for (int j = 0; j < run; ++j) k[j] = ic.entry(s + j);
+                    (run == 16 ? ops::indexer_score16 : ops::indexer_score8)(q, w, IH, Id, k, qscale, sc);
+                    for (int j = 0; j < run; ++j) iscore_[i + j] = {sc[j], s + j};
+                    i += run;
                 } else {
                     iscore_[i] = {ops::indexer_score(q, w, IH, Id, ic.entry(s), qscale), s};
                     ++i;

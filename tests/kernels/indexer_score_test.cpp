@@ -61,54 +61,41 @@ TEST(IndexerScore, EqualsTheDefinitionBitForBit) {
     }
 }
 
-// Eight entries per call (decode's path) give each entry's own bits, NaN and negative dots too.
-TEST(IndexerScore, EightEntriesEqualOneByOne) {
-    std::mt19937 rng(5);
+using BatchFn = void (*)(const float *, const float *, int, int, const float *const *, float, float *);
+
+// A batch kernel of `width` entries per call gives each entry its own bits, NaN and negative
+// dots too (entry 0 has a NaN dot in every head, and entry width - 7 in the second eight).
+void check_batch(BatchFn fn, int width, unsigned seed) {
+    std::mt19937 rng(seed);
     std::normal_distribution<float> g(0.f, 1.f);
-    for (int dim : {8, 16, 32, 128, 24}) {
+    for (int dim : {8, 16, 32, 128, 24, 12}) {
         for (int heads : {1, 3, 4, 16, 64}) {
-            std::vector<float> q((size_t)heads * dim), w(heads), k((size_t)8 * dim + 5);
+            std::vector<float> q((size_t)heads * dim), w(heads), k((size_t)width * dim + 5);
             for (float &v : q) v = g(rng);
             for (float &v : w) v = g(rng);
             for (float &v : k) v = g(rng);
-            k[3] = NAN;   // entry 0 has a NaN dot in every head
-            const float *kp[8];
-            for (int e = 0; e < 8; ++e) kp[e] = k.data() + 5 * (e > 0) + (size_t)e * dim;   // not 32-byte aligned
-            float got[8];
+            k[3] = NAN;
+            k[5 + (size_t)(width - 7) * dim + 1] = NAN;
+            std::vector<const float *> kp(width);
+            for (int e = 0; e < width; ++e) kp[e] = k.data() + 5 * (e > 0) + (size_t)e * dim;   // not aligned
+            std::vector<float> got(width);
             const float qscale = 1.f / std::sqrt((float)dim);
-            ops::indexer_score8(q.data(), w.data(), heads, dim, kp, qscale, got);
-            for (int e = 0; e < 8; ++e) {
+            fn(q.data(), w.data(), heads, dim, kp.data(), qscale, got.data());
+            for (int e = 0; e < width; ++e) {
                 const float want = reference_score(q.data(), w.data(), heads, dim, kp[e], qscale);
-                ASSERT_EQ(bits(got[e]), bits(want)) << "heads " << heads << " dim " << dim << " entry " << e;
+                ASSERT_EQ(bits(got[e]), bits(want)) << "width " << width << " heads " << heads << " dim " << dim << " entry " << e;
             }
         }
     }
 }
 
-// Sixteen entries per call (AVX-512) give each entry's own bits, NaN and negative dots too.
+// Eight entries per call (decode's path).
+TEST(IndexerScore, EightEntriesEqualOneByOne) { check_batch(ops::indexer_score8, 8, 5); }
+
+// Sixteen entries per call (AVX-512).
 TEST(IndexerScore, SixteenEntriesEqualOneByOne) {
     if (!ops::indexer_score16_usable()) GTEST_SKIP() << "no AVX-512 F/DQ on this CPU (or DS4_NO_AVX512 set)";
-    std::mt19937 rng(9);
-    std::normal_distribution<float> g(0.f, 1.f);
-    for (int dim : {8, 16, 32, 128, 24, 12}) {
-        for (int heads : {1, 3, 4, 16, 64}) {
-            std::vector<float> q((size_t)heads * dim), w(heads), k((size_t)16 * dim + 5);
-            for (float &v : q) v = g(rng);
-            for (float &v : w) v = g(rng);
-            for (float &v : k) v = g(rng);
-            k[3] = NAN;                 // entry 0 has a NaN dot in every head
-            k[5 + 9 * dim + 1] = NAN;   // and entry 9, in the high half
-            const float *kp[16];
-            for (int e = 0; e < 16; ++e) kp[e] = k.data() + 5 * (e > 0) + (size_t)e * dim;   // not aligned
-            float got[16];
-            const float qscale = 1.f / std::sqrt((float)dim);
-            ops::indexer_score16(q.data(), w.data(), heads, dim, kp, qscale, got);
-            for (int e = 0; e < 16; ++e) {
-                const float want = reference_score(q.data(), w.data(), heads, dim, kp[e], qscale);
-                ASSERT_EQ(bits(got[e]), bits(want)) << "heads " << heads << " dim " << dim << " entry " << e;
-            }
-        }
-    }
+    check_batch(ops::indexer_score16, 16, 9);
 }
 
 TEST(IndexerScore, NegativeAndNanDotsCountAsZero) {
