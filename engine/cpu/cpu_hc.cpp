@@ -30,14 +30,6 @@ void CpuExecutor::begin(const StepLayout &lay) {
     grow(qr_, R * c_.q_lora);
     grow(q_, R * c_.n_head * c_.head_dim);
     grow(o_, R * c_.n_head * c_.head_dim);
-    // Several sessions in one step: the steps to come will likely batch them again, so the
-    // dense matrices' row prep is worth keeping (MatmulCtx::keep_prep; it costs ~24% of their
-    // Q8_0 bytes in memory, and DS4_CPU_KEEP_PREP=0 declines it).
-    static const bool keep = [] {
-        const char *e = std::getenv("DS4_CPU_KEEP_PREP");
-        return !(e && std::strcmp(e, "0") == 0);
-    }();
-    mm_.keep_prep = keep && lay.segs.size() >= 2;
     prof_.step(R_);
     ++stats_.steps;
     stats_.rows += R;
@@ -191,8 +183,7 @@ const ExecutorStats &CpuExecutor::stats() const {
 }
 
 uint64_t CpuExecutor::scratch_bytes() const {
-    // The kept row prep of batched steps (MatmulCtx::keep_prep) counts here too.
-    uint64_t b = mm_.xq.capacity() + mm_.xpack.capacity() + mm_.prep_bytes + xq_ffn_.capacity();
+    uint64_t b = mm_.xq.capacity() + mm_.xpack.capacity() + xq_ffn_.capacity();
     for (const std::vector<float> *v : {&H_, &X_, &XN_, &A_, &post_, &comb_, &qr_, &q_, &o_, &flat_, &mix_, &p1_, &p2_,
                                         &kvb_, &iq_, &iw_, &oa_, &head_, &g_, &u_, &ein_, &eout_, &router_, &expert_w_})
         b += v->capacity() * sizeof(float);

@@ -20,25 +20,6 @@ WeightView ExpertsView::expert(int64_t e) const {
     return v;
 }
 
-namespace {
-
-// The kept prep of w's rows. A view of the first rows of a matrix (WeightView::rows) has the
-// matrix's address: a prep kept for fewer rows than w has is worked out again for all.
-const uint8_t *kept_prep(MatmulCtx &ctx, const WeightView &w) {
-    std::vector<uint8_t> &p = ctx.preps[w.data];
-    const uint64_t need = quant::tile_prep_bytes(w.type, w.in, w.out);
-    if (p.size() < need) {
-        ctx.prep_bytes += need - p.size();
-        p.resize(need);
-        ctx.pool.parallel_for(w.out, 256, [&](int64_t b, int64_t e, int) {
-            quant::tile_prep(w.type, w.data, w.row_bytes, w.in, b, e, p.data());
-        });
-    }
-    return p.data();
-}
-
-}  // namespace
-
 uint64_t quantize_rows(ThreadPool &pool, gguf::Type t, const float *x, int64_t n_tok, int64_t x_stride, int64_t n,
                        std::vector<uint8_t> &buf) {
     const uint64_t row = quant::vec_dot_row_bytes(t, n);
@@ -87,8 +68,6 @@ void matmul_q(MatmulCtx &ctx, const WeightView &w, const uint8_t *xq, int64_t n_
         });
         return;
     }
-    const uint64_t prep_row = pack_bytes && ctx.keep_prep && w.dense ? quant::tile_prep_row_bytes(w.type, w.in) : 0;
-    const uint8_t *prep = prep_row ? kept_prep(ctx, w) : nullptr;
     // Row blocks sized to stay in L2 (~256 KB of weights) while all tokens pass over them.
     int64_t block = std::max<int64_t>(4, (int64_t)((256 * 1024) / std::max<uint64_t>(1, w.row_bytes)));
     block = std::min<int64_t>(block, 256);
@@ -99,7 +78,7 @@ void matmul_q(MatmulCtx &ctx, const WeightView &w, const uint8_t *xq, int64_t n_
             const int64_t r0 = bi * block, nr = std::min(block, w.out - r0);
             if (pack_bytes)
                 quant::vec_dot_tile_packed(w.type, w.row(r0), w.row_bytes, nr, ctx.xpack.data(), n_tok, w.in, y + r0,
-                                           (size_t)y_stride, prep ? prep + (uint64_t)r0 * prep_row : nullptr);
+                                           (size_t)y_stride);
             else
                 quant::vec_dot_tile(w.type, w.row(r0), w.row_bytes, nr, xq, xq_row, n_tok, w.in, y + r0,
                                     (size_t)y_stride);

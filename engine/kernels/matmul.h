@@ -7,7 +7,6 @@
 // to them, which turns the batch into matrix-matrix work.
 #pragma once
 #include <cstdint>
-#include <unordered_map>
 #include <vector>
 
 #include "engine/gguf/gguf.h"
@@ -21,9 +20,6 @@ struct WeightView {
     int64_t in = 0, out = 0;
     const uint8_t *data = nullptr;
     uint64_t row_bytes = 0;
-    // A matrix of the model every step multiplies (not a routed expert's): batched steps
-    // may keep its quant::tile_prep (MatmulCtx::keep_prep).
-    bool dense = false;
 
     bool empty() const { return data == nullptr; }
     const uint8_t *row(int64_t r) const { return data + (uint64_t)r * row_bytes; }
@@ -50,12 +46,6 @@ struct MatmulCtx {
     std::vector<uint8_t> xq;
     quant::CacheAlignedVector<uint8_t> xpack;   // activations repacked for a packed tile (quant::tile_pack)
     uint64_t weight_bytes = 0;
-    // Batched steps (several sessions) set keep_prep: a dense matrix's row prep
-    // (quant::tile_prep: 8 bytes a 34-byte Q8_0 block) is then worked out once and kept
-    // here, keyed by the rows' address, instead of again in every step. prep_bytes: held.
-    bool keep_prep = false;
-    std::unordered_map<const uint8_t *, std::vector<uint8_t>> preps;
-    uint64_t prep_bytes = 0;
 };
 
 // y[t * y_stride + o] = sum_i W[o, i] * x[t * x_stride + i] for t < n_tok.

@@ -55,7 +55,6 @@ struct Binder {
         v.out = out;
         v.data = t.data;
         v.row_bytes = gguf::row_bytes(t.type, in);
-        v.dense = true;
         mw.mapped_bytes += t.nbytes;
         return v;
     }

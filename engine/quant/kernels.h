@@ -44,12 +44,8 @@ void q8_0_pack(const void *x, size_t x_row_stride, int64_t n_cols, int64_t n, in
 void q8_0_tile_cols(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const void *const *x, int ncols, int64_t n,
                     float *const *out);
 
-// prep: the rows' q8_0_row_prep (kRowPrepBytes a block, rows after one another), or null
-// to work it out here.
 void q8_0_tile_packed(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const uint8_t *packed, int64_t n_cols,
-                      int64_t n, float *out, size_t out_col_stride, const uint8_t *prep);
-constexpr uint64_t kRowPrepBytes = 8;
-void q8_0_row_prep(const uint8_t *w, size_t w_row_stride, int64_t n_rows, int64_t n, uint8_t *dst);
+                      int64_t n, float *out, size_t out_col_stride);
 
 // IQ2_XXS with transposed activations on AVX-512 VBMI + VNNI (iq2_xxs_packed.cpp):
 // column c of the packed buffer is activation row c transposed; results are bit-identical

@@ -4,13 +4,17 @@
 // exact integer block dots of 16 columns with no horizontal work. The float steps are the
 // ones of dot_q8_0 (q8_0.cpp) lane for lane, so every result is bit-identical to vec_dot.
 //
-// vpdpbusd multiplies unsigned by signed bytes. The activations are packed as x + 128
-// (x ^ 0x80), which adds 128 * sum(w) to each block dot; minus that goes into the integer
-// sum, so the integer that comes out is exact. The correction depends on the weight row
-// only: it is worked out once per row per call, or kept by the caller (q8_0_row_prep).
+// vpdpbusd multiplies unsigned by signed bytes. The weights are the unsigned side, as
+// w + 128 (w ^ 0x80 on the broadcast slice), which adds 128 * sum(x) to each block dot; the
+// accumulator starts at minus that, so the integer that comes out is exact. The correction
+// depends on the activations only: the pack works it out once per column and block, and
+// nothing is worked out per weight row (the weight row's f16 scale is converted inline).
+// With the correction on the weights' side instead, a pass over every weight row's blocks
+// had to come first: ~6% of a flash-shape prefill step, or a kept copy of 24% of the weights.
 //
-// From 33 columns, three groups go together (rows_x48): each broadcast weight slice then
-// feeds three vpdpbusd instead of one, which matters where loads bound the kernel (Zen 5).
+// From 17 columns, two or three groups go together (rows_xg): each broadcast weight slice
+// then feeds two or three vpdpbusd instead of one, which matters where loads bound the
+// kernel (Zen 5).
 //
 // Up to 8 columns (batched decode) take a narrow layout that keeps the lanes full: lane
 // 2c + h holds column c's 4-byte slice 2s + h, so one vpdpbusd takes 8 weight bytes
@@ -30,132 +34,23 @@ namespace ds4::quant::detail {
 
 namespace {
 
-// Per column group and block: 8 slices x 16 lanes x 4 bytes, then 16 f32 scales.
+// Per column group and block: 8 slices x 16 lanes x 4 bytes, the 16 f32 scales, then the
+// 16 corrections (-128 * the column's block sum).
 constexpr int64_t kSliceBytes = kPackCols * 4;
-constexpr int64_t kGroupBlockBytes = 8 * kSliceBytes + kPackCols * 4;
-// Narrow layout, per block: 4 slice pairs x 16 lanes x 4 bytes, then the 8 scales, each
-// twice, in the results' lane order (lane 2c + r: column c, row r of a pair).
+constexpr int64_t kScaleOff = 8 * kSliceBytes;
+constexpr int64_t kCorrOff = kScaleOff + kPackCols * 4;
+constexpr int64_t kGroupBlockBytes = kCorrOff + kPackCols * 4;
+// Narrow layout, per block: 4 slice pairs x 16 lanes x 4 bytes, then the 8 scales and the 8
+// corrections, each twice, in the results' lane order (lane 2c + r: column c, row r of a pair).
 constexpr int kNarrowCols = 8;
-constexpr int64_t kNarrowBlockBytes = 4 * kSliceBytes + kPackCols * 4;
-
-// A block of a row pair (2p, 2p + 1), at [p * nb + b]: side by side, so one 64-bit
-// broadcast gives the narrow kernel both rows' values in its lane order.
-struct PairPrep {
-    int32_t neg_corr[2];   // -128 * sum of the block's weights
-    float dw[2];           // the block's scale
-};
-static_assert(sizeof(PairPrep) == 2 * kRowPrepBytes);
-
-// Row r's entries of a pair-layout prep.
-struct RowRef {
-    const PairPrep *p;
-    int s;
-    int32_t neg_corr(int64_t b) const { return p[b].neg_corr[s]; }
-    float dw(int64_t b) const { return p[b].dw[s]; }
-};
-inline RowRef row_ref(const PairPrep *prep, int64_t r, int64_t nb) { return {prep + (r >> 1) * nb, int(r & 1)}; }
+constexpr int64_t kNarrowScaleOff = 4 * kSliceBytes;
+constexpr int64_t kNarrowCorrOff = kNarrowScaleOff + kPackCols * 4;
+constexpr int64_t kNarrowBlockBytes = kNarrowCorrOff + kPackCols * 4;
 
 #define DS4_VNNI512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 // GCC 12 warns about the undefined pass-through operand inside its AVX-512 intrinsics.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
-
-// Blocks [b_start, nb) of rows [0, n_rows) of w into prep (row 0 the first of a pair), a row
-// and a block at a time; an odd count's last pair repeats its row, as the narrow kernel does.
-DS4_VNNI512 void prep_rows_from(const uint8_t *w, size_t w_stride, int64_t n_rows, int64_t nb, int64_t b_start,
-                                PairPrep *prep) {
-    const __m256i ones = _mm256_set1_epi8(1), zero = _mm256_setzero_si256();
-    for (int64_t r = 0; r < n_rows; ++r) {
-        const BlockQ8_0 *wb = reinterpret_cast<const BlockQ8_0 *>(w + size_t(r) * w_stride);
-        PairPrep *p = prep + (r >> 1) * nb;
-        const int h = int(r & 1);
-        const bool last_alone = h == 0 && r + 1 == n_rows;
-        auto put = [&](int64_t b, int32_t sum, float d) {
-            p[b].neg_corr[h] = -128 * sum;
-            p[b].dw[h] = d;
-            if (last_alone) {
-                p[b].neg_corr[1] = p[b].neg_corr[0];
-                p[b].dw[1] = d;
-            }
-        };
-        int64_t b = b_start;
-        for (; b + 4 <= nb; b += 4) {
-            __m256i s[4];
-            for (int k = 0; k < 4; ++k) s[k] = _mm256_dpbusd_epi32(zero, ones, simd::loadu(wb[b + k].qs));
-            alignas(16) int32_t sums[4];
-            _mm_store_si128(reinterpret_cast<__m128i *>(sums), simd::sum4_i32(s[0], s[1], s[2], s[3]));
-            for (int k = 0; k < 4; ++k) put(b + k, sums[k], f16_to_f32_fast(wb[b + k].d));
-        }
-        for (; b < nb; ++b) {
-            int32_t sum = 0;
-            for (int i = 0; i < kQK8_0; ++i) sum += wb[b].qs[i];
-            put(b, sum, f16_to_f32_fast(wb[b].d));
-        }
-    }
-}
-
-// Eight blocks from b of rows a and c (a row pair; c = a for an odd count's last row) into
-// their PairPreps: the block sums of 16 (row, block)s reduced side by side, the scales by
-// one gather, two permutes into the pair layout. A row and a block at a time this cost about
-// half of a 16-column pass of the products; this way the tile without a kept prep measured
-// x8 / x16 / x25 columns 87-89 -> 101-110, 134-140 -> 153-159, 130-133 -> 138-141 G
-// weight-dots/s from cache.
-DS4_VNNI512 void prep_pair8(const BlockQ8_0 *a, const BlockQ8_0 *c, int64_t b, PairPrep *out) {
-    const __m512i ones = _mm512_set1_epi8(1), zero = _mm512_setzero_si512();
-    // v[k]: row (k < 4 ? a : c), blocks b + 2 (k % 4) (lanes 0-7) and the next (8-15)
-    __m512i v[8];
-    for (int k = 0; k < 8; ++k) {
-        const BlockQ8_0 *r = (k < 4 ? a : c) + b + 2 * (k % 4);
-        const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(simd::loadu(r[0].qs)), simd::loadu(r[1].qs), 1);
-        v[k] = _mm512_dpbusd_epi32(zero, ones, q);
-    }
-    // 128-bit lane L of t[h]: the partial sums (lanes 4L..4L+3 of v) of v[4h], v[4h+1], ...
-    __m512i t[2];
-    for (int h = 0; h < 2; ++h) {
-        __m512i u[2];
-        for (int i = 0; i < 2; ++i) {
-            const __m512i x = v[4 * h + 2 * i], y = v[4 * h + 2 * i + 1];
-            u[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(x, y), _mm512_unpackhi_epi32(x, y));
-        }
-        t[h] = _mm512_add_epi32(_mm512_unpacklo_epi64(u[0], u[1]), _mm512_unpackhi_epi64(u[0], u[1]));
-    }
-    // lane i: row a's block b + i, lane 8 + i: row c's (lanes 0-3 of each 128-bit lane of
-    // t: v[0..3]; a block's first half-sum in lane 0 or 2 of the four, its second in 1 or 3)
-    const __m512i lo = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 16, 24, 17, 25, 18, 26, 19, 27);
-    const __m512i hi = _mm512_add_epi32(lo, _mm512_set1_epi32(4));
-    const __m512i sums =
-        _mm512_add_epi32(_mm512_permutex2var_epi32(t[0], lo, t[1]), _mm512_permutex2var_epi32(t[0], hi, t[1]));
-    const __m512i neg_corr = _mm512_sub_epi32(zero, _mm512_slli_epi32(sums, 7));
-    // the scales: a 32-bit gather at each block's start (d, then 2 bytes of its qs)
-    const __m512i block_offs = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7),
-                                                  _mm512_set1_epi32(int(sizeof(BlockQ8_0))));
-    const int32_t row_c = int32_t(reinterpret_cast<const uint8_t *>(c) - reinterpret_cast<const uint8_t *>(a));
-    const __m512i idx = _mm512_add_epi32(
-        block_offs, _mm512_mask_set1_epi32(_mm512_set1_epi32(int32_t(b * int64_t(sizeof(BlockQ8_0)))), 0xFF00,
-                                           int32_t(b * int64_t(sizeof(BlockQ8_0))) + row_c));
-    const __m512i dwords = _mm512_i32gather_epi32(idx, a, 1);
-    const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dwords));
-    // PairPrep i = {neg_corr a, neg_corr c, dw a, dw c}
-    const __m512i p0 = _mm512_setr_epi32(0, 8, 16, 24, 1, 9, 17, 25, 2, 10, 18, 26, 3, 11, 19, 27);
-    const __m512i p1 = _mm512_add_epi32(p0, _mm512_set1_epi32(4));
-    const __m512i dwi = _mm512_castps_si512(dw);
-    _mm512_storeu_si512(out + b, _mm512_permutex2var_epi32(neg_corr, p0, dwi));
-    _mm512_storeu_si512(out + b + 4, _mm512_permutex2var_epi32(neg_corr, p1, dwi));
-}
-
-// Rows [0, n_rows) of w into prep (row 0 the first of a pair); an odd count's last pair
-// repeats its row, as the narrow kernel does.
-DS4_VNNI512 void prep_rows(const uint8_t *w, size_t w_stride, int64_t n_rows, int64_t nb, PairPrep *prep) {
-    // The gather's offsets are 32-bit: rows too far apart take the one-row path.
-    const int64_t b8 = w_stride < (size_t(1) << 30) ? nb / 8 * 8 : 0;
-    if (b8)
-        for (int64_t r = 0; r < n_rows; r += 2) {
-            const BlockQ8_0 *a = reinterpret_cast<const BlockQ8_0 *>(w + size_t(r) * w_stride);
-            const BlockQ8_0 *c = r + 1 < n_rows ? reinterpret_cast<const BlockQ8_0 *>(w + size_t(r + 1) * w_stride) : a;
-            for (int64_t b = 0; b < b8; b += 8) prep_pair8(a, c, b, prep + (r >> 1) * nb);
-        }
-    if (b8 < nb) prep_rows_from(w, w_stride, n_rows, nb, b8, prep);
-}
 
 inline uint32_t load_u32(const int8_t *p) {
     uint32_t v;
@@ -169,7 +64,15 @@ inline uint64_t load_u64(const int8_t *p) {
     return v;
 }
 
-// Pull [pf, pf_end) into L2 three lines at a time (see Rows; four lines a block for the
+// A weight slice of 4 (8) bytes in every lane (lane pair), made unsigned.
+DS4_VNNI512 inline __m512i weight_slice(const int8_t *p) {
+    return _mm512_xor_si512(_mm512_set1_epi32(int(load_u32(p))), _mm512_set1_epi32(int(0x80808080u)));
+}
+DS4_VNNI512 inline __m512i weight_slice_pair(const int8_t *p) {
+    return _mm512_xor_si512(_mm512_set1_epi64(int64_t(load_u64(p))), _mm512_set1_epi32(int(0x80808080u)));
+}
+
+// Pull [pf, pf_end) into L2 three lines at a time (see tile_wide; four lines a block for the
 // narrow tile's six rows measured no faster).
 inline void prefetch_some(const uint8_t *&pf, const uint8_t *pf_end) {
     for (int i = 0; i < 3 && pf < pf_end; ++i, pf += 64) _mm_prefetch(reinterpret_cast<const char *>(pf), _MM_HINT_T1);
@@ -198,8 +101,8 @@ DS4_VNNI512 inline void for_blocks(int64_t nb, F &&block) {
 // pf..pf_end: weights to pull into L2 meanwhile (the next rows, on the first pass over a
 // row block, when they still come from memory); three lines a block covers 4 rows.
 template <int R>
-DS4_VNNI512 inline void rows_x16(const BlockQ8_0 *const *w, const RowRef *prep, const uint8_t *panel,
-                                 int64_t nb, const uint8_t *pf, const uint8_t *pf_end, __m512 *out) {
+DS4_VNNI512 inline void rows_x16(const BlockQ8_0 *const *w, const uint8_t *panel, int64_t nb, const uint8_t *pf,
+                                 const uint8_t *pf_end, __m512 *out) {
     __m512 acc[R][4];
     for (int r = 0; r < R; ++r)
         for (int k = 0; k < 4; ++k) acc[r][k] = _mm512_setzero_ps();
@@ -208,113 +111,97 @@ DS4_VNNI512 inline void rows_x16(const BlockQ8_0 *const *w, const RowRef *prep, 
         prefetch_some(pf, pf_end);
         // Two integer chains a row (even and odd slices): eight dependent vpdpbusd a
         // block would leave the units waiting on their latency.
+        const __m512i corr = _mm512_loadu_si512(pb + kCorrOff);
         __m512i dot[R][2];
         for (int r = 0; r < R; ++r) {
-            dot[r][0] = _mm512_set1_epi32(prep[r].neg_corr(b));
+            dot[r][0] = corr;
             dot[r][1] = _mm512_setzero_si512();
         }
 #pragma GCC unroll 8
         for (int j = 0; j < 8; ++j) {
             const __m512i x = _mm512_loadu_si512(pb + j * kSliceBytes);
             for (int r = 0; r < R; ++r)
-                dot[r][j & 1] =
-                    _mm512_dpbusd_epi32(dot[r][j & 1], x, _mm512_set1_epi32(int(load_u32(w[r][b].qs + 4 * j))));
+                dot[r][j & 1] = _mm512_dpbusd_epi32(dot[r][j & 1], weight_slice(w[r][b].qs + 4 * j), x);
         }
-        const __m512 dx = _mm512_loadu_ps(pb + 8 * kSliceBytes);
+        const __m512 dx = _mm512_loadu_ps(pb + kScaleOff);
         for (int r = 0; r < R; ++r)
-            acc[r][k] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(prep[r].dw(b)), dx),
+            acc[r][k] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(f16_to_f32_fast(w[r][b].d)), dx),
                                         _mm512_cvtepi32_ps(_mm512_add_epi32(dot[r][0], dot[r][1])), acc[r][k]);
     });
     for (int r = 0; r < R; ++r) out[r] = sum_chains(acc[r]);
 }
 
-// R weight rows against three packed groups (48 columns) at once: each broadcast weight
-// slice feeds three vpdpbusd, where the one-group kernel loads a slice per vpdpbusd (on
-// AMD Zen 5 its loads, not its vpdpbusd, bound it). Twelve outputs' four float chains do not
-// fit the registers, so they live in ch (L1), chain k of row r, group g at (k * R + r) * 3 + g;
-// the order of every float step is still dot_q8_0's.
-template <int R>
-DS4_VNNI512 inline void rows_x48(const BlockQ8_0 *const *w, const RowRef *prep, const uint8_t *panel,
-                                 uint64_t group_bytes, int64_t nb, const uint8_t *pf, const uint8_t *pf_end,
-                                 __m512 *ch) {
-    constexpr int G = 3;
+// R weight rows against G packed groups (16 G columns) at once: each broadcast weight slice
+// feeds G vpdpbusd, where the one-group kernel makes a broadcast per vpdpbusd (on AMD Zen 5
+// its loads, not its vpdpbusd, bound it). The R G outputs' four float chains do not fit the
+// registers, so they live in ch (L1), chain k of row r, group g at (k * R + r) * G + g; the
+// order of every float step is still dot_q8_0's.
+template <int R, int G>
+DS4_VNNI512 inline void rows_xg(const BlockQ8_0 *const *w, const uint8_t *panel, uint64_t group_bytes, int64_t nb,
+                                const uint8_t *pf, const uint8_t *pf_end, __m512 *ch) {
     for (int i = 0; i < 4 * R * G; ++i) ch[i] = _mm512_setzero_ps();
     for_blocks(nb, [&](int64_t b, int k) DS4_VNNI512 {
         const uint8_t *pb = panel + b * kGroupBlockBytes;
         prefetch_some(pf, pf_end);
-        __m512i dot[R][G];   // one integer chain each: twelve are in flight
-        for (int r = 0; r < R; ++r) {
-            const __m512i c = _mm512_set1_epi32(prep[r].neg_corr(b));
-            for (int g = 0; g < G; ++g) dot[r][g] = c;
+        __m512i dot[R][G];   // one integer chain each: R G are in flight
+        for (int g = 0; g < G; ++g) {
+            const __m512i c = _mm512_loadu_si512(pb + g * group_bytes + kCorrOff);
+            for (int r = 0; r < R; ++r) dot[r][g] = c;
         }
 #pragma GCC unroll 8
         for (int j = 0; j < 8; ++j) {
             __m512i x[G];
             for (int g = 0; g < G; ++g) x[g] = _mm512_loadu_si512(pb + g * group_bytes + j * kSliceBytes);
             for (int r = 0; r < R; ++r) {
-                const __m512i wv = _mm512_set1_epi32(int(load_u32(w[r][b].qs + 4 * j)));
-                for (int g = 0; g < G; ++g) dot[r][g] = _mm512_dpbusd_epi32(dot[r][g], x[g], wv);
+                const __m512i wv = weight_slice(w[r][b].qs + 4 * j);
+                for (int g = 0; g < G; ++g) dot[r][g] = _mm512_dpbusd_epi32(dot[r][g], wv, x[g]);
             }
         }
+        __m512 dw[R];   // converted before the barriers below, which would make every use reload
+        for (int r = 0; r < R; ++r) dw[r] = _mm512_set1_ps(f16_to_f32_fast(w[r][b].d));
         for (int g = 0; g < G; ++g) {
-            const __m512 dx = _mm512_loadu_ps(pb + g * group_bytes + 8 * kSliceBytes);
+            const __m512 dx = _mm512_loadu_ps(pb + g * group_bytes + kScaleOff);
             for (int r = 0; r < R; ++r) {
                 float *a = reinterpret_cast<float *>(ch + (k * R + r) * G + g);
-                // kept in memory: without the barrier GCC holds all 48 chains in registers and spills
+                // kept in memory: without the barrier GCC holds all the chains in registers and spills
                 __asm__ volatile("" ::: "memory");
-                _mm512_store_ps(a, _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(prep[r].dw(b)), dx),
-                                                   _mm512_cvtepi32_ps(dot[r][g]), _mm512_load_ps(a)));
+                _mm512_store_ps(a, _mm512_fmadd_ps(_mm512_mul_ps(dw[r], dx), _mm512_cvtepi32_ps(dot[r][g]),
+                                                   _mm512_load_ps(a)));
             }
         }
     });
 }
 
-template <int R>
-DS4_VNNI512 void rows_group3(const uint8_t *w, size_t w_stride, int64_t r0, const PairPrep *prep, const uint8_t *panel,
-                             uint64_t group_bytes, int64_t nb, int nc_last, float *out, size_t out_col_stride,
-                             const uint8_t *pf, const uint8_t *pf_end) {
+// Rows [r0, r0 + R) against G groups (the last with nc_last columns) to out (column-major).
+template <int R, int G>
+DS4_VNNI512 void rows_group(const uint8_t *w, size_t w_stride, int64_t r0, const uint8_t *panel, uint64_t group_bytes,
+                            int64_t nb, int nc_last, float *out, size_t out_col_stride, const uint8_t *pf,
+                            const uint8_t *pf_end) {
     const BlockQ8_0 *wr[R];
-    RowRef pr[R];
-    for (int r = 0; r < R; ++r) {
-        wr[r] = reinterpret_cast<const BlockQ8_0 *>(w + size_t(r0 + r) * w_stride);
-        pr[r] = row_ref(prep, r0 + r, nb);
+    for (int r = 0; r < R; ++r) wr[r] = reinterpret_cast<const BlockQ8_0 *>(w + size_t(r0 + r) * w_stride);
+    alignas(64) __m512 res[R * G];   // row r, group g at r * G + g
+    if constexpr (G == 1) {
+        rows_x16<R>(wr, panel, nb, pf, pf_end, res);
+    } else {
+        alignas(64) __m512 ch[4 * R * G];
+        rows_xg<R, G>(wr, panel, group_bytes, nb, pf, pf_end, ch);
+        for (int i = 0; i < R * G; ++i)   // chain k at ch[k * R * G + i]
+            res[i] = _mm512_add_ps(_mm512_add_ps(ch[i], ch[2 * R * G + i]), _mm512_add_ps(ch[R * G + i], ch[3 * R * G + i]));
     }
-    alignas(64) __m512 ch[4 * R * 3];
-    rows_x48<R>(wr, pr, panel, group_bytes, nb, pf, pf_end, ch);
     for (int r = 0; r < R; ++r)
-        for (int g = 0; g < 3; ++g) {
-            const __m512 *c = ch + r * 3 + g;   // chain k at c[k * R * 3]
+        for (int g = 0; g < G; ++g) {
             alignas(64) float v[kPackCols];
-            _mm512_store_ps(v, _mm512_add_ps(_mm512_add_ps(c[0], c[2 * R * 3]), _mm512_add_ps(c[R * 3], c[3 * R * 3])));
+            _mm512_store_ps(v, res[r * G + g]);
             float *o = out + size_t(g * kPackCols) * out_col_stride + size_t(r0 + r);
-            for (int i = 0, nc = g < 2 ? kPackCols : nc_last; i < nc; ++i) o[size_t(i) * out_col_stride] = v[i];
+            for (int i = 0, nc = g + 1 < G ? kPackCols : nc_last; i < nc; ++i) o[size_t(i) * out_col_stride] = v[i];
         }
 }
 
-template <int R>
-DS4_VNNI512 void rows_group(const uint8_t *w, size_t w_stride, int64_t r0, const PairPrep *prep, const uint8_t *panel,
-                            int64_t nb, int nc, float *out, size_t out_col_stride, const uint8_t *pf = nullptr,
-                            const uint8_t *pf_end = nullptr) {
-    const BlockQ8_0 *wr[R];
-    RowRef pr[R];
-    for (int r = 0; r < R; ++r) {
-        wr[r] = reinterpret_cast<const BlockQ8_0 *>(w + size_t(r0 + r) * w_stride);
-        pr[r] = row_ref(prep, r0 + r, nb);
-    }
-    __m512 res[R];
-    rows_x16<R>(wr, pr, panel, nb, pf, pf_end, res);
-    for (int r = 0; r < R; ++r) {
-        alignas(64) float v[kPackCols];
-        _mm512_store_ps(v, res[r]);
-        for (int c = 0; c < nc; ++c) out[size_t(c) * out_col_stride + size_t(r0 + r)] = v[c];
-    }
-}
-
 // P pairs of weight rows (w[2p], w[2p + 1]) against the narrow panel of up to 8 columns;
-// out[p] lane 2c + r holds row 2p + r's result for column c. prep[p]: pair p's blocks.
+// out[p] lane 2c + r holds row 2p + r's result for column c.
 template <int P>
-DS4_VNNI512 inline void pairs_x8(const BlockQ8_0 *const *w, const PairPrep *const *prep, const uint8_t *panel,
-                                 int64_t nb, const uint8_t *pf, const uint8_t *pf_end, __m512 *out) {
+DS4_VNNI512 inline void pairs_x8(const BlockQ8_0 *const *w, const uint8_t *panel, int64_t nb, const uint8_t *pf,
+                                 const uint8_t *pf_end, __m512 *out) {
     // Lane 2c + r of a pair's sums: row r's column c, its halves from lanes 2c and 2c + 1.
     const __m512i even = _mm512_setr_epi32(0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30);
     const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
@@ -331,21 +218,18 @@ DS4_VNNI512 inline void pairs_x8(const BlockQ8_0 *const *w, const PairPrep *cons
         for (int j = 0; j < 4; ++j) {
             const __m512i x = _mm512_loadu_si512(pb + j * kSliceBytes);
             for (int q = 0; q < 2 * P; ++q)
-                dot[q][j & 1] = _mm512_dpbusd_epi32(dot[q][j & 1], x,
-                                                    _mm512_set1_epi64(int64_t(load_u64(w[q][b].qs + 8 * j))));
+                dot[q][j & 1] = _mm512_dpbusd_epi32(dot[q][j & 1], weight_slice_pair(w[q][b].qs + 8 * j), x);
         }
-        const __m512 dx = _mm512_loadu_ps(pb + 4 * kSliceBytes);
+        const __m512 dx = _mm512_loadu_ps(pb + kNarrowScaleOff);
+        const __m512i corr = _mm512_loadu_si512(pb + kNarrowCorrOff);
         for (int p = 0; p < P; ++p) {
-            // The pair's corrections and scales side by side: one broadcast each.
-            uint64_t c2, d2;
-            std::memcpy(&c2, prep[p][b].neg_corr, 8);
-            std::memcpy(&d2, prep[p][b].dw, 8);
             const __m512i a = _mm512_add_epi32(dot[2 * p][0], dot[2 * p][1]);
             const __m512i c = _mm512_add_epi32(dot[2 * p + 1][0], dot[2 * p + 1][1]);
             const __m512i sum = _mm512_add_epi32(
-                _mm512_add_epi32(_mm512_permutex2var_epi32(a, even, c), _mm512_permutex2var_epi32(a, odd, c)),
-                _mm512_set1_epi64(int64_t(c2)));
-            const __m512 dw = _mm512_castsi512_ps(_mm512_set1_epi64(int64_t(d2)));
+                _mm512_add_epi32(_mm512_permutex2var_epi32(a, even, c), _mm512_permutex2var_epi32(a, odd, c)), corr);
+            // The pair's two f16 scales side by side in every lane pair, converted in one step.
+            const uint32_t d2 = uint32_t(w[2 * p][b].d) | uint32_t(w[2 * p + 1][b].d) << 16;
+            const __m512 dw = _mm512_cvtph_ps(_mm256_set1_epi32(int(d2)));
             acc[p][k] = _mm512_fmadd_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(sum), acc[p][k]);
         }
     });
@@ -354,18 +238,16 @@ DS4_VNNI512 inline void pairs_x8(const BlockQ8_0 *const *w, const PairPrep *cons
 
 // Rows [r0, r0 + 2P) (r0 even; rows past n_rows repeat the last row and are not written).
 template <int P>
-DS4_VNNI512 void rows_narrow(const uint8_t *w, size_t w_stride, int64_t r0, int64_t n_rows, const PairPrep *prep,
-                             const uint8_t *panel, int64_t nb, int nc, float *out, size_t out_col_stride,
-                             const uint8_t *pf, const uint8_t *pf_end) {
+DS4_VNNI512 void rows_narrow(const uint8_t *w, size_t w_stride, int64_t r0, int64_t n_rows, const uint8_t *panel,
+                             int64_t nb, int nc, float *out, size_t out_col_stride, const uint8_t *pf,
+                             const uint8_t *pf_end) {
     const BlockQ8_0 *wr[2 * P];
-    const PairPrep *pr[P];
     for (int q = 0; q < 2 * P; ++q) {
         const int64_t r = std::min<int64_t>(r0 + q, n_rows - 1);
         wr[q] = reinterpret_cast<const BlockQ8_0 *>(w + size_t(r) * w_stride);
     }
-    for (int p = 0; p < P; ++p) pr[p] = prep + (r0 / 2 + p) * nb;
     __m512 res[P];
-    pairs_x8<P>(wr, pr, panel, nb, pf, pf_end, res);
+    pairs_x8<P>(wr, panel, nb, pf, pf_end, res);
     for (int p = 0; p < P; ++p) {
         alignas(64) float v[kPackCols];
         _mm512_store_ps(v, res[p]);
@@ -383,23 +265,29 @@ void pack_narrow(const void *x, size_t x_row_stride, int nc, int64_t n, uint8_t 
         uint8_t *pb = dst + b * kNarrowBlockBytes;
         uint32_t slices[4 * kPackCols];
         float dx[kPackCols];
+        int32_t corr[kPackCols];
         for (int c = 0; c < kNarrowCols; ++c) {
             const BlockQ8_0 *blk = c < nc ? &reinterpret_cast<const BlockQ8_0 *>(static_cast<const uint8_t *>(x) +
                                                                                  size_t(c) * x_row_stride)[b]
                                           : nullptr;
+            int32_t sum = 0;
+            if (blk)
+                for (int i = 0; i < kQK8_0; ++i) sum += blk->qs[i];
             for (int j = 0; j < 4; ++j)
-                for (int h = 0; h < 2; ++h)
-                    slices[j * kPackCols + 2 * c + h] = blk ? load_u32(blk->qs + 8 * j + 4 * h) ^ 0x80808080u : 0x80808080u;
-            dx[2 * c] = dx[2 * c + 1] = blk ? f16_to_f32_fast(blk->d) : 0.f;   // the results' lane order
+                for (int h = 0; h < 2; ++h) slices[j * kPackCols + 2 * c + h] = blk ? load_u32(blk->qs + 8 * j + 4 * h) : 0;
+            // the results' lane order; a missing column: x = 0 and scale 0, so its (unused) results are 0
+            dx[2 * c] = dx[2 * c + 1] = blk ? f16_to_f32_fast(blk->d) : 0.f;
+            corr[2 * c] = corr[2 * c + 1] = -128 * sum;
         }
         std::memcpy(pb, slices, sizeof slices);
-        std::memcpy(pb + 4 * kSliceBytes, dx, sizeof dx);
+        std::memcpy(pb + kNarrowScaleOff, dx, sizeof dx);
+        std::memcpy(pb + kNarrowCorrOff, corr, sizeof corr);
     }
 }
 
 void pack_wide(const void *x, size_t x_row_stride, int nc, int64_t n, uint8_t *dst);
 void tile_wide(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const uint8_t *packed, int64_t n_cols,
-               int64_t nb, PairPrep *fill, const PairPrep *prep, float *out, size_t out_col_stride);
+               int64_t nb, float *out, size_t out_col_stride);
 
 }  // namespace
 
@@ -447,11 +335,13 @@ inline void transpose8x8(const __m256i *r, __m256i *out) {
 }
 
 // Sixteen columns' blocks to the group layout: two 8 x 8 transposes of 4-byte slices a block
-// (a slice at a time this took ~2.5% of a flash-shape prefill step).
+// (a slice at a time this took ~2.5% of a flash-shape prefill step). Each column's block sum
+// comes from the transposed slices: byte pairs summed by maddubs (ones as the unsigned side),
+// the eight slices added in 16 bits (at most 8 * 256 in size), then the pairs by madd.
 void pack_wide(const void *x, size_t x_row_stride, int nc, int64_t n, uint8_t *dst) {
     const int64_t nb = n / kQK8_0;
     const uint8_t *xp = static_cast<const uint8_t *>(x);
-    const __m256i flip = _mm256_set1_epi8(char(0x80));
+    const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
     for (int64_t b = 0; b < nb; ++b) {
         uint8_t *pb = dst + b * kGroupBlockBytes;
         alignas(64) float dx[kPackCols];
@@ -461,58 +351,49 @@ void pack_wide(const void *x, size_t x_row_stride, int nc, int64_t n, uint8_t *d
                 const int c = 8 * h + i;
                 if (c < nc) {   // a missing column: x = 0 and scale 0, so its (unused) results are 0
                     const BlockQ8_0 &blk = reinterpret_cast<const BlockQ8_0 *>(xp + size_t(c) * x_row_stride)[b];
-                    r[i] = _mm256_xor_si256(simd::loadu(blk.qs), flip);
+                    r[i] = simd::loadu(blk.qs);
                     dx[c] = f16_to_f32_fast(blk.d);
                 } else {
-                    r[i] = flip;
+                    r[i] = _mm256_setzero_si256();
                     dx[c] = 0;
                 }
             }
             transpose8x8(r, o);
-            for (int j = 0; j < 8; ++j)
+            __m256i pairs = _mm256_setzero_si256();
+            for (int j = 0; j < 8; ++j) {
                 _mm256_storeu_si256(reinterpret_cast<__m256i *>(pb + j * kSliceBytes + 32 * h), o[j]);
+                pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(ones8, o[j]));
+            }
+            const __m256i corr = _mm256_slli_epi32(_mm256_sub_epi32(_mm256_setzero_si256(), _mm256_madd_epi16(pairs, ones16)), 7);
+            _mm256_storeu_si256(reinterpret_cast<__m256i *>(pb + kCorrOff + 32 * h), corr);
         }
-        std::memcpy(pb + 8 * kSliceBytes, dx, sizeof dx);
+        std::memcpy(pb + kScaleOff, dx, sizeof dx);
     }
 }
 
-// The narrow panel: six rows a step, corrections worked out just before each step's rows
-// (unless kept: cached).
-// fill: where to work the corrections out, or null where prep holds them already.
+// The narrow panel: six rows a step.
 void tile_narrow(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const uint8_t *panel, int nc, int64_t nb,
-                 PairPrep *fill, const PairPrep *prep, float *out, size_t out_col_stride) {
+                 float *out, size_t out_col_stride) {
     // Six rows (three pairs) a step: measured 10-15% faster than four, from memory and from
     // L2, on one core and two (eight would not fit the registers).
     constexpr int64_t G = 6;
     for (int64_t r = 0; r < n_rows; r += G) {
         const int64_t m = std::min<int64_t>(G, n_rows - r);
-        if (fill) prep_rows(w + size_t(r) * w_row_stride, w_row_stride, m, nb, fill + (r / 2) * nb);
         const uint8_t *pf = w + size_t(std::min<int64_t>(r + G, n_rows)) * w_row_stride;
         const uint8_t *pf_end = w + size_t(std::min<int64_t>(r + 2 * G, n_rows)) * w_row_stride;
-        if (m > 4) rows_narrow<3>(w, w_row_stride, r, n_rows, prep, panel, nb, nc, out, out_col_stride, pf, pf_end);
-        else if (m > 2) rows_narrow<2>(w, w_row_stride, r, n_rows, prep, panel, nb, nc, out, out_col_stride, pf, pf_end);
-        else rows_narrow<1>(w, w_row_stride, r, n_rows, prep, panel, nb, nc, out, out_col_stride, pf, pf_end);
+        if (m > 4) rows_narrow<3>(w, w_row_stride, r, n_rows, panel, nb, nc, out, out_col_stride, pf, pf_end);
+        else if (m > 2) rows_narrow<2>(w, w_row_stride, r, n_rows, panel, nb, nc, out, out_col_stride, pf, pf_end);
+        else rows_narrow<1>(w, w_row_stride, r, n_rows, panel, nb, nc, out, out_col_stride, pf, pf_end);
     }
 }
 
 }  // namespace
 
-void q8_0_row_prep(const uint8_t *w, size_t w_row_stride, int64_t n_rows, int64_t n, uint8_t *dst) {
-    prep_rows(w, w_row_stride, n_rows, n / kQK8_0, reinterpret_cast<PairPrep *>(dst));
-}
-
 void q8_0_tile_packed(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const uint8_t *packed, int64_t n_cols,
-                      int64_t n, float *out, size_t out_col_stride, const uint8_t *cached) {
+                      int64_t n, float *out, size_t out_col_stride) {
     const int64_t nb = n / kQK8_0;
-    thread_local std::vector<PairPrep> scratch;
-    PairPrep *fill = nullptr;
-    if (!cached) {
-        if (scratch.size() < size_t((n_rows + 1) / 2 * nb)) scratch.resize(size_t((n_rows + 1) / 2 * nb));
-        fill = scratch.data();
-    }
-    const PairPrep *prep = cached ? reinterpret_cast<const PairPrep *>(cached) : fill;
     if (n_cols <= kNarrowCols) {
-        tile_narrow(w, w_row_stride, n_rows, packed, int(n_cols), nb, fill, prep, out, out_col_stride);
+        tile_narrow(w, w_row_stride, n_rows, packed, int(n_cols), nb, out, out_col_stride);
         return;
     }
     // The results go to a column-major buffer of up to kStageRows rows first, then a column
@@ -521,16 +402,14 @@ void q8_0_tile_packed(const uint8_t *w, size_t w_row_stride, int64_t n_rows, con
     // two, so those lines all fall in one L1 set and one L2 set and evict each other. Staged,
     // the flash-shape prefill's out_proj went 39-45 -> 35-37 ms a step and its routed experts
     // 130 -> 123 (a 48-column variant written in place ran q_kv 2.5x slower).
-    constexpr int64_t kStageRows = 256;   // even: row pairs share a prep entry
+    constexpr int64_t kStageRows = 256;
     thread_local CacheAlignedVector<float> staged;
     const int64_t rows_max = std::min(n_rows, kStageRows);
     const size_t ls = size_t((rows_max + 15) / 16 * 16 + 16);   // padded off a power of two
     if (staged.size() < ls * size_t(n_cols)) staged.resize(ls * size_t(n_cols));
     for (int64_t r0 = 0; r0 < n_rows; r0 += kStageRows) {
         const int64_t nr = std::min(kStageRows, n_rows - r0);
-        const int64_t pairs = r0 / 2 * nb;
-        tile_wide(w + size_t(r0) * w_row_stride, w_row_stride, nr, packed, n_cols, nb, fill ? fill + pairs : nullptr,
-                  prep + pairs, staged.data(), ls);
+        tile_wide(w + size_t(r0) * w_row_stride, w_row_stride, nr, packed, n_cols, nb, staged.data(), ls);
         for (int64_t c = 0; c < n_cols; ++c)
             std::memcpy(out + size_t(c) * out_col_stride + size_t(r0), staged.data() + size_t(c) * ls,
                         sizeof(float) * size_t(nr));
@@ -539,46 +418,44 @@ void q8_0_tile_packed(const uint8_t *w, size_t w_row_stride, int64_t n_rows, con
 
 namespace {
 
+template <int G>
+void rows_groups(const uint8_t *w, size_t w_row_stride, int64_t r, int m, const uint8_t *panel, uint64_t group_bytes,
+                 int64_t nb, int nc_last, float *o, size_t out_col_stride, const uint8_t *pf, const uint8_t *pf_end) {
+    switch (m) {
+        case 4: rows_group<4, G>(w, w_row_stride, r, panel, group_bytes, nb, nc_last, o, out_col_stride, pf, pf_end); break;
+        case 3: rows_group<3, G>(w, w_row_stride, r, panel, group_bytes, nb, nc_last, o, out_col_stride, pf, pf_end); break;
+        case 2: rows_group<2, G>(w, w_row_stride, r, panel, group_bytes, nb, nc_last, o, out_col_stride, pf, pf_end); break;
+        default: rows_group<1, G>(w, w_row_stride, r, panel, group_bytes, nb, nc_last, o, out_col_stride, pf, pf_end); break;
+    }
+}
+
 void tile_wide(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const uint8_t *packed, int64_t n_cols,
-               int64_t nb, PairPrep *fill, const PairPrep *prep, float *out, size_t out_col_stride) {
+               int64_t nb, float *out, size_t out_col_stride) {
     const uint64_t group_bytes = uint64_t(nb) * kGroupBlockBytes;
-    // Groups three at a time where more than two are left (rows_x48: from cache on Zen 5,
-    // 4096 x 4096 against 256 columns 542 -> 623 G/s on two cores), what is left a group at a
-    // time (two groups together measured no faster than one after the other).
+    // Groups three at a time where more than two are left, two where two are (the last of
+    // them may be part-filled), one where one is. From L2 on Zen 5, four rows against 48 / 32 /
+    // 16 columns ran 383 / 375 / 327 G multiply-adds/s on one core.
     for (int64_t c0 = 0; c0 < n_cols;) {
-        const bool three = n_cols - c0 > 2 * kPackCols;   // the third group may be part-filled
-        const int nc3 = int(std::min<int64_t>(kPackCols, n_cols - c0 - 2 * kPackCols));
+        const int64_t left = n_cols - c0;
+        const int G = left > 2 * kPackCols ? 3 : left > kPackCols ? 2 : 1;
+        const int nc_last = int(std::min<int64_t>(kPackCols, left - (G - 1) * kPackCols));
         const uint8_t *panel = packed + uint64_t(c0 / kPackCols) * group_bytes;
-        const int nc = int(std::min<int64_t>(kPackCols, n_cols - c0));
         float *o = out + size_t(c0) * out_col_stride;
-        // The first pass works out each row's corrections just before using them (unless
-        // kept), so the first pass over the weights (from memory) overlaps the products.
+        // The first pass pulls the next rows into L2 while it works (the weights come from
+        // memory then); later passes find them there.
         const bool first = c0 == 0;
         for (int64_t r = 0; r < n_rows; r += 4) {
             const int m = int(std::min<int64_t>(4, n_rows - r));
             const uint8_t *pf = nullptr, *pf_end = nullptr;
             if (first) {
-                if (fill) prep_rows(w + size_t(r) * w_row_stride, w_row_stride, m, nb, fill + (r / 2) * nb);
                 pf = w + size_t(std::min<int64_t>(r + 4, n_rows)) * w_row_stride;
                 pf_end = w + size_t(std::min<int64_t>(r + 8, n_rows)) * w_row_stride;
             }
-            if (three) {
-                switch (m) {
-                    case 4: rows_group3<4>(w, w_row_stride, r, prep, panel, group_bytes, nb, nc3, o, out_col_stride, pf, pf_end); break;
-                    case 3: rows_group3<3>(w, w_row_stride, r, prep, panel, group_bytes, nb, nc3, o, out_col_stride, pf, pf_end); break;
-                    case 2: rows_group3<2>(w, w_row_stride, r, prep, panel, group_bytes, nb, nc3, o, out_col_stride, pf, pf_end); break;
-                    default: rows_group3<1>(w, w_row_stride, r, prep, panel, group_bytes, nb, nc3, o, out_col_stride, pf, pf_end); break;
-                }
-            } else {
-                switch (m) {
-                    case 4: rows_group<4>(w, w_row_stride, r, prep, panel, nb, nc, o, out_col_stride, pf, pf_end); break;
-                    case 3: rows_group<3>(w, w_row_stride, r, prep, panel, nb, nc, o, out_col_stride, pf, pf_end); break;
-                    case 2: rows_group<2>(w, w_row_stride, r, prep, panel, nb, nc, o, out_col_stride, pf, pf_end); break;
-                    default: rows_group<1>(w, w_row_stride, r, prep, panel, nb, nc, o, out_col_stride, pf, pf_end); break;
-                }
-            }
+            if (G == 3) rows_groups<3>(w, w_row_stride, r, m, panel, group_bytes, nb, nc_last, o, out_col_stride, pf, pf_end);
+            else if (G == 2) rows_groups<2>(w, w_row_stride, r, m, panel, group_bytes, nb, nc_last, o, out_col_stride, pf, pf_end);
+            else rows_groups<1>(w, w_row_stride, r, m, panel, group_bytes, nb, nc_last, o, out_col_stride, pf, pf_end);
         }
-        c0 += three ? 3 * kPackCols : kPackCols;   // past n_cols after a part-filled third group
+        c0 += G * kPackCols;   // past n_cols after a part-filled last group
     }
 }
 

@@ -208,7 +208,7 @@ void tile_pack(Type t, const void *x, size_t x_row_stride, int64_t n_cols, int64
 }
 
 void vec_dot_tile_packed(Type t, const void *w, size_t w_row_stride, int64_t n_rows, const void *packed,
-                         int64_t n_cols, int64_t n, float *out, size_t out_col_stride, const void *prep) {
+                         int64_t n_cols, int64_t n, float *out, size_t out_col_stride) {
     if (tile_pack_bytes(t, n, n_cols) == 0)
         failf("quant: vec_dot_tile_packed: no packed tile for %u with %lld columns on this CPU", unsigned(t),
               (long long)n_cols);
@@ -221,33 +221,10 @@ void vec_dot_tile_packed(Type t, const void *w, size_t w_row_stride, int64_t n_r
         failf("quant: vec_dot_tile_packed: output column stride %zu is smaller than the row count %lld",
               out_col_stride, (long long)n_rows);
     const uint8_t *wp = static_cast<const uint8_t *>(w), *pp = static_cast<const uint8_t *>(packed);
-    if (prep && tile_prep_row_bytes(t, n) == 0)
-        failf("quant: vec_dot_tile_packed: a row prep was given for %s, which has none", f.name);
     if (t == Type::IQ2_XXS)
         detail::iq2_xxs_tile_packed(wp, w_row_stride, n_rows, pp, n_cols, n, out, out_col_stride);
     else
-        detail::q8_0_tile_packed(wp, w_row_stride, n_rows, pp, n_cols, n, out, out_col_stride,
-                                 static_cast<const uint8_t *>(prep));
-}
-
-uint64_t tile_prep_row_bytes(Type t, int64_t n) {
-    if (t != Type::Q8_0 || !detail::vnni_enabled()) return 0;
-    need(t, n, "tile_prep_row_bytes");
-    return uint64_t(n / kQK8_0) * detail::kRowPrepBytes;
-}
-
-uint64_t tile_prep_bytes(Type t, int64_t n, int64_t n_rows) {
-    return tile_prep_row_bytes(t, n) * uint64_t((std::max<int64_t>(n_rows, 0) + 1) / 2 * 2);
-}
-
-void tile_prep(Type t, const void *w, size_t w_row_stride, int64_t n, int64_t r0, int64_t r1, void *dst) {
-    const uint64_t row = tile_prep_row_bytes(t, n);
-    if (row == 0) failf("quant: tile_prep: no row prep for %u on this CPU", unsigned(t));
-    if (r0 < 0 || r1 < r0) failf("quant: tile_prep: rows [%lld, %lld) out of range", (long long)r0, (long long)r1);
-    if (r0 % 2) failf("quant: tile_prep: rows [%lld, %lld) start at an odd row (rows are kept in pairs)", (long long)r0,
-                      (long long)r1);
-    detail::q8_0_row_prep(static_cast<const uint8_t *>(w) + size_t(r0) * w_row_stride, w_row_stride, r1 - r0, n,
-                          static_cast<uint8_t *>(dst) + uint64_t(r0) * row);
+        detail::q8_0_tile_packed(wp, w_row_stride, n_rows, pp, n_cols, n, out, out_col_stride);
 }
 
 void dequantize_row_ref(Type t, const void *src, float *dst, int64_t n) {

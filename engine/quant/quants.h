@@ -65,21 +65,8 @@ uint64_t tile_pack_bytes(Type t, int64_t n, int64_t n_cols);
 int64_t tile_pack_groups(Type t, int64_t n_cols);
 void tile_pack(Type t, const void *x, size_t x_row_stride, int64_t n_cols, int64_t n, int64_t g0, int64_t g1,
                void *packed);
-// prep: null, or the rows' tile_prep (row r's at prep + r * tile_prep_row_bytes; the rows
-// start at an even row of the matrix tile_prep was built for, since it keeps rows in pairs).
 void vec_dot_tile_packed(Type t, const void *w, size_t w_row_stride, int64_t n_rows, const void *packed,
-                         int64_t n_cols, int64_t n, float *out, size_t out_col_stride, const void *prep = nullptr);
-
-// What the packed Q8_0 tile works out per weight row before its products (each block's
-// scale as f32 and the correction its unsigned activations need), kept for a matrix that
-// many batched steps multiply, so no step pays it again: 8 bytes a 34-byte block. 0 where
-// the packed tile has no use for it (not Q8_0, or no AVX-512 VNNI). tile_prep fills rows
-// [r0, r1) (r0 even), so threads can split it; the result depends on the weights only.
-// tile_prep_bytes: the size of a whole matrix's (rows are kept in pairs: an odd count takes
-// one more row's room).
-uint64_t tile_prep_row_bytes(Type t, int64_t n);
-uint64_t tile_prep_bytes(Type t, int64_t n, int64_t n_rows);
-void tile_prep(Type t, const void *w, size_t w_row_stride, int64_t n, int64_t r0, int64_t r1, void *dst);
+                         int64_t n_cols, int64_t n, float *out, size_t out_col_stride);
 
 // Reference (scalar, obviously-correct) versions for tests.
 void dequantize_row_ref(Type t, const void *src, float *dst, int64_t n);

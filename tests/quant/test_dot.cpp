@@ -352,12 +352,12 @@ TEST(Quant, Q8_0PackedTileEqualsDotBitForBit) {
     on = true;
     std::mt19937 rng(31);
     for (int64_t n : {32, 32 * 5, 32 * 7, 4096 + 32}) {
-        const int64_t nrows = 11, ncols = 53;   // 53: three full groups (rows_x48) and a part-filled one
+        const int64_t nrows = 11, ncols = 53;   // 53: three full groups (rows_xg) and a part-filled one
         for (Scale s : {Scale::Normal, Scale::Mixed, Scale::Huge}) {
             const Q8Operands op(n, nrows, ncols, s, rng, 6);   // padded activation rows
             const auto &w = op.w, &x = op.x;
             const size_t rb = op.rb, xb = op.xb;
-            for (int64_t cols : {int64_t(q::kTilePackMinCols), int64_t(7), int64_t(8), int64_t(9), int64_t(15), int64_t(16), int64_t(17), int64_t(33), int64_t(48), ncols}) {
+            for (int64_t cols : {int64_t(q::kTilePackMinCols), int64_t(7), int64_t(8), int64_t(9), int64_t(15), int64_t(16), int64_t(17), int64_t(24), int64_t(32), int64_t(33), int64_t(48), ncols}) {
                 std::vector<uint8_t> packed(q::tile_pack_bytes(Type::Q8_0, n, cols));
                 ASSERT_FALSE(packed.empty());
                 const int64_t groups = q::tile_pack_groups(Type::Q8_0, cols);
@@ -376,33 +376,19 @@ TEST(Quant, Q8_0PackedTileEqualsDotBitForBit) {
                         }
                     for (int64_t c = 0; c < cols; ++c)   // the padding between columns is not written
                         for (size_t r = size_t(rows); r < ostride; ++r) ASSERT_EQ(a[c * ostride + r], -1.f);
-                    // The same with a kept row prep (built in two parts, as threads do): the same bits.
-                    const uint64_t prow = q::tile_prep_row_bytes(Type::Q8_0, n);
-                    ASSERT_GT(prow, 0u);
-                    std::vector<uint8_t> prep(q::tile_prep_bytes(Type::Q8_0, n, rows));
-                    ASSERT_EQ(prep.size(), prow * size_t((rows + 1) / 2 * 2));
-                    q::tile_prep(Type::Q8_0, w.data(), rb, n, 0, rows / 4 * 2, prep.data());
-                    q::tile_prep(Type::Q8_0, w.data(), rb, n, rows / 4 * 2, rows, prep.data());
-                    std::vector<float> b(ostride * size_t(cols), -1.f);
-                    q::vec_dot_tile_packed(Type::Q8_0, w.data(), rb, rows, packed.data(), cols, n, b.data(), ostride,
-                                           prep.data());
-                    ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0)
-                        << "with a kept prep: n " << n << " cols " << cols << " rows " << rows;
                 }
             }
         }
     }
-    {   // more rows than the kernel stages at once (256), an odd count, with and without a kept prep
+    {   // more rows than the kernel stages at once (256), an odd count
         const int64_t n = 64, rows = 301, cols = 50;
         const Q8Operands op(n, rows, cols, Scale::Mixed, rng, 6);
         std::vector<uint8_t> packed(q::tile_pack_bytes(Type::Q8_0, n, cols));
         q::tile_pack(Type::Q8_0, op.x.data(), op.xb, cols, n, 0, q::tile_pack_groups(Type::Q8_0, cols), packed.data());
-        std::vector<uint8_t> prep(q::tile_prep_bytes(Type::Q8_0, n, rows));
-        q::tile_prep(Type::Q8_0, op.w.data(), op.rb, n, 0, rows, prep.data());
         const size_t ostride = size_t(rows) + 5;
-        for (const uint8_t *kept : {static_cast<const uint8_t *>(nullptr), static_cast<const uint8_t *>(prep.data())}) {
+        {
             std::vector<float> a(ostride * size_t(cols), -1.f);
-            q::vec_dot_tile_packed(Type::Q8_0, op.w.data(), op.rb, rows, packed.data(), cols, n, a.data(), ostride, kept);
+            q::vec_dot_tile_packed(Type::Q8_0, op.w.data(), op.rb, rows, packed.data(), cols, n, a.data(), ostride);
             for (int64_t c = 0; c < cols; ++c) {
                 for (int64_t r = 0; r < rows; ++r) {
                     const float d = q::vec_dot(Type::Q8_0, &op.w[r * op.rb], &op.x[c * op.xb], n);
@@ -419,14 +405,8 @@ TEST(Quant, Q8_0PackedTileEqualsDotBitForBit) {
     EXPECT_THROW(q::vec_dot_tile_packed(Type::Q8_0, dummy.data(), 34, 1, dummy.data(), q::kTilePackMinCols - 1, 32,
                                        out.data(), 1),
                  std::exception);
-    // A row prep exists for Q8_0 only, and only where the packed tile runs.
-    EXPECT_EQ(q::tile_prep_row_bytes(Type::Q2_K, 256), 0u);
-    EXPECT_THROW(q::tile_prep(Type::Q2_K, dummy.data(), 84, 256, 0, 1, out.data()), std::exception);
-    EXPECT_THROW(q::tile_prep(Type::Q8_0, dummy.data(), 34, 32, 1, 0, out.data()), std::exception);
-    EXPECT_THROW(q::tile_prep(Type::Q8_0, dummy.data(), 34, 32, 1, 2, out.data()), std::exception);   // odd start
     on = false;
     EXPECT_EQ(q::tile_pack_bytes(Type::Q8_0, 4096, 64), 0u);
-    EXPECT_EQ(q::tile_prep_row_bytes(Type::Q8_0, 4096), 0u);
 }
 
 // IQ2_XXS with transposed activations (AVX-512 VBMI) against the one-pair dot with the
