@@ -3,12 +3,14 @@
 // kernels); everything else is per-row vector math from kernels/ops.h. Every buffer is
 // grown on demand and reused, so a warm decode step allocates nothing.
 #pragma once
+#include <memory>
 #include <utility>
 #include <vector>
 
 #include "engine/backend/backend.h"
 #include "engine/cpu/cpu_profile.h"
 #include "engine/cpu/cpu_state.h"
+#include "engine/kernels/matmul.h"
 #include "engine/kernels/threadpool.h"
 
 namespace ds4 {
@@ -32,6 +34,24 @@ template <class V>
 inline void grow(V &v, size_t n) {
     if (v.size() < n) v.resize(n);
 }
+
+// What one expert's products need besides the weights: its quantised input, the gate and
+// up outputs.
+struct FfnScratch {
+    std::vector<uint8_t> xq;
+    std::vector<float> g, u;
+    size_t bytes() const { return xq.capacity() + (g.capacity() + u.capacity()) * sizeof(float); }
+};
+
+// A pool thread's own products: whole routed experts run on one thread each in a prefill
+// step (CpuExecutor::routed_experts), with a one-thread pool of their own.
+struct ExpertLane {
+    ExpertLane() : mm(one) {}
+    ThreadPool one{1, false};
+    MatmulCtx mm;
+    FfnScratch ffn;
+    std::vector<float> in;   // the expert's input rows
+};
 
 class CpuExecutor final : public Executor {
 public:
@@ -59,8 +79,9 @@ public:
 private:
     CpuSessionState &state_of_row(int r) const { return *static_cast<CpuSessionState *>(lay_.segs[lay_.seg[r]].state); }
     std::vector<float> &act(Act a);
-    void expert_ffn(const WeightView &gate, const WeightView &up, const WeightView &down, const float *in, int m,
-                    float *out, float lim);
+    static void expert_ffn(ThreadPool &pool, MatmulCtx &mm, FfnScratch &s, const WeightView &gate, const WeightView &up,
+                           const WeightView &down, const float *in, int m, float *out, float lim);
+    void experts_by_thread(size_t u0, size_t n, const std::vector<size_t> &first_row, float lim);
 
     const ModelConfig &c_;
     ThreadPool pool_;
@@ -72,7 +93,7 @@ private:
 
     // Activations (Act) and scratch.
     std::vector<float> H_, X_, XN_, A_, post_, comb_, qr_, q_, o_;
-    std::vector<float> flat_, mix_, p1_, p2_, kvb_, iq_, iw_, oa_, head_, g_, u_, ein_, eout_, router_, expert_w_;
+    std::vector<float> flat_, mix_, p1_, p2_, kvb_, iq_, iw_, oa_, head_, ein_, eout_, router_, expert_w_;
     std::vector<int> expert_ids_, expert_order_, used_;
     std::vector<ExpertView> views_;
     std::vector<int> pred_ids_;
@@ -83,8 +104,11 @@ private:
     std::vector<IndexScore> iscore_;                            // indexer scores of a group of rows
     std::vector<int64_t> ioff_;                                 // each row's first score in iscore_
     std::vector<std::vector<std::pair<int, float>>> by_expert_; // (row, weight) per expert
-    std::vector<uint8_t> xq_ffn_;
+    FfnScratch ffn_;
     std::vector<TaskScratch> tasks_;
+    std::vector<std::unique_ptr<ExpertLane>> lanes_;   // one per pool thread, made on first use
+    std::vector<int> by_size_;                           // experts (indices into used_) by rows, most first
+    std::vector<std::pair<int64_t, float>> token_rows_;  // per token, K (output row, weight) in expert order
 };
 
 }  // namespace ds4

@@ -70,6 +70,39 @@ TEST_F(BatchTest, EightSessionsDecodingTogetherMatchEachAlone) {
     }
 }
 
+TEST_F(BatchTest, FortyRowsInOneStepMatchEachRowAloneBitForBit) {
+    // From 32 rows a step the routed experts run whole on one thread each and their outputs
+    // are summed at the end (cpu_moe.cpp); alone, a row's experts split over the pool. The
+    // sums keep their order, so the bits are the same.
+    constexpr int kRows = 40, kTwoSteps = 2;
+    std::vector<std::vector<std::vector<float>>> alone(kRows);
+    for (int i = 0; i < kRows; ++i) {
+        Session s(*model, 96);
+        s.sync(prompt(i % kSessions));
+        for (int k = 0; k < kTwoSteps; ++k) {
+            s.eval(next_token(i, k));
+            alone[i].push_back(s.logits());
+        }
+    }
+    auto ex = model->make_executor(2);
+    std::vector<std::unique_ptr<Session>> ss;
+    for (int i = 0; i < kRows; ++i) {
+        ss.push_back(std::make_unique<Session>(*model, *ex, 96));
+        ss.back()->sync(prompt(i % kSessions));
+    }
+    for (int k = 0; k < kTwoSteps; ++k) {
+        std::vector<BatchRow> rows;
+        for (int i = 0; i < kRows; ++i) rows.push_back({ss[i].get(), next_token(i, k), ss[i]->pos(), true});
+        std::vector<float> out;
+        forward_batch(*ex, rows, &out);
+        ASSERT_EQ(out.size(), (size_t)kRows * fx->vocab);
+        for (int i = 0; i < kRows; ++i) {
+            const std::vector<float> row(out.begin() + (size_t)i * fx->vocab, out.begin() + (size_t)(i + 1) * fx->vocab);
+            ASSERT_EQ(row, alone[i][k]) << "row " << i << " step " << k;
+        }
+    }
+}
+
 TEST_F(BatchTest, PrefillChunkSharesAStepWithDecodeRows) {
     // Session 0 prefills its whole prompt inside the same steps in which 1..7 decode.
     auto ex = model->make_executor(2);
