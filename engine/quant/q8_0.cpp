@@ -40,7 +40,9 @@ void quant_q8_0_ref(const float *src, void *dst, int64_t n) {
 // input), so it is vectorised: the same amax (a max is exact), the same product x * id,
 // and round-half-away-from-zero written exactly: t = trunc(v), v - t is exact, and |v - t|
 // >= 0.5 steps t away from zero.
-void quant_q8_0(const float *src, void *dst, int64_t n) {
+namespace {
+
+void quant_q8_0_avx2(const float *src, void *dst, int64_t n) {
     BlockQ8_0 *y = static_cast<BlockQ8_0 *>(dst);
     const __m256 sign = _mm256_set1_ps(-0.f), inf = _mm256_set1_ps(INFINITY), half = _mm256_set1_ps(0.5f),
                  one = _mm256_set1_ps(1.f), lim = _mm256_set1_ps(127.f), nlim = _mm256_set1_ps(-127.f);
@@ -79,6 +81,65 @@ void quant_q8_0(const float *src, void *dst, int64_t n) {
         const __m256i ordered = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
         _mm256_storeu_si256(reinterpret_cast<__m256i *>(y[b].qs), ordered);
     }
+}
+
+// The same steps in 512-bit registers, sixteen blocks at a time: their amax first, then d and
+// 1/d by one vector division each and the sixteen f16 scales by one conversion (IEEE
+// division and rounding, so the values of the scalar steps). A block at a time the two
+// scalar divisions and the horizontal max made a chain the core waited on: 256 rows of 4096
+// took 497 us on one Zen 5 core, 161 this way.
+#define DS4_AVX512_Q8 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+DS4_AVX512_Q8 void quant_q8_0_avx512(const float *src, void *dst, int64_t n) {
+    BlockQ8_0 *y = static_cast<BlockQ8_0 *>(dst);
+    const int64_t nb = n / kQK8_0;
+    const __m512 inf = _mm512_set1_ps(INFINITY), half = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.f),
+                 lim = _mm512_set1_ps(127.f), nlim = _mm512_set1_ps(-127.f);
+    const __m512i sign = _mm512_set1_epi32(int(0x80000000u));
+    int64_t b0 = 0;
+    for (; b0 + 16 <= nb; b0 += 16) {
+        alignas(64) float amax[16], idv[16];
+        for (int i = 0; i < 16; ++i) {
+            const float *x = src + (b0 + i) * kQK8_0;
+            const __m512 a0 = _mm512_abs_ps(_mm512_loadu_ps(x)), a1 = _mm512_abs_ps(_mm512_loadu_ps(x + 16));
+            // non-finite values count as 0
+            const __m512 m = _mm512_max_ps(_mm512_maskz_mov_ps(_mm512_cmp_ps_mask(a0, inf, _CMP_LT_OQ), a0),
+                                           _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(a1, inf, _CMP_LT_OQ), a1));
+            amax[i] = _mm512_reduce_max_ps(m);
+        }
+        const __m512 d = _mm512_div_ps(_mm512_load_ps(amax), lim);
+        _mm512_store_ps(idv, _mm512_maskz_div_ps(_mm512_cmp_ps_mask(d, _mm512_setzero_ps(), _CMP_NEQ_OQ), one, d));
+        alignas(32) uint16_t dh[16];
+        _mm256_store_si256(reinterpret_cast<__m256i *>(dh), _mm512_cvtps_ph(d, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        for (int i = 0; i < 16; ++i) {
+            const float *x = src + (b0 + i) * kQK8_0;
+            BlockQ8_0 &o = y[b0 + i];
+            o.d = dh[i];
+            const __m512 vid = _mm512_set1_ps(idv[i]);
+            for (int k = 0; k < 2; ++k) {
+                const __m512 v = _mm512_loadu_ps(x + 16 * k);
+                const __m512 p = _mm512_mul_ps(v, vid);
+                const __m512 t = _mm512_roundscale_ps(p, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+                const __mmask16 up = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_sub_ps(p, t)), half, _CMP_GE_OQ);
+                const __m512 away = _mm512_castsi512_ps(
+                    _mm512_or_si512(_mm512_and_si512(_mm512_castps_si512(p), sign), _mm512_castps_si512(one)));
+                const __m512 r = _mm512_max_ps(_mm512_min_ps(_mm512_mask_add_ps(t, up, t, away), lim), nlim);
+                // zero for non-finite inputs and for a NaN product (0 * inf when d is tiny)
+                const __mmask16 keep = _mm512_cmp_ps_mask(_mm512_abs_ps(v), inf, _CMP_LT_OQ) & _mm512_cmp_ps_mask(p, p, _CMP_ORD_Q);
+                _mm_storeu_si128(reinterpret_cast<__m128i *>(o.qs + 16 * k),
+                                 _mm512_cvtepi32_epi8(_mm512_maskz_cvttps_epi32(keep, r)));
+            }
+        }
+    }
+    if (b0 < nb) quant_q8_0_avx2(src + b0 * kQK8_0, y + b0, (nb - b0) * kQK8_0);
+}
+
+}  // namespace
+
+void quant_q8_0(const float *src, void *dst, int64_t n) {
+    if (avx512_enabled())
+        quant_q8_0_avx512(src, dst, n);
+    else
+        quant_q8_0_avx2(src, dst, n);
 }
 
 void dequant_q8_0(const void *src, float *dst, int64_t n) {

@@ -516,7 +516,7 @@ TEST(Quant, KernelsReadNothingPastTheRow) {
 // The AVX2 Q8_0 quantiser (every activation row of a Q8_0 product) against its scalar
 // definition, byte for byte: ordinary rows, exact .5 ties (amax 127 makes the scale 1),
 // non-finite inputs, denormals, all-zero blocks and a scale so small its inverse is inf.
-TEST(Quant, Q8_0QuantizerAvx2EqualsScalarDefinition) {
+TEST(Quant, Q8_0QuantizerEqualsScalarDefinition) {
     std::mt19937 rng(9);
     std::vector<float> x;
     for (float mag : {1e-3f, 0.7f, 30.f, 1e30f}) {
@@ -535,8 +535,22 @@ TEST(Quant, Q8_0QuantizerAvx2EqualsScalarDefinition) {
     const int64_t n = int64_t(x.size());
     ASSERT_EQ(n % 32, 0);
     std::vector<uint8_t> fast(size_t(n / 32) * sizeof(q::BlockQ8_0)), ref(fast.size());
-    ds4::quant::detail::quant_q8_0(x.data(), fast.data(), n);
     ds4::quant::detail::quant_q8_0_ref(x.data(), ref.data(), n);
-    for (size_t i = 0; i < fast.size(); ++i)
-        ASSERT_EQ(fast[i], ref[i]) << "byte " << i << " (block " << i / sizeof(q::BlockQ8_0) << ")";
+    // AVX-512 (sixteen blocks at a time, the rest by AVX2) where the CPU has it, and AVX2;
+    // the whole row and its last 16 + 3 blocks (a group and a remainder)
+    bool &on = ds4::quant::detail::avx512_enabled();
+    const SwitchGuard restore(on);
+    const bool have = on;
+    for (bool wide : {false, true}) {
+        if (wide && !have) continue;
+        on = wide;
+        for (int64_t skip : {int64_t(0), n / 32 - 19}) {
+            std::fill(fast.begin(), fast.end(), uint8_t(0xAA));
+            const size_t off = size_t(skip) * sizeof(q::BlockQ8_0);
+            ds4::quant::detail::quant_q8_0(x.data() + skip * 32, fast.data() + off, n - skip * 32);
+            for (size_t i = off; i < fast.size(); ++i)
+                ASSERT_EQ(fast[i], ref[i]) << (wide ? "avx512" : "avx2") << " from block " << skip << ": byte " << i
+                                           << " (block " << i / sizeof(q::BlockQ8_0) << ")";
+        }
+    }
 }
