@@ -63,6 +63,39 @@ TEST(Matmul, Q8_0ProductsEqualOnePairDotsForEveryTokenCount) {
     expect_products_equal_one_pair_dots(gguf::Type::Q8_0, rng);
 }
 
+// A few long rows of a plain type (the hyper-connection mix) split the tokens over the pool
+// and cut the rows into chunks (quant::vec_dot_tile_chunked): the same bits.
+TEST(Matmul, FewLongPlainRowsEqualOnePairDots) {
+    std::mt19937 rng(59);
+    ThreadPool pool(2);
+    for (gguf::Type t : {gguf::Type::F32, gguf::Type::BF16}) {
+        const int64_t in = 4096 + 32 + 8 + 1, out = 24;
+        const auto wf = gaussian(size_t(in * out), 0.05f, rng);
+        const size_t row = size_t(gguf::row_bytes(t, in));
+        std::vector<uint8_t> wq(row * size_t(out));
+        for (int64_t r = 0; r < out; ++r) quant::quantize_row(t, &wf[size_t(r * in)], &wq[size_t(r) * row], in);
+        WeightView w;
+        w.type = t;
+        w.in = in;
+        w.out = out;
+        w.data = wq.data();
+        w.row_bytes = row;
+        MatmulCtx ctx(pool);
+        for (int64_t n_tok : {1, 7, 8, 9, 40, 256}) {
+            const auto x = gaussian(size_t(in * n_tok), 1.f, rng);
+            const int64_t y_stride = out + 3;
+            std::vector<float> y(size_t(y_stride * n_tok), NAN);
+            matmul(ctx, w, x.data(), n_tok, in, y.data(), y_stride);
+            for (int64_t k = 0; k < n_tok; ++k)
+                for (int64_t r = 0; r < out; ++r) {
+                    const float d = quant::vec_dot(t, &wq[size_t(r) * row], &x[size_t(k * in)], in);
+                    const float got = y[size_t(k * y_stride + r)];
+                    ASSERT_EQ(std::memcmp(&got, &d, 4), 0) << n_tok << " tokens, token " << k << " row " << r;
+                }
+        }
+    }
+}
+
 // IQ2_XXS takes the packed (transposed) path on AVX-512 VBMI for every token count.
 TEST(Matmul, Iq2XxsProductsEqualOnePairDotsForEveryTokenCount) {
     std::mt19937 rng(43);

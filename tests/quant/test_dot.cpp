@@ -293,6 +293,61 @@ struct SwitchGuard {
     ~SwitchGuard() { flag = was; }
 };
 
+// The chunked tile of plain weights (few long rows against many columns: the mixes) against
+// the one-pair dot, bit for bit, on AVX-512 and AVX2: rows spanning one to three chunks with
+// 8-element and scalar tails, odd row counts and column counts past the steps of 2 and 4,
+// padded strides; the padding is not written. Other types are refused.
+TEST(Quant, ChunkedPlainTileEqualsDotBitForBit) {
+    std::mt19937 rng(53);
+    bool &wide = ds4::quant::detail::avx512_enabled();
+    const SwitchGuard restore(wide);
+    const bool have = wide;
+    for (Type t : {Type::F32, Type::F16, Type::BF16}) {
+        for (int64_t n : {int64_t(40), int64_t(1024 + 32 + 8 + 3), int64_t(2048 + 64)}) {
+            const int64_t rows = 5, cols = 9;
+            std::normal_distribution<float> g(0.f, 1.f);
+            const size_t wrow = size_t(n) * (t == Type::F32 ? 4 : 2) + 64, xrow = size_t(n) * 4 + 32;
+            std::vector<uint8_t> w(wrow * rows), x(xrow * cols);
+            std::vector<float> f((size_t)n);
+            for (int64_t r = 0; r < rows; ++r) {
+                for (auto &v : f) v = g(rng);
+                q::quantize_row(t, f.data(), &w[size_t(r) * wrow], n);
+            }
+            for (int64_t c = 0; c < cols; ++c)
+                for (int64_t i = 0; i < n; ++i) {
+                    const float v = g(rng);
+                    std::memcpy(&x[size_t(c) * xrow + size_t(i) * 4], &v, 4);
+                }
+            for (bool on : {false, true}) {
+                if (on && !have) continue;
+                wide = on;
+                for (int64_t nr : {int64_t(1), int64_t(3), rows})
+                    for (int64_t nc : {int64_t(1), int64_t(2), int64_t(3), int64_t(5), cols}) {
+                        const size_t ostride = size_t(nr) + 2;
+                        std::vector<float> out(ostride * size_t(nc), -1.f);
+                        q::vec_dot_tile_chunked(t, w.data(), wrow, nr, x.data(), xrow, nc, n, out.data(), ostride);
+                        for (int64_t c = 0; c < nc; ++c) {
+                            for (int64_t r = 0; r < nr; ++r) {
+                                const float d = q::vec_dot(t, &w[size_t(r) * wrow], &x[size_t(c) * xrow], n);
+                                ASSERT_EQ(std::memcmp(&out[size_t(c) * ostride + size_t(r)], &d, 4), 0)
+                                    << name(t) << " n " << n << (on ? " avx512" : " avx2") << " rows " << nr
+                                    << " cols " << nc << " r " << r << " c " << c;
+                            }
+                            for (size_t r = size_t(nr); r < ostride; ++r) ASSERT_EQ(out[size_t(c) * ostride + r], -1.f);
+                        }
+                    }
+            }
+        }
+    }
+    std::vector<uint8_t> dummy(256);
+    float out[4];
+    EXPECT_FALSE(q::vec_dot_tile_chunked_applies(Type::Q8_0));
+    EXPECT_THROW(q::vec_dot_tile_chunked(Type::Q8_0, dummy.data(), 34, 1, dummy.data(), 128, 1, 32, out, 1),
+                 std::exception);
+    EXPECT_THROW(q::vec_dot_tile_chunked(Type::F32, dummy.data(), 4, 2, dummy.data(), 128, 1, 32, out, 2),
+                 std::exception);   // weight rows overlap
+}
+
 // Q8_0 tiles (prefill, batched decode) against the one-pair dot, bit for bit: odd block
 // counts (the tail block), long rows, every column count up to two column groups, weights
 // of -128.
