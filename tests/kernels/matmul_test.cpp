@@ -58,6 +58,12 @@ void expect_products_equal_one_pair_dots(gguf::Type t, std::mt19937 &rng) {
     }
 }
 
+// Plain types take the chunked tile (quant::vec_dot_tile_chunked) a row block at a time.
+TEST(Matmul, PlainProductsEqualOnePairDotsForEveryTokenCount) {
+    std::mt19937 rng(43);
+    for (gguf::Type t : {gguf::Type::F32, gguf::Type::F16, gguf::Type::BF16}) expect_products_equal_one_pair_dots(t, rng);
+}
+
 TEST(Matmul, Q8_0ProductsEqualOnePairDotsForEveryTokenCount) {
     std::mt19937 rng(41);
     expect_products_equal_one_pair_dots(gguf::Type::Q8_0, rng);
