@@ -7,7 +7,8 @@
 // every register belongs to index k, and position j of 64 indices is one vpermb away.
 //   - the codebook's levels (8, 25, 43) are stored as 2-bit codes, 4 positions a byte, in
 //     two 256-byte tables (four vpermb each, the last three merge-masked by index bits 6-7:
-//     a vpermi2b is three uops on Sapphire Rapids, a vpermb one);
+//     a vpermi2b is three uops on Sapphire Rapids, a vpermb one; on AMD, where a vpermi2b is
+//     one uop, two vpermi2b and a blend: iq2_xxs_two_source_permutes);
 //   - the 7 stored sign bits of 64 indices are spread to bytes by one vpmultishiftqb and
 //     completed to 8 (the parity bit) by one GF2P8AFFINEQB;
 //   - a position pair's two codes and two signs make a 6-bit vpermb index into a 64-byte
@@ -180,7 +181,7 @@ DS4_VBMI void pack_col(const BlockQ8_K *x, int64_t nb, uint8_t *dst) {
 // 0-7 of the first block, 8-15 of the second).
 // NP pairs side by side (each step for all of them before the next), so the out-of-order
 // window sees independent work while one pair waits on its permute and vpdpbusd latencies.
-template <int C, int NP>
+template <int C, int NP, bool K2>
 DS4_VBMI_INLINE void pair_sums(const Tables &T, const uint8_t *w, const bool *two, const uint8_t *const *xc,
                                int64_t p, __m512i (*sums)[C]) {
     constexpr int64_t kB = sizeof(BlockIQ2_XXS);
@@ -195,17 +196,28 @@ DS4_VBMI_INLINE void pair_sums(const Tables &T, const uint8_t *w, const bool *tw
     for (int q = 0; q < NP; ++q) {
         const __m512i s7 = _mm512_multishift_epi64_epi8(load64(T.sign_shift), sgsc[q]);
         sg[q] = _mm512_gf2p8affine_epi64_epi8(s7, _mm512_set1_epi64(kSignMatrix), 0);
-        // A 256-entry table is four 64-entry vpermb (a vpermi2b costs three uops, a vpermb
-        // one), each later one merged where index bits 6-7 pick its quarter.
         const __mmask64 b7 = _mm512_movepi8_mask(idx[q]);
-        const __mmask64 b6 = _mm512_test_epi8_mask(idx[q], _mm512_set1_epi8(0x40));
-        const __mmask64 b76 = _kand_mask64(b7, b6);
-        for (int h = 0; h < 2; ++h) {
-            const uint8_t *t = T.code[h];
-            __m512i v = _mm512_permutexvar_epi8(idx[q], load64(t));
-            v = _mm512_mask_permutexvar_epi8(v, b6, idx[q], load64(t + 64));
-            v = _mm512_mask_permutexvar_epi8(v, b7, idx[q], load64(t + 128));
-            c[q][h] = _mm512_mask_permutexvar_epi8(v, b76, idx[q], load64(t + 192));
+        if constexpr (K2) {
+            // AMD (Zen 4/5): a vpermi2b is one uop, so two of them cover the 256 entries and a
+            // blend picks by index bit 7 (Zen 5, from cache: 92-94 -> 112-115 G weights/s).
+            for (int h = 0; h < 2; ++h) {
+                const uint8_t *t = T.code[h];
+                const __m512i lo = _mm512_permutex2var_epi8(load64(t), idx[q], load64(t + 64));
+                const __m512i hi = _mm512_permutex2var_epi8(load64(t + 128), idx[q], load64(t + 192));
+                c[q][h] = _mm512_mask_blend_epi8(b7, lo, hi);
+            }
+        } else {
+            // A 256-entry table is four 64-entry vpermb (on Intel a vpermi2b costs three uops,
+            // a vpermb one), each later one merged where index bits 6-7 pick its quarter.
+            const __mmask64 b6 = _mm512_test_epi8_mask(idx[q], _mm512_set1_epi8(0x40));
+            const __mmask64 b76 = _kand_mask64(b7, b6);
+            for (int h = 0; h < 2; ++h) {
+                const uint8_t *t = T.code[h];
+                __m512i v = _mm512_permutexvar_epi8(idx[q], load64(t));
+                v = _mm512_mask_permutexvar_epi8(v, b6, idx[q], load64(t + 64));
+                v = _mm512_mask_permutexvar_epi8(v, b7, idx[q], load64(t + 128));
+                c[q][h] = _mm512_mask_permutexvar_epi8(v, b76, idx[q], load64(t + 192));
+            }
         }
     }
     // Per position pair: a 6-bit permute index of the pair's two codes (bits 0-3) and two
@@ -251,7 +263,7 @@ DS4_VBMI_INLINE void pair_sums(const Tables &T, const uint8_t *w, const bool *tw
 
 // Four blocks of one row from pair p on: a[k] (column k's a[b % 4], one per lane) takes
 // them in order.
-template <int C>
+template <int C, bool K2>
 DS4_VBMI_INLINE void four_blocks(const Tables &T, const uint8_t *wr, int64_t p, int64_t nb, const uint8_t *const *xc,
                                  const float *const *sc, __m128 *a) {
     constexpr int64_t kBlock = sizeof(BlockIQ2_XXS);
@@ -263,7 +275,7 @@ DS4_VBMI_INLINE void four_blocks(const Tables &T, const uint8_t *wr, int64_t p, 
     const bool four = 2 * p + 3 < nb;
     __m512i t[2][C];
     const bool two[2] = {true, four};
-    pair_sums<C, 2>(T, wp, two, xc, p, t);
+    pair_sums<C, 2, K2>(T, wp, two, xc, p, t);
     const __m512i *t0 = t[0], *t1 = t[1];
     uint16_t h[4] = {0, 0, 0, 0};   // a missing fourth block is not read (it may lie past a mapping)
     for (int i = 0; i < (four ? 4 : 3); ++i) std::memcpy(&h[i], wp + i * kBlock, 2);
@@ -283,7 +295,7 @@ DS4_VBMI_INLINE void four_blocks(const Tables &T, const uint8_t *wr, int64_t p, 
 }
 
 // The rest of a row from pair p (an odd last pair or nothing), then its results.
-template <int C>
+template <int C, bool K2>
 DS4_VBMI inline void finish_row(const Tables &T, const uint8_t *wr, int64_t p, int64_t np, int64_t nb,
                                 const uint8_t *const *xc, const float *const *sc, const __m128 *a, float *const *out,
                                 int64_t r) {
@@ -294,7 +306,7 @@ DS4_VBMI inline void finish_row(const Tables &T, const uint8_t *wr, int64_t p, i
         const uint8_t *wp = wr + p * 2 * kBlock;
         const bool two = 2 * p + 1 < nb;
         __m512i tt[1][C];
-        pair_sums<C, 1>(T, wp, &two, xc, p, tt);
+        pair_sums<C, 1, K2>(T, wp, &two, xc, p, tt);
         const __m512i *t0 = tt[0];
         uint16_t ha, hb = 0;
         std::memcpy(&ha, wp, 2);
@@ -319,7 +331,7 @@ DS4_VBMI inline void finish_row(const Tables &T, const uint8_t *wr, int64_t p, i
 // too busy for the out-of-order window to run far ahead): from memory on a Sapphire Rapids
 // VM one stream ran 9.8-10.1 GB/s (76-77% of a plain read), two 10.7-11.3 (80-84%), at the
 // same speed from L1.
-template <int C>
+template <int C, bool K2>
 DS4_VBMI void rows_cols(const uint8_t *w, size_t w_stride, int64_t n_rows, const uint8_t *const *xc,
                         const float *const *sc, int64_t nb, float *const *out) {
     const Tables &T = tables();
@@ -331,19 +343,19 @@ DS4_VBMI void rows_cols(const uint8_t *w, size_t w_stride, int64_t n_rows, const
         for (int k = 0; k < C; ++k) a[k] = b[k] = _mm_setzero_ps();
         int64_t p = 0;
         for (; p + 2 <= np; p += 2) {
-            four_blocks<C>(T, wa, p, nb, xc, sc, a);
-            four_blocks<C>(T, wb, p, nb, xc, sc, b);
+            four_blocks<C, K2>(T, wa, p, nb, xc, sc, a);
+            four_blocks<C, K2>(T, wb, p, nb, xc, sc, b);
         }
-        finish_row<C>(T, wa, p, np, nb, xc, sc, a, out, r);
-        finish_row<C>(T, wb, p, np, nb, xc, sc, b, out, r + half);
+        finish_row<C, K2>(T, wa, p, np, nb, xc, sc, a, out, r);
+        finish_row<C, K2>(T, wb, p, np, nb, xc, sc, b, out, r + half);
     }
     for (int64_t r = 2 * half; r < n_rows; ++r) {   // the odd row left
         const uint8_t *wr = w + size_t(r) * w_stride;
         __m128 a[C];
         for (int k = 0; k < C; ++k) a[k] = _mm_setzero_ps();
         int64_t p = 0;
-        for (; p + 2 <= np; p += 2) four_blocks<C>(T, wr, p, nb, xc, sc, a);
-        finish_row<C>(T, wr, p, np, nb, xc, sc, a, out, r);
+        for (; p + 2 <= np; p += 2) four_blocks<C, K2>(T, wr, p, nb, xc, sc, a);
+        finish_row<C, K2>(T, wr, p, np, nb, xc, sc, a, out, r);
     }
 }
 
@@ -357,6 +369,14 @@ bool &vbmi_enabled() {
     static bool on = [] {
         if (const char *e = std::getenv("DS4_NO_VBMI"); e && *e && *e != '0') return false;
         return vbmi_available();
+    }();
+    return on;
+}
+
+bool &iq2_xxs_two_source_permutes() {
+    static bool on = [] {
+        if (const char *e = std::getenv("DS4_IQ2_PERMUTES"); e && *e) return std::strcmp(e, "two") == 0;
+        return bool(__builtin_cpu_is("amd"));
     }();
     return on;
 }
@@ -385,12 +405,20 @@ void iq2_xxs_tile_packed(const uint8_t *w, size_t w_row_stride, int64_t n_rows, 
             sc[k] = reinterpret_cast<const float *>(xc[k] + np * kPairBytes);
             o[k] = out + size_t(c0 + k) * out_col_stride;
         }
-        switch (nc) {
-            case 1: rows_cols<1>(w, w_row_stride, n_rows, xc, sc, nb, o); break;
-            case 2: rows_cols<2>(w, w_row_stride, n_rows, xc, sc, nb, o); break;
-            case 3: rows_cols<3>(w, w_row_stride, n_rows, xc, sc, nb, o); break;
-            default: rows_cols<4>(w, w_row_stride, n_rows, xc, sc, nb, o); break;
-        }
+        if (iq2_xxs_two_source_permutes())
+            switch (nc) {
+                case 1: rows_cols<1, true>(w, w_row_stride, n_rows, xc, sc, nb, o); break;
+                case 2: rows_cols<2, true>(w, w_row_stride, n_rows, xc, sc, nb, o); break;
+                case 3: rows_cols<3, true>(w, w_row_stride, n_rows, xc, sc, nb, o); break;
+                default: rows_cols<4, true>(w, w_row_stride, n_rows, xc, sc, nb, o); break;
+            }
+        else
+            switch (nc) {
+                case 1: rows_cols<1, false>(w, w_row_stride, n_rows, xc, sc, nb, o); break;
+                case 2: rows_cols<2, false>(w, w_row_stride, n_rows, xc, sc, nb, o); break;
+                case 3: rows_cols<3, false>(w, w_row_stride, n_rows, xc, sc, nb, o); break;
+                default: rows_cols<4, false>(w, w_row_stride, n_rows, xc, sc, nb, o); break;
+            }
     }
 }
 

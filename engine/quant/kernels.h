@@ -56,6 +56,10 @@ void q8_0_tile_packed(const uint8_t *w, size_t w_row_stride, int64_t n_rows, con
 // to dot_iq2_xxs. env DS4_NO_VBMI=1 disables it; tests flip vbmi_enabled to compare.
 bool vbmi_available();
 bool &vbmi_enabled();
+// Its 256-entry code lookups by two vpermi2b and a blend (one uop each on AMD Zen 4/5)
+// instead of four vpermb (on Intel a vpermi2b is three uops): on for AMD CPUs, env
+// DS4_IQ2_PERMUTES=two / =four chooses; the same results bit for bit (tests flip it).
+bool &iq2_xxs_two_source_permutes();
 uint64_t iq2_xxs_pack_bytes(int64_t n, int64_t n_cols);
 void iq2_xxs_pack(const void *x, size_t x_row_stride, int64_t n, int64_t c0, int64_t c1, uint8_t *dst);
 void iq2_xxs_tile_packed(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const uint8_t *packed, int64_t n_cols,

@@ -89,6 +89,10 @@ void quant_q8_0_avx2(const float *src, void *dst, int64_t n) {
 // scalar divisions and the horizontal max made a chain the core waited on: 256 rows of 4096
 // took 497 us on one Zen 5 core, 161 this way.
 #define DS4_AVX512_Q8 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+// GCC 12 warns about the undefined pass-through operand inside its AVX-512 intrinsics.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 DS4_AVX512_Q8 void quant_q8_0_avx512(const float *src, void *dst, int64_t n) {
     BlockQ8_0 *y = static_cast<BlockQ8_0 *>(dst);
     const int64_t nb = n / kQK8_0;
@@ -132,6 +136,7 @@ DS4_AVX512_Q8 void quant_q8_0_avx512(const float *src, void *dst, int64_t n) {
     }
     if (b0 < nb) quant_q8_0_avx2(src + b0 * kQK8_0, y + b0, (nb - b0) * kQK8_0);
 }
+#pragma GCC diagnostic pop
 
 }  // namespace
 

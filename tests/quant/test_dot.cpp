@@ -468,12 +468,13 @@ TEST(Quant, Q8_0PackedTileEqualsDotBitForBit) {
 // packed path off, on the AVX-512 and on the AVX2 kernel, bit for bit: 1-7 and 16 blocks
 // (an odd last pair, every remainder of the 4-block steps), 1-9 columns (column groups of
 // up to 4), padded weight and activation rows, scales from tiny to huge, the packing split
-// as threads split it.
+// as threads split it, the code lookups both ways (iq2_xxs_two_source_permutes).
 TEST(Quant, Iq2XxsPackedEqualsDotBitForBit) {
     if (!ds4::quant::detail::vbmi_available()) GTEST_SKIP() << "no AVX-512 VBMI + VNNI on this CPU (or DS4_NO_AVX512 set)";
     bool &vbmi = ds4::quant::detail::vbmi_enabled();
     bool &avx512 = ds4::quant::detail::avx512_enabled();
-    const SwitchGuard restore_vbmi(vbmi), restore_avx512(avx512);
+    bool &two_source = ds4::quant::detail::iq2_xxs_two_source_permutes();
+    const SwitchGuard restore_vbmi(vbmi), restore_avx512(avx512), restore_two(two_source);
     std::mt19937 rng(37);
     const Type t = Type::IQ2_XXS;
     for (int64_t nblk : {1, 2, 3, 4, 5, 6, 7, 16}) {
@@ -488,7 +489,9 @@ TEST(Quant, Iq2XxsPackedEqualsDotBitForBit) {
                 const auto xf = gaussian(n, c % 2 ? 5.f : 0.3f, rng);
                 q::quantize_activation(t, xf.data(), &x[c * xb], n);
             }
-            for (int64_t cols = 1; cols <= ncols; ++cols) {
+            for (int64_t cols = 1; cols <= ncols; ++cols)
+              for (bool two : {false, true}) {   // code lookups by four vpermb / two vpermi2b
+                two_source = two;
                 vbmi = true;
                 avx512 = true;
                 std::vector<uint8_t> packed(q::tile_pack_bytes(t, n, cols));
@@ -507,7 +510,8 @@ TEST(Quant, Iq2XxsPackedEqualsDotBitForBit) {
                             const float d = q::vec_dot(t, &w[r * wstride], &x[c * xb], n);
                             ASSERT_EQ(std::memcmp(&got[c * ostride + r], &d, 4), 0)
                                 << "blocks " << nblk << " cols " << cols << " r " << r << " c " << c
-                                << (wide ? " (AVX-512)" : " (AVX2)") << ": " << got[c * ostride + r] << " vs " << d;
+                                << (wide ? " (AVX-512)" : " (AVX2)") << (two ? " vpermi2b" : " vpermb") << ": "
+                                << got[c * ostride + r] << " vs " << d;
                         }
                 }
                 for (int64_t c = 0; c < cols; ++c)   // the padding between columns is not written
