@@ -80,8 +80,8 @@ void matmul_q(MatmulCtx &ctx, const WeightView &w, const uint8_t *xq, int64_t n_
         return;
     }
     // Row blocks sized to stay in L2 (~256 KB of weights) while all tokens pass over them
-    // (plain types by the chunked tile too: its AVX-512 steps ran a 4096 x 4096 f32 matrix
-    // against 256 rows in 57 ms on two Zen 5 cores, vec_dot_tile's in 111).
+    // (vec_dot_tile takes plain types by the chunked tile: a 4096 x 4096 f32 matrix against
+    // 256 rows ran in 57 ms on two Zen 5 cores, by dot_plain four columns at a time in 111).
     int64_t block = std::max<int64_t>(4, (int64_t)((256 * 1024) / std::max<uint64_t>(1, w.row_bytes)));
     block = std::min<int64_t>(block, 256);
     block = (block / 4) * 4;
@@ -92,9 +92,6 @@ void matmul_q(MatmulCtx &ctx, const WeightView &w, const uint8_t *xq, int64_t n_
             if (pack_bytes)
                 quant::vec_dot_tile_packed(w.type, w.row(r0), w.row_bytes, nr, ctx.xpack.data(), n_tok, w.in, y + r0,
                                            (size_t)y_stride);
-            else if (quant::vec_dot_tile_chunked_applies(w.type))
-                quant::vec_dot_tile_chunked(w.type, w.row(r0), w.row_bytes, nr, xq, xq_row, n_tok, w.in, y + r0,
-                                            (size_t)y_stride);
             else
                 quant::vec_dot_tile(w.type, w.row(r0), w.row_bytes, nr, xq, xq_row, n_tok, w.in, y + r0,
                                     (size_t)y_stride);

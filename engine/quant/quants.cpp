@@ -156,6 +156,12 @@ void vec_dot_tile(Type t, const void *w, size_t w_row_stride, int64_t n_rows, co
               (long long)n_rows);
     const uint8_t *wp = static_cast<const uint8_t *>(w);
     const uint8_t *xp = static_cast<const uint8_t *>(x);
+    // Plain types: the chunked tile (the same bits; dot_plain over four columns keeps 16
+    // chains in AVX2's 16 registers and spills).
+    if (vec_dot_tile_chunked_applies(t)) {
+        detail::plain_tile(uint32_t(t), wp, w_row_stride, n_rows, xp, x_row_stride, n_cols, n, out, out_col_stride);
+        return;
+    }
     // Column groups outer: a group's activations stay in L1 while the weight rows stream
     // past (from L2 when the caller's row block fits there).
     for (int64_t c0 = 0; c0 < n_cols; c0 += detail::kMaxCols) {

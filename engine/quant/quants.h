@@ -49,11 +49,12 @@ void vec_dot_rows(Type t, const void *w, size_t w_row_stride, int64_t n_rows, co
 // ~256 KB of weights) and split row blocks over threads. Thread-safe like vec_dot_rows.
 void vec_dot_tile(Type t, const void *w, size_t w_row_stride, int64_t n_rows, const void *x, size_t x_row_stride,
                   int64_t n_cols, int64_t n, float *out, size_t out_col_stride);
-// vec_dot_tile for F32 / F16 / BF16 weights (f32 activations), bit for bit, with the rows cut
-// into chunks of 1024 elements: per chunk every weight row passes over every activation row,
-// the partial sums kept between chunks (32 floats a pair), so a few long weight rows (the
-// hyper-connection mix: 24 rows of 16384) stay in cache and each activation row is read
-// once, where vec_dot_tile reads every activation row again for each row block.
+// The tile of F32 / F16 / BF16 weights (f32 activations), which vec_dot_tile also takes for
+// them; bit for bit vec_dot. The rows are cut into chunks of 1024 elements, and per chunk
+// every weight row passes over every activation row, the partial sums kept between chunks
+// (32 floats a pair): called with all of a few long weight rows (the hyper-connection mix,
+// 24 rows of 16384) and a share of the tokens, each activation row is read once, where row
+// blocks of a few rows each read every activation row again.
 // vec_dot_tile_chunked_applies: whether t has it.
 bool vec_dot_tile_chunked_applies(Type t);
 void vec_dot_tile_chunked(Type t, const void *w, size_t w_row_stride, int64_t n_rows, const void *x,
