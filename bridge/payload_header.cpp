@@ -84,6 +84,10 @@ bool check_fields(const Header &h, std::string *err) {
     if (h.n_layer == 0) return set_err(err, "payload header: n_layer is 0");
     if (h.n_embd == 0) return set_err(err, "payload header: n_embd is 0");
     if (h.n_vocab == 0) return set_err(err, "payload header: n_vocab is 0");
+    // Token ids are int32: a larger vocabulary would let ids through that read back negative
+    // (and that the encoder refuses), so a payload would not re-encode to its own bytes.
+    if (h.n_vocab > uint32_t(INT32_MAX))
+        return set_err(err, "payload header: n_vocab %" PRIu32 " exceeds the int32 token id range", h.n_vocab);
     if (h.head_dim == 0) return set_err(err, "payload header: head_dim is 0");
     // 52 + 4·n_tokens is far below 2^64, so only the tail can overflow the total.
     if (h.tail_bytes > UINT64_MAX - prefix_bytes(h.n_tokens))

@@ -12,7 +12,7 @@
 //             word 3          n_tokens         token ids that follow (<= ctx_size)
 //             word 4          n_layer          model layer count
 //             word 5          n_embd           model width
-//             word 6          n_vocab          vocabulary size (every token id < n_vocab)
+//             word 6          n_vocab          vocabulary size, <= INT32_MAX (every token id < n_vocab)
 //             word 7          head_dim         attention head width
 //             word 8, 9       fingerprint      64-bit model fingerprint, low word first
 //             word 10, 11     tail_bytes       engine tail size in bytes, low word first

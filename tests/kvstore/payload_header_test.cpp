@@ -160,6 +160,7 @@ TEST(PayloadHeader, DecodeNamesEachProblem) {
         {"n_tokens > ctx", 3, 513u, "exceeds ctx_size"},
         {"n_layer 0", 4, 0u, "n_layer is 0"},
         {"n_vocab 0", 6, 0u, "n_vocab is 0"},
+        {"n_vocab past int32", 6, 0x80000000u, "exceeds the int32 token id range"},
         {"tail larger", 10, 17u, "truncated"},
         {"tail smaller", 10, 15u, "trailing bytes"},
         {"fingerprint", 8, 1u, "checksum mismatch"},
@@ -177,6 +178,31 @@ TEST(PayloadHeader, DecodeNamesEachProblem) {
     std::string err;
     EXPECT_FALSE(decode_payload(p.data(), p.size(), nullptr, nullptr, &err));
     EXPECT_NE(err.find("overflows"), std::string::npos) << err;
+}
+
+// Found by fuzz_payload_header: with n_vocab >= 2^31 and a valid CRC, a token id >= 2^31
+// decoded (as a negative int32) and the payload did not re-encode; both sides now refuse it.
+TEST(PayloadHeader, VocabularyPastTheInt32TokenRangeIsRejectedBothWays) {
+    Header h = sample_header(1, 0);
+    h.n_vocab = 0x80000001u;
+    std::vector<uint8_t> p;
+    std::string err;
+    const int32_t tok = 5;
+    EXPECT_FALSE(encode_prefix(h, &tok, 1, &p, &err));
+    EXPECT_NE(err.find("int32 token id range"), std::string::npos) << err;
+    // The same bytes written by hand with a valid CRC and token id 2^31.
+    h.n_vocab = 1000;
+    ASSERT_TRUE(encode_prefix(h, &tok, 1, &p, &err));
+    const uint32_t vocab = 0x80000001u, id = 0x80000000u;
+    for (int i = 0; i < 4; ++i) {
+        p[24 + size_t(i)] = uint8_t(vocab >> (8 * i));
+        p[52 + size_t(i)] = uint8_t(id >> (8 * i));
+    }
+    const uint32_t crc = ref_crc32c(p.data() + 52, 4, ref_crc32c(p.data(), 48));
+    for (int i = 0; i < 4; ++i) p[48 + size_t(i)] = uint8_t(crc >> (8 * i));
+    std::vector<int32_t> toks;
+    EXPECT_FALSE(decode_payload(p.data(), p.size(), nullptr, &toks, &err));
+    EXPECT_NE(err.find("int32 token id range"), std::string::npos) << err;
 }
 
 TEST(PayloadHeader, TokenOutOfVocabIsRejectedEvenWithAValidCrc) {
