@@ -81,7 +81,7 @@ private:
     std::vector<float> &act(Act a);
     static void expert_ffn(ThreadPool &pool, MatmulCtx &mm, FfnScratch &s, const WeightView &gate, const WeightView &up,
                            const WeightView &down, const float *in, int m, float *out, float lim);
-    void experts_by_thread(size_t u0, size_t n, const std::vector<size_t> &first_row, float lim);
+    void experts_by_thread(size_t u0, size_t n, float lim);
 
     const ModelConfig &c_;
     ThreadPool pool_;
@@ -109,6 +109,8 @@ private:
     std::vector<std::unique_ptr<ExpertLane>> lanes_;   // one per pool thread, made on first use
     std::vector<int> by_size_;                           // experts (indices into used_) by rows, most first
     std::vector<std::pair<int64_t, float>> token_rows_;  // per token, K (output row, weight) in expert order
+    std::vector<int> filled_;                            // token_rows_ filled per token
+    std::vector<size_t> first_row_;                      // expert u's first output row (by thread)
 };
 
 }  // namespace ds4

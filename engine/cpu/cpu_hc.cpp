@@ -186,7 +186,8 @@ uint64_t CpuExecutor::scratch_bytes() const {
     uint64_t b = mm_.xq.capacity() + mm_.xpack.capacity() + ffn_.bytes();
     for (const auto &l : lanes_)
         b += l->mm.xq.capacity() + l->mm.xpack.capacity() + l->ffn.bytes() + l->in.capacity() * sizeof(float);
-    b += token_rows_.capacity() * sizeof(token_rows_[0]) + by_size_.capacity() * sizeof(int);
+    b += token_rows_.capacity() * sizeof(token_rows_[0]) + (by_size_.capacity() + filled_.capacity()) * sizeof(int) +
+         first_row_.capacity() * sizeof(size_t);
     for (const std::vector<float> *v : {&H_, &X_, &XN_, &A_, &post_, &comb_, &qr_, &q_, &o_, &flat_, &mix_, &p1_, &p2_,
                                         &kvb_, &iq_, &iw_, &oa_, &head_, &ein_, &eout_, &router_, &expert_w_})
         b += v->capacity() * sizeof(float);

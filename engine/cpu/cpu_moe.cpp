@@ -101,9 +101,9 @@ void CpuExecutor::routed_experts(int layer, const LayerWeights &L, ExpertSource 
     // By thread, every expert's output rows go to their own place (expert u's from
     // first_row[u]) and are summed into the tokens' rows at the end, so the sums keep the
     // order of the one-expert-at-a-time loop: each token's experts by id, from zero.
-    std::vector<size_t> first_row;
+    std::vector<size_t> &first_row = first_row_;
     if (by_thread) {
-        first_row.resize(used_.size() + 1, 0);
+        first_row.assign(used_.size() + 1, 0);
         for (size_t u = 0; u < used_.size(); ++u) first_row[u + 1] = first_row[u] + by_expert_[used_[u]].size();
         grow(eout_, first_row.back() * D);
     } else {
@@ -117,7 +117,7 @@ void CpuExecutor::routed_experts(int layer, const LayerWeights &L, ExpertSource 
         experts.acquire(layer, std::span<const int>(used_.data() + u0, n), views_.data() + u0);
         if (u0 == 0) predict_next(layer, experts);
         if (by_thread) {
-            experts_by_thread(u0, n, first_row, lim);
+            experts_by_thread(u0, n, lim);
             continue;
         }
         for (size_t u = u0; u < u0 + n; ++u) {
@@ -134,7 +134,8 @@ void CpuExecutor::routed_experts(int layer, const LayerWeights &L, ExpertSource 
     experts.release();
     if (!by_thread) return;
     // Each token's K output rows in expert order (used_ is by id), then the sums.
-    std::vector<int> filled(T, 0);
+    std::vector<int> &filled = filled_;
+    filled.assign(T, 0);
     token_rows_.resize((size_t)T * K);
     for (size_t u = 0; u < used_.size(); ++u) {
         const auto &list = by_expert_[used_[u]];
@@ -162,7 +163,7 @@ void CpuExecutor::routed_experts(int layer, const LayerWeights &L, ExpertSource 
 // every expert had both threads waiting on the same thing: on the 1-layer flash-shape model
 // the routed experts of a 256-row step took ~110 ms, about their multiply-adds at the
 // tile's speed plus their weight bytes at the read bandwidth.
-void CpuExecutor::experts_by_thread(size_t u0, size_t n, const std::vector<size_t> &first_row, float lim) {
+void CpuExecutor::experts_by_thread(size_t u0, size_t n, float lim) {
     const int D = c_.n_embd;
     while (lanes_.size() < (size_t)pool_.size()) lanes_.push_back(std::make_unique<ExpertLane>());
     by_size_.resize(n);
@@ -172,8 +173,7 @@ void CpuExecutor::experts_by_thread(size_t u0, size_t n, const std::vector<size_
     // [front, back): experts not yet taken; even lanes take from the front, odd from the back.
     std::mutex take;
     size_t front = 0, back = n;
-    std::vector<uint64_t> bytes0(lanes_.size());
-    for (size_t i = 0; i < lanes_.size(); ++i) bytes0[i] = lanes_[i]->mm.weight_bytes;
+    for (auto &l : lanes_) l->mm.weight_bytes = 0;
     pool_.parallel_for(pool_.size(), 1, [&](int64_t, int64_t, int th) {
         ExpertLane &lane = *lanes_[(size_t)th];
         for (;;) {
@@ -190,10 +190,10 @@ void CpuExecutor::experts_by_thread(size_t u0, size_t n, const std::vector<size_
                 std::memcpy(lane.in.data() + (size_t)i * D, XN_.data() + (size_t)list[i].first * D, sizeof(float) * D);
             const ExpertView &v = views_[(size_t)u];
             expert_ffn(lane.one, lane.mm, lane.ffn, v.gate, v.up, v.down, lane.in.data(), m,
-                       eout_.data() + first_row[(size_t)u] * D, lim);
+                       eout_.data() + first_row_[(size_t)u] * D, lim);
         }
     });
-    for (size_t i = 0; i < lanes_.size(); ++i) mm_.weight_bytes += lanes_[i]->mm.weight_bytes - bytes0[i];
+    for (const auto &l : lanes_) mm_.weight_bytes += l->mm.weight_bytes;
 }
 
 // When the source asks for it, the next layer's experts are guessed from this layer's MoE

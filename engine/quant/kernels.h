@@ -20,7 +20,7 @@ void dot_f32(const uint8_t *w, const void *const *x, int ncols, int64_t n, float
 void dot_f16(const uint8_t *w, const void *const *x, int ncols, int64_t n, float *out);
 void dot_bf16(const uint8_t *w, const void *const *x, int ncols, int64_t n, float *out);
 // F32 (0) / F16 (1) / BF16 (30) weight rows against many f32 activation rows, cut into
-// chunks (vec_dot_tile_chunked): out[c * out_col_stride + r], the bits of dot_f32/f16/bf16.
+// chunks (vec_dot_tile on plain types): out[c * out_col_stride + r], the bits of dot_f32/f16/bf16.
 void plain_tile(uint32_t type, const uint8_t *w, size_t w_row_stride, int64_t n_rows, const uint8_t *x,
                 size_t x_row_stride, int64_t n_cols, int64_t n, float *out, size_t out_col_stride);
 void dot_q8_0(const uint8_t *w, const void *const *x, int ncols, int64_t n, float *out);

@@ -158,7 +158,7 @@ void vec_dot_tile(Type t, const void *w, size_t w_row_stride, int64_t n_rows, co
     const uint8_t *xp = static_cast<const uint8_t *>(x);
     // Plain types: the chunked tile (the same bits; dot_plain over four columns keeps 16
     // chains in AVX2's 16 registers and spills).
-    if (vec_dot_tile_chunked_applies(t)) {
+    if (f.dot_type == Type::F32) {
         detail::plain_tile(uint32_t(t), wp, w_row_stride, n_rows, xp, x_row_stride, n_cols, n, out, out_col_stride);
         return;
     }
@@ -180,27 +180,6 @@ void vec_dot_tile(Type t, const void *w, size_t w_row_stride, int64_t n_rows, co
             for (int c = 0; c < nc; ++c) out[size_t(c0 + c) * out_col_stride + size_t(r)] = res[c];
         }
     }
-}
-
-bool vec_dot_tile_chunked_applies(Type t) { return t == Type::F32 || t == Type::F16 || t == Type::BF16; }
-
-void vec_dot_tile_chunked(Type t, const void *w, size_t w_row_stride, int64_t n_rows, const void *x,
-                          size_t x_row_stride, int64_t n_cols, int64_t n, float *out, size_t out_col_stride) {
-    if (!vec_dot_tile_chunked_applies(t)) failf("quant: vec_dot_tile_chunked: not for tensor type %u", unsigned(t));
-    const Format &f = need(t, n, "vec_dot_tile_chunked");
-    if (n_rows < 0 || n_cols < 0)
-        failf("quant: vec_dot_tile_chunked: negative size %lld x %lld", (long long)n_rows, (long long)n_cols);
-    if (n_rows > 1 && w_row_stride < uint64_t(n) * uint64_t(f.bytes))
-        failf("quant: vec_dot_tile_chunked: weight row stride %zu is smaller than a %s row of %lld elements",
-              w_row_stride, f.name, (long long)n);
-    if (n_cols > 1 && x_row_stride < uint64_t(n) * sizeof(float))
-        failf("quant: vec_dot_tile_chunked: activation row stride %zu is smaller than an activation row (%lld floats)",
-              x_row_stride, (long long)n);
-    if (n_cols > 1 && out_col_stride < uint64_t(n_rows))
-        failf("quant: vec_dot_tile_chunked: output column stride %zu is smaller than the row count %lld",
-              out_col_stride, (long long)n_rows);
-    detail::plain_tile(uint32_t(t), static_cast<const uint8_t *>(w), w_row_stride, n_rows,
-                       static_cast<const uint8_t *>(x), x_row_stride, n_cols, n, out, out_col_stride);
 }
 
 uint64_t tile_pack_bytes(Type t, int64_t n, int64_t n_cols) {

@@ -47,18 +47,13 @@ void vec_dot_rows(Type t, const void *w, size_t w_row_stride, int64_t n_rows, co
 // bit-identical to the vec_dot of that pair. Activation rows are taken 4 at a time with
 // all n_rows weight rows passing under them, so pass a row block that fits in L2 (e.g.
 // ~256 KB of weights) and split row blocks over threads. Thread-safe like vec_dot_rows.
+// F32 / F16 / BF16 weights take a chunked tile instead (the same bits): the rows cut into
+// chunks of 1024 elements, and per chunk every weight row passes over every activation row,
+// the partial sums kept between chunks, so called with all of a few long weight rows (the
+// hyper-connection mix, 24 rows of 16384) and a share of the tokens, each activation row is
+// read once.
 void vec_dot_tile(Type t, const void *w, size_t w_row_stride, int64_t n_rows, const void *x, size_t x_row_stride,
                   int64_t n_cols, int64_t n, float *out, size_t out_col_stride);
-// The tile of F32 / F16 / BF16 weights (f32 activations), which vec_dot_tile also takes for
-// them; bit for bit vec_dot. The rows are cut into chunks of 1024 elements, and per chunk
-// every weight row passes over every activation row, the partial sums kept between chunks
-// (32 floats a pair): called with all of a few long weight rows (the hyper-connection mix,
-// 24 rows of 16384) and a share of the tokens, each activation row is read once, where row
-// blocks of a few rows each read every activation row again.
-// vec_dot_tile_chunked_applies: whether t has it.
-bool vec_dot_tile_chunked_applies(Type t);
-void vec_dot_tile_chunked(Type t, const void *w, size_t w_row_stride, int64_t n_rows, const void *x,
-                          size_t x_row_stride, int64_t n_cols, int64_t n, float *out, size_t out_col_stride);
 
 // Packed activations, where the CPU has a kernel that wants the activation rows in its own
 // layout: Q8_0 on AVX-512 VNNI for kTilePackMinCols columns or more (columns in the

@@ -58,7 +58,7 @@ void expect_products_equal_one_pair_dots(gguf::Type t, std::mt19937 &rng) {
     }
 }
 
-// Plain types take the chunked tile (quant::vec_dot_tile_chunked) a row block at a time.
+// Plain types take the chunked tile (quant::vec_dot_tile) a row block at a time.
 TEST(Matmul, PlainProductsEqualOnePairDotsForEveryTokenCount) {
     std::mt19937 rng(43);
     for (gguf::Type t : {gguf::Type::F32, gguf::Type::F16, gguf::Type::BF16}) expect_products_equal_one_pair_dots(t, rng);
@@ -70,7 +70,7 @@ TEST(Matmul, Q8_0ProductsEqualOnePairDotsForEveryTokenCount) {
 }
 
 // A few long rows of a plain type (the hyper-connection mix) split the tokens over the pool
-// and cut the rows into chunks (quant::vec_dot_tile_chunked): the same bits.
+// and cut the rows into chunks (quant::vec_dot_tile's plain path): the same bits.
 TEST(Matmul, FewLongPlainRowsEqualOnePairDots) {
     std::mt19937 rng(59);
     ThreadPool pool(2);

@@ -296,7 +296,7 @@ struct SwitchGuard {
 // The chunked tile of plain weights (few long rows against many columns: the mixes) against
 // the one-pair dot, bit for bit, on AVX-512 and AVX2: rows spanning one to three chunks with
 // 8-element and scalar tails, odd row counts and column counts past the steps of 2 and 4,
-// padded strides; the padding is not written. Other types are refused.
+// padded strides; the padding is not written.
 TEST(Quant, ChunkedPlainTileEqualsDotBitForBit) {
     std::mt19937 rng(53);
     bool &wide = ds4::quant::detail::avx512_enabled();
@@ -325,7 +325,7 @@ TEST(Quant, ChunkedPlainTileEqualsDotBitForBit) {
                     for (int64_t nc : {int64_t(1), int64_t(2), int64_t(3), int64_t(5), cols}) {
                         const size_t ostride = size_t(nr) + 2;
                         std::vector<float> out(ostride * size_t(nc), -1.f);
-                        q::vec_dot_tile_chunked(t, w.data(), wrow, nr, x.data(), xrow, nc, n, out.data(), ostride);
+                        q::vec_dot_tile(t, w.data(), wrow, nr, x.data(), xrow, nc, n, out.data(), ostride);
                         for (int64_t c = 0; c < nc; ++c) {
                             for (int64_t r = 0; r < nr; ++r) {
                                 const float d = q::vec_dot(t, &w[size_t(r) * wrow], &x[size_t(c) * xrow], n);
@@ -341,10 +341,7 @@ TEST(Quant, ChunkedPlainTileEqualsDotBitForBit) {
     }
     std::vector<uint8_t> dummy(256);
     float out[4];
-    EXPECT_FALSE(q::vec_dot_tile_chunked_applies(Type::Q8_0));
-    EXPECT_THROW(q::vec_dot_tile_chunked(Type::Q8_0, dummy.data(), 34, 1, dummy.data(), 128, 1, 32, out, 1),
-                 std::exception);
-    EXPECT_THROW(q::vec_dot_tile_chunked(Type::F32, dummy.data(), 4, 2, dummy.data(), 128, 1, 32, out, 2),
+    EXPECT_THROW(q::vec_dot_tile(Type::F32, dummy.data(), 4, 2, dummy.data(), 128, 1, 32, out, 2),
                  std::exception);   // weight rows overlap
 }
 
