@@ -99,31 +99,20 @@ const Tables &tables() {
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 
-// GF2P8AFFINEQB matrices: output bit i takes the parity of matrix byte 7 - i AND the input
-// byte, so a row with one bit set moves that bit. src[i]: the input bit of output bit i
-// (-1: zero; 7 in the sign matrix: the parity of input bits 0-6).
-constexpr long long affine_matrix(const int (&src)[8], bool parity7 = false) {
-    unsigned long long a = 0;
-    for (int i = 0; i < 8; ++i) {
-        const unsigned long long row = src[i] < 0 ? 0 : parity7 && src[i] == 7 ? 0x7Fu : 1u << src[i];
-        a |= row << (8 * (7 - i));
-    }
-    return (long long)a;
-}
 // From a byte's 7 stored sign bits (bit 7 ignored) to the 8 signs in the order the index
 // merges below want them: bits 0-3 signs 2, 3, 6, 7; bits 4-7 signs 0, 1, 4, 5 (sign 7 is
 // the parity of the stored 7).
 constexpr int kSignOrder[8] = {2, 3, 6, 7, 0, 1, 4, 5};
-constexpr long long kSignMatrix = affine_matrix(kSignOrder, true);
+constexpr long long kSignMatrix = simd::affine_matrix(kSignOrder, true);
 // A position pair's permute index wants its two codes in bits 0-3 and their signs in bits
 // 4-5. A merge of a code byte's nibble with a sign byte's other nibble holds them, but not
 // always there; these move them (bits 6-7 are ignored by vpermb).
 constexpr int kLowCodesHighSigns[8] = {0, 1, 2, 3, 6, 7, -1, -1};   // positions 4, 5: signs at bits 6-7
 constexpr int kHighCodesSigns01[8] = {4, 5, 6, 7, 0, 1, -1, -1};    // positions 2, 3
 constexpr int kHighCodesSigns23[8] = {4, 5, 6, 7, 2, 3, -1, -1};    // positions 6, 7
-constexpr long long kMovePos45 = affine_matrix(kLowCodesHighSigns);
-constexpr long long kMovePos23 = affine_matrix(kHighCodesSigns01);
-constexpr long long kMovePos67 = affine_matrix(kHighCodesSigns23);
+constexpr long long kMovePos45 = simd::affine_matrix(kLowCodesHighSigns);
+constexpr long long kMovePos23 = simd::affine_matrix(kHighCodesSigns01);
+constexpr long long kMovePos67 = simd::affine_matrix(kHighCodesSigns23);
 
 // vpternlog truth table of (a & c) | (b & ~c): bit (a << 2 | b << 1 | c).
 constexpr int kTakeLowNibble = [] {

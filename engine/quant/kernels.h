@@ -16,6 +16,9 @@ using DotFn = void (*)(const uint8_t *w, const void *const *x, int ncols, int64_
 using TileColsFn = void (*)(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const void *const *x, int ncols,
                             int64_t n, float *const *out);
 
+// n_rows weight rows against one activation row: out[r], the DotFn's results bit for bit.
+using RowsFn = void (*)(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const void *x, int64_t n, float *out);
+
 void dot_f32(const uint8_t *w, const void *const *x, int ncols, int64_t n, float *out);
 void dot_f16(const uint8_t *w, const void *const *x, int ncols, int64_t n, float *out);
 void dot_bf16(const uint8_t *w, const void *const *x, int ncols, int64_t n, float *out);
@@ -25,6 +28,8 @@ void plain_tile(uint32_t type, const uint8_t *w, size_t w_row_stride, int64_t n_
                 size_t x_row_stride, int64_t n_cols, int64_t n, float *out, size_t out_col_stride);
 void dot_q8_0(const uint8_t *w, const void *const *x, int ncols, int64_t n, float *out);
 void dot_q2_k(const uint8_t *w, const void *const *x, int ncols, int64_t n, float *out);
+// A RowsFn: on AVX-512 VBMI two rows far apart side by side (q2_k.cpp says why).
+void rows_q2_k(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const void *x, int64_t n, float *out);
 void dot_q4_k(const uint8_t *w, const void *const *x, int ncols, int64_t n, float *out);
 void dot_iq2_xxs(const uint8_t *w, const void *const *x, int ncols, int64_t n, float *out);
 

@@ -221,13 +221,87 @@ DS4_AVX512 void dot_cols_avx512(const uint8_t *wv, const void *const *xv, int64_
     for (int c = 0; c < C; ++c) out[c] = simd::hsum(acc[c]) - simd::hsum(accm[c]);
 }
 
-// AVX-512 VBMI + VNNI: the sub-block scale goes into the weight bytes before the dot. Per
-// block a 64-byte table holds q * scale for the 4 values of q (16-byte lane q) and the 16
-// sub-blocks; a chunk's index byte is q << 4 | its sub-block, so one vpermb gives the
-// scaled weights and one vpdpbusd adds them against the activations: sc * (sum of 4 q*x),
-// the integers of dot_cols lane for lane. The scale and min terms share one 512-bit float
-// accumulator (halves: acc, accm of dot_cols), so results stay bit-identical.
-#define DS4_VBMI_Q2 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512vbmi")))
+// AVX-512 VBMI + VNNI + GFNI: the sub-block scale goes into the weight bytes before the dot.
+// A 64-byte chunk j holds elements 64j..64j+63, so its 128-bit lane L is sub-block 4j + L,
+// and one vpshufb per chunk gives the scaled weights from a per-block table whose lane L,
+// byte 4j + q, holds q * scale(4j + L). The index is the chunk's 2-bit field moved to bits
+// 0-1 with j in bits 2-3: one GF2P8AFFINEQB (its matrix differs per half, its constant is
+// 4j). One vpdpbusd then adds sc * q * x in the lanes where dot_cols adds them, so the
+// integers are dot_cols' lane for lane. The scale and min terms share one 512-bit float
+// accumulator (even lanes: acc of dot_cols, odd: accm), so results stay bit-identical.
+#define DS4_VBMI_Q2 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512vbmi,gfni")))
+
+// GF2P8AFFINEQB matrices for a chunk: bits 0-1 take the byte's 2-bit field f (low half of
+// the chunk) or f + 1 (high half); qwords 0-3 are the low half.
+constexpr long long field_matrix(int f) {
+    const int src[8] = {-1, -1, 2 * f, 2 * f + 1, -1, -1, -1, -1};
+    return simd::affine_matrix(src);
+}
+
+// The kernel's constants, made once per call, and one block's work.
+struct VbmiQ2 {
+    __m512i lo4, field[2], spread, q_times, interleave;
+    DS4_VBMI_Q2 VbmiQ2() {
+        lo4 = _mm512_set1_epi8(0x0F);
+        // chunks 0 and 2 take fields 0 (low half) and 1 (high); chunks 1 and 3 fields 2 and 3
+        field[0] = _mm512_set_epi64(field_matrix(1), field_matrix(1), field_matrix(1), field_matrix(1),
+                                    field_matrix(0), field_matrix(0), field_matrix(0), field_matrix(0));
+        field[1] = _mm512_set_epi64(field_matrix(3), field_matrix(3), field_matrix(3), field_matrix(3),
+                                    field_matrix(2), field_matrix(2), field_matrix(2), field_matrix(2));
+        // table byte 16L + 4q + j takes the scale of sub-block 4j + L, times q: the two bytes
+        // of a 16-bit word share q, so one vpmullw scales them (q * scale < 256: no carry)
+        alignas(64) uint8_t spread_ix[64];
+        alignas(64) uint16_t q_word[32];
+        for (int i = 0; i < 64; ++i) spread_ix[i] = uint8_t(4 * (i % 4) + i / 16);
+        for (int i = 0; i < 32; ++i) q_word[i] = uint16_t((i % 8) / 2);
+        spread = _mm512_load_si512(spread_ix);
+        q_times = _mm512_load_si512(q_word);
+        // lane 2i: the scale sum's lane i; lane 2i + 1: the min sum's lane i
+        interleave = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    }
+
+    // Weight block wb against block b of C activation rows, into acc[c].
+    template <int C>
+    DS4_VBMI_Q2 __attribute__((always_inline)) inline void block(const BlockQ2_K &wb, const BlockQ8_K *const *x,
+                                                                 int64_t b, __m512 *acc) const {
+        // 16-bit lane j: m_j (the byte's high nibble)
+        const __m256i mins =
+            _mm256_srli_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i *>(wb.scales))), 4);
+        // scales, qs and d lie in the block's first 80 bytes: a 64-byte read stays inside it
+        const __m512i table = _mm512_mullo_epi16(
+            _mm512_and_si512(_mm512_permutexvar_epi8(spread, _mm512_loadu_si512(wb.scales)), lo4), q_times);
+        __m512i v[4];
+        for (int j = 0; j < 4; ++j) {
+            const __m512i q = _mm512_broadcast_i64x4(simd::loadu(wb.qs + 32 * (j / 2)));
+            v[j] = _mm512_shuffle_epi8(table, _mm512_gf2p8affine_epi64_epi8(q, field[j % 2], j));
+        }
+        uint32_t dd;
+        std::memcpy(&dd, &wb.d, 4);   // d, dmin
+        const __m512 dwm = _mm512_cvtph_ps(_mm256_set1_epi32(int(dd)));   // d, dmin, d, dmin, ...
+        for (int c = 0; c < C; ++c) {
+            const BlockQ8_K &xb = x[c][b];
+            const __m256i pm = _mm256_madd_epi16(mins, simd::loadu(xb.bsums));
+            __m512i s2[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+            for (int j = 0; j < 4; ++j) s2[j % 2] = _mm512_dpbusd_epi32(s2[j % 2], v[j], _mm512_loadu_si512(xb.qs + 64 * j));
+            const __m512i sum = _mm512_add_epi32(s2[0], s2[1]);
+            const __m256i s256 = _mm256_add_epi32(_mm512_castsi512_si256(sum), _mm512_extracti64x4_epi64(sum, 1));
+            const __m512i both =
+                _mm512_permutex2var_epi32(_mm512_castsi256_si512(s256), interleave, _mm512_castsi256_si512(pm));
+            acc[c] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(xb.d), dwm), _mm512_cvtepi32_ps(both), acc[c]);
+        }
+    }
+
+    // dot_cols' final sums from an accumulator.
+    DS4_VBMI_Q2 static float result(__m512 acc) {
+        const __m512 a = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15), acc);
+        return simd::hsum(_mm512_castps512_ps256(a)) -
+               simd::hsum(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+    }
+};
+
+// 4 KB ahead: this kernel keeps up with memory, and 2 KB left it waiting (from memory on an
+// Emerald Rapids VM: 11.6-12.3 GB/s at 2 KB, 12.1-13.3 at 4 KB, 11.5-12.6 at 8 KB)
+constexpr int kAhead = 4096;
 
 template <int C>
 DS4_VBMI_Q2 void dot_cols_vbmi(const uint8_t *wv, const void *const *xv, int64_t n, float *out) {
@@ -238,54 +312,36 @@ DS4_VBMI_Q2 void dot_cols_vbmi(const uint8_t *wv, const void *const *xv, int64_t
         x[c] = static_cast<const BlockQ8_K *>(xv[c]);
         acc[c] = _mm512_setzero_ps();
     }
-    const __m512i lo4 = _mm512_set1_epi8(0x0F), q_bits = _mm512_set1_epi8(0x30);
-    const __m128i m4 = _mm_set1_epi8(0xF);
-    // chunk j's low 32 bytes take the quant field at bit 4 * (j % 2), its high 32 bytes the
-    // next one: moved to bits 4-5 (left by 4 / 2, or right by 0 / 2)
-    const __m512i left = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
-    const __m512i right = _mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1);
-    __m512i sub[4];   // chunk j: byte i belongs to sub-block 4j + i / 16
-    for (int j = 0; j < 4; ++j) {
-        alignas(64) uint8_t b[64];
-        for (int i = 0; i < 64; ++i) b[i] = uint8_t(4 * j + i / 16);
-        sub[j] = _mm512_load_si512(b);
-    }
-    const __m512i halves = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    const VbmiQ2 k;
     for (int64_t b = 0; b < n / kQK_K; ++b) {
-        // 4 KB ahead: this kernel keeps up with memory, and 2 KB left it waiting (from memory
-        // on an Emerald Rapids VM: 11.6-12.3 GB/s at 2 KB, 12.1-13.3 at 4 KB, 11.5-12.6 at 8 KB)
-        simd::prefetch_ahead<4096, 2>(w + b);
-        const BlockQ2_K &wb = w[b];
-        const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i *>(wb.scales));
-        const __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc8, 4), m4));
-        // lane q of the table: q * scale of each sub-block
-        const __m512i s4 = _mm512_and_si512(_mm512_broadcast_i32x4(sc8), lo4);
-        const __m512i twice = _mm512_maskz_add_epi8(0xFFFFFFFF00000000ULL, s4, s4);   // 0, 0, 2s, 2s
-        const __m512i table = _mm512_mask_add_epi8(twice, 0xFFFF0000FFFF0000ULL, twice, s4);   // 0, s, 2s, 3s
-        __m512i v[4];
-        for (int j = 0; j < 4; ++j) {
-            const __m512i q = _mm512_broadcast_i64x4(simd::loadu(wb.qs + 32 * (j / 2)));
-            const __m512i f = j % 2 ? _mm512_srlv_epi16(q, right) : _mm512_sllv_epi16(q, left);
-            // (f & 0x30) | sub: the bits a 16-bit shift moved across bytes are dropped here
-            v[j] = _mm512_permutexvar_epi8(_mm512_ternarylogic_epi32(f, q_bits, sub[j], 0xEA), table);
-        }
-        uint32_t dd;
-        std::memcpy(&dd, &wb.d, 4);   // d, dmin
-        const __m128 dwm = _mm_cvtph_ps(_mm_cvtsi32_si128(int(dd)));
-        for (int c = 0; c < C; ++c) {
-            const BlockQ8_K &xb = x[c][b];
-            const __m256i pm = _mm256_madd_epi16(mins, simd::loadu(xb.bsums));
-            __m512i sum = _mm512_setzero_si512();
-            for (int j = 0; j < 4; ++j) sum = _mm512_dpbusd_epi32(sum, v[j], _mm512_loadu_si512(xb.qs + 64 * j));
-            const __m256i s256 = _mm256_add_epi32(_mm512_castsi512_si256(sum), _mm512_extracti64x4_epi64(sum, 1));
-            const __m512 d = _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(_mm_mul_ps(_mm_set1_ps(xb.d), dwm)));
-            acc[c] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_inserti64x4(_mm512_castsi256_si512(s256), pm, 1)),
-                                     acc[c]);
-        }
+        simd::prefetch_ahead<kAhead, 2>(w + b);
+        k.block<C>(w[b], x, b, acc);
     }
-    for (int c = 0; c < C; ++c)
-        out[c] = simd::hsum(_mm512_castps512_ps256(acc[c])) -
-                 simd::hsum(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[c]), 1)));
+    for (int c = 0; c < C; ++c) out[c] = VbmiQ2::result(acc[c]);
+}
+
+// Rows r and r + half against one activation row, a block of each in turn: two weight
+// streams far apart for the hardware prefetchers, and two independent chains for the core.
+DS4_VBMI_Q2 void rows_vbmi(const uint8_t *w, size_t stride, int64_t n_rows, const BlockQ8_K *x, int64_t n, float *out) {
+    const VbmiQ2 k;
+    const int64_t nb = n / kQK_K, half = n_rows / 2;
+    for (int64_t r = 0; r < half; ++r) {
+        const BlockQ2_K *wa = reinterpret_cast<const BlockQ2_K *>(w + size_t(r) * stride);
+        const BlockQ2_K *wb = reinterpret_cast<const BlockQ2_K *>(w + size_t(r + half) * stride);
+        __m512 a = _mm512_setzero_ps(), c = a;
+        for (int64_t b = 0; b < nb; ++b) {
+            simd::prefetch_ahead<kAhead, 2>(wa + b);
+            simd::prefetch_ahead<kAhead, 2>(wb + b);
+            k.block<1>(wa[b], &x, b, &a);
+            k.block<1>(wb[b], &x, b, &c);
+        }
+        out[r] = VbmiQ2::result(a);
+        out[r + half] = VbmiQ2::result(c);
+    }
+    if (n_rows % 2) {
+        const void *xv = x;
+        dot_cols_vbmi<1>(w + size_t(n_rows - 1) * stride, &xv, n, out + n_rows - 1);
+    }
 }
 
 #pragma GCC diagnostic pop
@@ -300,6 +356,14 @@ void dot_q2_k(const uint8_t *w, const void *const *x, int ncols, int64_t n, floa
     } else {
         DS4_QUANT_COLS_DISPATCH(dot_cols, w, x, n, out)
     }
+}
+
+void rows_q2_k(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const void *x, int64_t n, float *out) {
+    if (avx512_enabled() && vbmi_enabled()) {
+        rows_vbmi(w, w_row_stride, n_rows, static_cast<const BlockQ8_K *>(x), n, out);
+        return;
+    }
+    for (int64_t r = 0; r < n_rows; ++r) dot_q2_k(w + size_t(r) * w_row_stride, &x, 1, n, out + r);
 }
 
 }  // namespace ds4::quant::detail

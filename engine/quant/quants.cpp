@@ -27,6 +27,7 @@ struct Format {
     QuantFn quant;
     detail::DotFn dot;   // one weight row x up to kMaxCols activation rows
     detail::TileColsFn tile_cols = nullptr;   // many weight rows x the same: vec_dot_tile, where it has one
+    detail::RowsFn rows = nullptr;            // many weight rows x one: vec_dot_rows, where it has one
 };
 
 void dequant_f32(const void *src, float *dst, int64_t n) { std::memcpy(dst, src, size_t(n) * 4); }
@@ -41,7 +42,7 @@ const Format *format_of(Type t) {
     static const Format kQ8_K{"q8_K", kQK_K, sizeof(BlockQ8_K), Type::Q8_K, detail::dequant_q8_k, detail::quant_q8_k,
                               nullptr};
     static const Format kQ2_K{"q2_K", kQK_K, sizeof(BlockQ2_K), Type::Q8_K, detail::dequant_q2_k, detail::quant_q2_k,
-                              detail::dot_q2_k};
+                              detail::dot_q2_k, nullptr, detail::rows_q2_k};
     static const Format kQ4_K{"q4_K", kQK_K, sizeof(BlockQ4_K), Type::Q8_K, detail::dequant_q4_k, detail::quant_q4_k,
                               detail::dot_q4_k};
     static const Format kIQ2_XXS{"iq2_xxs", kQK_K, sizeof(BlockIQ2_XXS), Type::Q8_K, detail::dequant_iq2_xxs,
@@ -133,9 +134,11 @@ void vec_dot_rows(Type t, const void *w, size_t w_row_stride, int64_t n_rows, co
     if (n_rows > 1 && w_row_stride < uint64_t(n / f.qk) * uint64_t(f.bytes))
         failf("quant: vec_dot_rows: row stride %zu is smaller than a %s row of %lld elements", w_row_stride, f.name,
               (long long)n);
-    // One row at a time: a single sequential weight stream is what the memory system
-    // handles best (interleaving several rows measured 2-4x slower from DRAM here).
     const uint8_t *wp = static_cast<const uint8_t *>(w);
+    if (f.rows) {
+        f.rows(wp, w_row_stride, n_rows, x, n, out);
+        return;
+    }
     for (int64_t r = 0; r < n_rows; ++r) f.dot(wp + size_t(r) * w_row_stride, &x, 1, n, out + r);
 }
 

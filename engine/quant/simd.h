@@ -48,6 +48,18 @@ inline void prefetch_ahead(const void *p) {
     for (int l = 0; l < Lines; ++l) _mm_prefetch(c + 64 * l, _MM_HINT_T0);
 }
 
+// GF2P8AFFINEQB matrices: output bit i takes the parity of matrix byte 7 - i AND the input
+// byte, so a row with one bit set moves that bit. src[i]: the input bit of output bit i
+// (-1: zero; 7 in the sign matrix: the parity of input bits 0-6).
+constexpr long long affine_matrix(const int (&src)[8], bool parity7 = false) {
+    unsigned long long a = 0;
+    for (int i = 0; i < 8; ++i) {
+        const unsigned long long row = src[i] < 0 ? 0 : parity7 && src[i] == 7 ? 0x7Fu : 1u << src[i];
+        a |= row << (8 * (7 - i));
+    }
+    return (long long)a;
+}
+
 inline __m256i loadu(const void *p) { return _mm256_loadu_si256(static_cast<const __m256i *>(p)); }
 
 }  // namespace ds4::quant::simd
