@@ -241,6 +241,7 @@ constexpr long long field_matrix(int f) {
 // The kernel's constants, made once per call, and one block's work.
 struct VbmiQ2 {
     __m512i lo4, field[2], spread, q_times, interleave;
+    __m256i widen;   // byte j to the low byte of 16-bit lane j
     DS4_VBMI_Q2 VbmiQ2() {
         lo4 = _mm512_set1_epi8(0x0F);
         // chunks 0 and 2 take fields 0 (low half) and 1 (high); chunks 1 and 3 fields 2 and 3
@@ -258,18 +259,21 @@ struct VbmiQ2 {
         q_times = _mm512_load_si512(q_word);
         // lane 2i: the scale sum's lane i; lane 2i + 1: the min sum's lane i
         interleave = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+        alignas(32) uint8_t w_ix[32];
+        for (int i = 0; i < 32; ++i) w_ix[i] = uint8_t(i / 2);
+        widen = _mm256_load_si256(reinterpret_cast<const __m256i *>(w_ix));
     }
 
     // Weight block wb against block b of C activation rows, into acc[c].
     template <int C>
     DS4_VBMI_Q2 __attribute__((always_inline)) inline void block(const BlockQ2_K &wb, const BlockQ8_K *const *x,
                                                                  int64_t b, __m512 *acc) const {
-        // 16-bit lane j: m_j (the byte's high nibble)
-        const __m256i mins =
-            _mm256_srli_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i *>(wb.scales))), 4);
         // scales, qs and d lie in the block's first 80 bytes: a 64-byte read stays inside it
-        const __m512i table = _mm512_mullo_epi16(
-            _mm512_and_si512(_mm512_permutexvar_epi8(spread, _mm512_loadu_si512(wb.scales)), lo4), q_times);
+        const __m512i raw = _mm512_loadu_si512(wb.scales);
+        // 16-bit lane j: m_j (the byte's high nibble)
+        const __m256i mins = _mm256_srli_epi16(
+            _mm256_maskz_permutexvar_epi8(0x55555555u, widen, _mm512_castsi512_si256(raw)), 4);
+        const __m512i table = _mm512_mullo_epi16(_mm512_and_si512(_mm512_permutexvar_epi8(spread, raw), lo4), q_times);
         __m512i v[4];
         for (int j = 0; j < 4; ++j) {
             const __m512i q = _mm512_broadcast_i64x4(simd::loadu(wb.qs + 32 * (j / 2)));
