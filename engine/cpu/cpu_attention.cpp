@@ -229,10 +229,8 @@ void CpuExecutor::attend(int layer, const AttnSpec &spec, const float *sinks, co
             for (int g = 0; g < G; ++g) {
                 // Softmax with the head's sink; lg becomes the weights of the output sum.
                 float *l = lg.data() + (size_t)g * nk;
-                float mx = sinks[h + g];
-                for (size_t k = 0; k < nk; ++k) mx = std::max(mx, l[k]);
-                double den = std::exp((double)sinks[h + g] - mx);
-                for (size_t k = 0; k < nk; ++k) den += l[k] = std::exp(l[k] - mx);
+                const float mx = ops::max_of(l, (int64_t)nk, sinks[h + g]);
+                const double den = std::exp((double)sinks[h + g] - mx) + ops::exp_shift(l, (int64_t)nk, mx);
                 const float inv = (float)(1.0 / den);
                 for (size_t k = 0; k < nk; ++k) l[k] *= inv;
             }

@@ -27,6 +27,16 @@ void indexer_score8(const float *q, const float *w, int heads, int dim, const fl
 bool indexer_score16_usable();
 void indexer_score16(const float *q, const float *w, int heads, int dim, const float *const *k, float qscale,
                      float *out);
+// Softmax parts (softmax_parts.cpp). exp_shift: x[i] = exp(x[i] - m) for x[i] - m <= 88,
+// within 1 ulp of exp, 0 below -86, returning their sum in double (8 lanes, then pairs); the
+// same bits on AVX-512 and AVX2. max_of: the largest of init and x[0..n) (NaN if any is).
+double exp_shift(float *x, int64_t n, float m);
+float max_of(const float *x, int64_t n, float init);
+namespace detail {
+double exp_shift_avx2(float *x, int64_t n, float m);
+double exp_shift_avx512(float *x, int64_t n, float m);   // where exp_shift_avx512_usable()
+bool exp_shift_avx512_usable();
+}  // namespace detail
 // y += a * x
 void axpy(float a, const float *x, float *y, int64_t n);
 // Interleaved-pair rotation of the trailing 2*n_pairs channels of x (length head_dim):
