@@ -240,7 +240,7 @@ constexpr long long field_matrix(int f) {
 
 // The kernel's constants, made once per call, and one block's work.
 struct VbmiQ2 {
-    __m512i lo4, field[2], spread, q_times, interleave;
+    __m512i lo4, field[2], spread, q_times, interleave, interleave_hi, widen2;
     __m256i widen;   // byte j to the low byte of 16-bit lane j
     DS4_VBMI_Q2 VbmiQ2() {
         lo4 = _mm512_set1_epi8(0x0F);
@@ -262,6 +262,12 @@ struct VbmiQ2 {
         alignas(32) uint8_t w_ix[32];
         for (int i = 0; i < 32; ++i) w_ix[i] = uint8_t(i / 2);
         widen = _mm256_load_si256(reinterpret_cast<const __m256i *>(w_ix));
+        // two blocks' min nibbles: 16-bit lanes 0-15 from the first, 16-31 from the second
+        alignas(64) uint8_t w2_ix[64];
+        for (int i = 0; i < 64; ++i) w2_ix[i] = uint8_t(i < 32 ? i / 2 : 64 + (i - 32) / 2);
+        widen2 = _mm512_load_si512(w2_ix);
+        // as interleave, with the min sums from lanes 8-15 of the second operand
+        interleave_hi = _mm512_setr_epi32(0, 24, 1, 25, 2, 26, 3, 27, 4, 28, 5, 29, 6, 30, 7, 31);
     }
 
     // Weight block wb against block b of C activation rows, into acc[c].
@@ -292,6 +298,36 @@ struct VbmiQ2 {
             const __m512i both =
                 _mm512_permutex2var_epi32(_mm512_castsi256_si512(s256), interleave, _mm512_castsi256_si512(pm));
             acc[c] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(xb.d), dwm), _mm512_cvtepi32_ps(both), acc[c]);
+        }
+    }
+
+    // Blocks wa and wb (of two rows) against block b of one activation row, into acc[0] and
+    // acc[1]: the operations of block<1> on each, but the two min sums share one widening
+    // permute, shift and vpmaddwd.
+    DS4_VBMI_Q2 __attribute__((always_inline)) inline void block_pair(const BlockQ2_K &wa, const BlockQ2_K &wb,
+                                                                      const BlockQ8_K &xb, __m512 *acc) const {
+        const __m512i raw[2] = {_mm512_loadu_si512(wa.scales), _mm512_loadu_si512(wb.scales)};
+        const __m512i mins = _mm512_srli_epi16(
+            _mm512_maskz_permutex2var_epi8(0x5555555555555555ULL, raw[0], widen2, raw[1]), 4);
+        const __m512i pm = _mm512_madd_epi16(mins, _mm512_broadcast_i64x4(simd::loadu(xb.bsums)));
+        const BlockQ2_K *w[2] = {&wa, &wb};
+        const __m512 dx = _mm512_set1_ps(xb.d);
+        for (int r = 0; r < 2; ++r) {
+            const __m512i table =
+                _mm512_mullo_epi16(_mm512_and_si512(_mm512_permutexvar_epi8(spread, raw[r]), lo4), q_times);
+            __m512i s2[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+            for (int j = 0; j < 4; ++j) {
+                const __m512i q = _mm512_broadcast_i64x4(simd::loadu(w[r]->qs + 32 * (j / 2)));
+                const __m512i v = _mm512_shuffle_epi8(table, _mm512_gf2p8affine_epi64_epi8(q, field[j % 2], j));
+                s2[j % 2] = _mm512_dpbusd_epi32(s2[j % 2], v, _mm512_loadu_si512(xb.qs + 64 * j));
+            }
+            uint32_t dd;
+            std::memcpy(&dd, &w[r]->d, 4);   // d, dmin
+            const __m512 dwm = _mm512_cvtph_ps(_mm256_set1_epi32(int(dd)));
+            const __m512i sum = _mm512_add_epi32(s2[0], s2[1]);
+            const __m256i s256 = _mm256_add_epi32(_mm512_castsi512_si256(sum), _mm512_extracti64x4_epi64(sum, 1));
+            const __m512i both = _mm512_permutex2var_epi32(_mm512_castsi256_si512(s256), r ? interleave_hi : interleave, pm);
+            acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(dx, dwm), _mm512_cvtepi32_ps(both), acc[r]);
         }
     }
 
@@ -332,15 +368,14 @@ DS4_VBMI_Q2 void rows_vbmi(const uint8_t *w, size_t stride, int64_t n_rows, cons
     for (int64_t r = 0; r < half; ++r) {
         const BlockQ2_K *wa = reinterpret_cast<const BlockQ2_K *>(w + size_t(r) * stride);
         const BlockQ2_K *wb = reinterpret_cast<const BlockQ2_K *>(w + size_t(r + half) * stride);
-        __m512 a = _mm512_setzero_ps(), c = a;
+        __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
         for (int64_t b = 0; b < nb; ++b) {
             simd::prefetch_ahead<kAhead, 2>(wa + b);
             simd::prefetch_ahead<kAhead, 2>(wb + b);
-            k.block<1>(wa[b], &x, b, &a);
-            k.block<1>(wb[b], &x, b, &c);
+            k.block_pair(wa[b], wb[b], x[b], acc);
         }
-        out[r] = VbmiQ2::result(a);
-        out[r + half] = VbmiQ2::result(c);
+        out[r] = VbmiQ2::result(acc[0]);
+        out[r + half] = VbmiQ2::result(acc[1]);
     }
     if (n_rows % 2) {
         const void *xv = x;
