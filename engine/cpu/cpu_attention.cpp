@@ -175,19 +175,9 @@ void CpuExecutor::indexer_topk(int layer, const LayerWeights &L, const Rope &rop
             for (int64_t r = b; r < e; ++r) {
                 IndexScore *first = iscore_.data() + ioff_[r], *last = iscore_.data() + ioff_[r + 1];
                 const size_t k = std::min<size_t>(topk, last - first);
-                // A total order (index breaks ties; a NaN score, from broken weights, ranks
-                // last, so std::sort stays in bounds), so any sort gives the same picks in the
-                // same order: where all are kept (the first topk * ratio tokens of a prompt) a
-                // plain sort, else the k best first, then sorted (a heap over them was ~1/3 of
-                // the indexer at a 2048-token prompt).
-                const auto better = [](const IndexScore &a, const IndexScore &b) {
-                    const bool an = std::isnan(a.score), bn = std::isnan(b.score);
-                    if (an != bn) return bn;
-                    if (!an && a.score != b.score) return a.score > b.score;
-                    return a.idx < b.idx;
-                };
-                if (k < size_t(last - first)) std::nth_element(first, first + k, last, better);
-                std::sort(first, first + k, better);
+                std::partial_sort(first, first + k, last, [](const IndexScore &a, const IndexScore &b) {
+                    return a.score > b.score || (a.score == b.score && a.idx < b.idx);
+                });
                 std::vector<int> &out = sel_[t0 + r];
                 out.resize(k);
                 for (size_t i = 0; i < k; ++i) out[i] = first[i].idx;
