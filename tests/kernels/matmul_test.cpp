@@ -74,8 +74,9 @@ TEST(Matmul, Q8_0ProductsEqualOnePairDotsForEveryTokenCount) {
 TEST(Matmul, FewLongPlainRowsEqualOnePairDots) {
     std::mt19937 rng(59);
     ThreadPool pool(2);
-    for (gguf::Type t : {gguf::Type::F32, gguf::Type::BF16}) {
-        const int64_t in = 4096 + 32 + 8 + 1, out = 24;
+    for (gguf::Type t : {gguf::Type::F32, gguf::Type::BF16})
+      for (int64_t in : {int64_t(4096 + 32 + 8 + 1), int64_t(1024)}) {   // 1024: the default model's mixes
+        const int64_t out = 24;
         const auto wf = gaussian(size_t(in * out), 0.05f, rng);
         const size_t row = size_t(gguf::row_bytes(t, in));
         std::vector<uint8_t> wq(row * size_t(out));
@@ -96,10 +97,10 @@ TEST(Matmul, FewLongPlainRowsEqualOnePairDots) {
                 for (int64_t r = 0; r < out; ++r) {
                     const float d = quant::vec_dot(t, &wq[size_t(r) * row], &x[size_t(k * in)], in);
                     const float got = y[size_t(k * y_stride + r)];
-                    ASSERT_EQ(std::memcmp(&got, &d, 4), 0) << n_tok << " tokens, token " << k << " row " << r;
+                    ASSERT_EQ(std::memcmp(&got, &d, 4), 0) << "in " << in << ", " << n_tok << " tokens, token " << k << " row " << r;
                 }
         }
-    }
+      }
 }
 
 // IQ2_XXS takes the packed (transposed) path on AVX-512 VBMI for every token count.
