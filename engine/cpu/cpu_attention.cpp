@@ -72,29 +72,27 @@ void CpuExecutor::compress(int layer, int which, const CompressorWeights &cw, co
         st.need_entries(cs, last);   // before the tasks take entry pointers
         pool_.parallel_for(last - first, cpu_grain((int64_t)dim * r * 4), [&](int64_t b, int64_t e, int th) {
             TaskScratch &ts = tasks_[th];
-            grow(ts.f, 2 * r);
+            ts.rows.resize(4 * (size_t)r);   // the slots' gate rows, then their value rows
             ts.need_rope(rope.n_pairs);
-            float *lg = ts.f.data();
+            const float **gate = ts.rows.data(), **val = gate + 2 * r;
             for (int64_t wi = first + b; wi < first + e; ++wi) {
                 float *out = cs.entry((int)wi);
                 const int64_t start = wi * r;
                 const bool prev = cs.g.overlap && wi > 0;
-                for (int ch = 0; ch < dim; ++ch) {
-                    int n = 0;
-                    float mx = -INFINITY;
-                    if (prev)
-                        for (int j = 0; j < r; ++j) mx = std::max(mx, lg[n++] = cs.gate_row(start - r + j)[ch]);
-                    const int off = cs.g.overlap ? dim : 0;
-                    for (int j = 0; j < r; ++j) mx = std::max(mx, lg[n++] = cs.gate_row(start + j)[off + ch]);
-                    double den = 0;
-                    for (int k = 0; k < n; ++k) den += lg[k] = std::exp(lg[k] - mx);
-                    double acc = 0;
-                    n = 0;
-                    if (prev)
-                        for (int j = 0; j < r; ++j) acc += (double)lg[n++] * cs.kv_row(start - r + j)[ch];
-                    for (int j = 0; j < r; ++j) acc += (double)lg[n++] * cs.kv_row(start + j)[off + ch];
-                    out[ch] = (float)(acc / den);
+                // Per channel, a softmax over the slots (window wi - 1's first-half channels
+                // first, where it overlaps), pooling the slots' values.
+                int n = 0;
+                if (prev)
+                    for (int j = 0; j < r; ++j, ++n) {
+                        gate[n] = cs.gate_row(start - r + j);
+                        val[n] = cs.kv_row(start - r + j);
+                    }
+                const int off = cs.g.overlap ? dim : 0;
+                for (int j = 0; j < r; ++j, ++n) {
+                    gate[n] = cs.gate_row(start + j) + off;
+                    val[n] = cs.kv_row(start + j) + off;
                 }
+                ops::softmax_pool(gate, val, n, dim, out);
                 ops::rmsnorm(out, dim, cw.norm.data(), c_.rms_eps, out);
                 rope.cos_sin(start, ts.cos.data(), ts.sin.data());
                 ops::rope_apply(out, dim, rope.n_pairs, ts.cos.data(), ts.sin.data(), 1.f);

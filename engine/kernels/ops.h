@@ -32,9 +32,16 @@ void indexer_score16(const float *q, const float *w, int heads, int dim, const f
 // same bits on AVX-512 and AVX2. max_of: the largest of init and x[0..n) (NaN if any is).
 double exp_shift(float *x, int64_t n, float m);
 float max_of(const float *x, int64_t n, float init);
+// The compressors' pooling: per channel c < dim, a softmax over the n slots' gate[k][c]
+// weights val[k][c]: out[c] = sum_k e_k val[k][c] / sum_k e_k with e_k = exp(gate[k][c] - max)
+// by exp_shift's exp (a NaN gate is passed over by the max), both sums in double over k in
+// order. Channels go 16 (AVX-512) or 8 (AVX2) a step, the same bits on both.
+void softmax_pool(const float *const *gate, const float *const *val, int n, int64_t dim, float *out);
 namespace detail {
 double exp_shift_avx2(float *x, int64_t n, float m);
 double exp_shift_avx512(float *x, int64_t n, float m);   // where exp_shift_avx512_usable()
+void softmax_pool_avx2(const float *const *gate, const float *const *val, int n, int64_t dim, float *out);
+void softmax_pool_avx512(const float *const *gate, const float *const *val, int n, int64_t dim, float *out);
 bool exp_shift_avx512_usable();
 }  // namespace detail
 // y += a * x

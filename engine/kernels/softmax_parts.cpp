@@ -68,6 +68,82 @@ inline __m256 exp8(__m256 t) {
     return _mm256_blendv_ps(v, t0, nan);
 }
 
+// One channel block of softmax_pool: lanes are channels, the slots go in order. Written once
+// for both vector widths; each entry point below is flattened, so every call inlines into a
+// function of the right target (GCC warns about the 512-bit ABI of the uninlined template).
+#pragma GCC diagnostic ignored "-Wpsabi"
+template <class V>
+inline void pool_block(const float *const *gate, const float *const *val, int n, int64_t c, typename V::Mask m,
+                       float *out) {
+    typename V::F mx = V::set1(-std::numeric_limits<float>::infinity());
+    for (int k = 0; k < n; ++k) mx = V::max(V::load(gate[k] + c, m), mx);   // a NaN gate is passed over
+    typename V::D den_lo = V::dzero(), den_hi = den_lo, acc_lo = den_lo, acc_hi = den_lo;
+    for (int k = 0; k < n; ++k) {
+        const typename V::F e = V::exp(V::sub(V::load(gate[k] + c, m), mx));
+        const typename V::F v = V::load(val[k] + c, m);
+        den_lo = V::dadd(den_lo, V::lo(e));
+        den_hi = V::dadd(den_hi, V::hi(e));
+        acc_lo = V::dadd(acc_lo, V::dmul(V::lo(e), V::lo(v)));
+        acc_hi = V::dadd(acc_hi, V::dmul(V::hi(e), V::hi(v)));
+    }
+    V::store(out + c, m, V::narrow(V::ddiv(acc_lo, den_lo), V::ddiv(acc_hi, den_hi)));
+}
+
+struct Avx512 {
+    using F = __m512;
+    using D = __m512d;
+    using Mask = __mmask16;
+    static constexpr int kLanes = 16;
+    DS4_AVX512 static Mask all() { return 0xFFFF; }
+    DS4_AVX512 static Mask first(int64_t k) { return Mask((1u << k) - 1); }
+    DS4_AVX512 static F set1(float v) { return _mm512_set1_ps(v); }
+    DS4_AVX512 static F load(const float *p, Mask m) { return _mm512_maskz_loadu_ps(m, p); }
+    DS4_AVX512 static void store(float *p, Mask m, F v) { _mm512_mask_storeu_ps(p, m, v); }
+    DS4_AVX512 static F max(F a, F b) { return _mm512_max_ps(a, b); }
+    DS4_AVX512 static F sub(F a, F b) { return _mm512_sub_ps(a, b); }
+    DS4_AVX512 static F exp(F t) { return exp16(t); }
+    DS4_AVX512 static D dzero() { return _mm512_setzero_pd(); }
+    DS4_AVX512 static D lo(F v) { return _mm512_cvtps_pd(_mm512_castps512_ps256(v)); }
+    DS4_AVX512 static D hi(F v) { return _mm512_cvtps_pd(_mm512_extractf32x8_ps(v, 1)); }
+    DS4_AVX512 static D dadd(D a, D b) { return _mm512_add_pd(a, b); }
+    DS4_AVX512 static D dmul(D a, D b) { return _mm512_mul_pd(a, b); }
+    DS4_AVX512 static D ddiv(D a, D b) { return _mm512_div_pd(a, b); }
+    DS4_AVX512 static F narrow(D a, D b) {
+        return _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtpd_ps(a)), _mm512_cvtpd_ps(b), 1);
+    }
+};
+
+struct Avx2 {
+    using F = __m256;
+    using D = __m256d;
+    using Mask = __m256i;
+    static constexpr int kLanes = 8;
+    static Mask all() { return _mm256_set1_epi32(-1); }
+    static Mask first(int64_t k) {
+        return _mm256_cmpgt_epi32(_mm256_set1_epi32(int(k)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    }
+    static F set1(float v) { return _mm256_set1_ps(v); }
+    static F load(const float *p, Mask m) { return _mm256_maskload_ps(p, m); }
+    static void store(float *p, Mask m, F v) { _mm256_maskstore_ps(p, m, v); }
+    static F max(F a, F b) { return _mm256_max_ps(a, b); }
+    static F sub(F a, F b) { return _mm256_sub_ps(a, b); }
+    static F exp(F t) { return exp8(t); }
+    static D dzero() { return _mm256_setzero_pd(); }
+    static D lo(F v) { return _mm256_cvtps_pd(_mm256_castps256_ps128(v)); }
+    static D hi(F v) { return _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)); }
+    static D dadd(D a, D b) { return _mm256_add_pd(a, b); }
+    static D dmul(D a, D b) { return _mm256_mul_pd(a, b); }
+    static D ddiv(D a, D b) { return _mm256_div_pd(a, b); }
+    static F narrow(D a, D b) { return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm256_cvtpd_ps(a)), _mm256_cvtpd_ps(b), 1); }
+};
+
+template <class V>
+inline void pool_all(const float *const *gate, const float *const *val, int n, int64_t dim, float *out) {
+    int64_t c = 0;
+    for (; c + V::kLanes <= dim; c += V::kLanes) pool_block<V>(gate, val, n, c, V::all(), out);
+    if (c < dim) pool_block<V>(gate, val, n, c, V::first(dim - c), out);
+}
+
 }  // namespace
 
 namespace detail {
@@ -119,6 +195,15 @@ double exp_shift_avx2(float *x, int64_t n, float m) {
     return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
 }
 
+DS4_AVX512 __attribute__((flatten)) void softmax_pool_avx512(const float *const *gate, const float *const *val, int n, int64_t dim,
+                                    float *out) {
+    pool_all<Avx512>(gate, val, n, dim, out);
+}
+
+__attribute__((flatten)) void softmax_pool_avx2(const float *const *gate, const float *const *val, int n, int64_t dim, float *out) {
+    pool_all<Avx2>(gate, val, n, dim, out);
+}
+
 bool exp_shift_avx512_usable() {
     static const bool on = [] {
         if (const char *e = std::getenv("DS4_NO_AVX512"); e && *e && *e != '0') return false;
@@ -131,6 +216,11 @@ bool exp_shift_avx512_usable() {
 
 double exp_shift(float *x, int64_t n, float m) {
     return detail::exp_shift_avx512_usable() ? detail::exp_shift_avx512(x, n, m) : detail::exp_shift_avx2(x, n, m);
+}
+
+void softmax_pool(const float *const *gate, const float *const *val, int n, int64_t dim, float *out) {
+    if (detail::exp_shift_avx512_usable()) detail::softmax_pool_avx512(gate, val, n, dim, out);
+    else detail::softmax_pool_avx2(gate, val, n, dim, out);
 }
 
 float max_of(const float *x, int64_t n, float init) {

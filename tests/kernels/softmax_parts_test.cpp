@@ -84,6 +84,48 @@ TEST(ExpShift, Avx512AndAvx2GiveTheSameBitsAndStopAtN) {
     }
 }
 
+// softmax_pool against its definition, channel by channel (the exponentials by exp_shift on
+// the channel's gates, so only the pooling is under test here), and AVX-512 against AVX2.
+TEST(SoftmaxPool, EqualsItsDefinitionPerChannelOnBothIsas) {
+    std::mt19937 rng(11);
+    std::normal_distribution<float> g(0, 3);
+    for (int n : {1, 4, 8, 128})
+        for (int64_t dim : {int64_t(1), int64_t(7), int64_t(8), int64_t(16), int64_t(37), int64_t(512)}) {
+            std::vector<std::vector<float>> gs(static_cast<size_t>(n)), vs(static_cast<size_t>(n));
+            std::vector<const float *> gp, vp;
+            for (int k = 0; k < n; ++k) {
+                gs[size_t(k)].resize(size_t(dim) + 16);
+                vs[size_t(k)].resize(size_t(dim) + 16);
+                for (auto &v : gs[size_t(k)]) v = g(rng);
+                for (auto &v : vs[size_t(k)]) v = g(rng);
+                gp.push_back(gs[size_t(k)].data());
+                vp.push_back(vs[size_t(k)].data());
+            }
+            std::vector<float> want(static_cast<size_t>(dim));
+            for (int64_t c = 0; c < dim; ++c) {
+                std::vector<float> e(static_cast<size_t>(n));
+                float mx = -std::numeric_limits<float>::infinity();
+                for (int k = 0; k < n; ++k) mx = std::max(mx, e[size_t(k)] = gp[size_t(k)][c]);
+                (void)exp_shift(e.data(), n, mx);
+                double den = 0, acc = 0;
+                for (int k = 0; k < n; ++k) {
+                    den += e[size_t(k)];
+                    acc += double(e[size_t(k)]) * vp[size_t(k)][c];
+                }
+                want[size_t(c)] = float(acc / den);
+            }
+            std::vector<float> a(size_t(dim) + 1, -3.f), b(size_t(dim) + 1, -3.f);
+            detail::softmax_pool_avx2(gp.data(), vp.data(), n, dim, a.data());
+            for (int64_t c = 0; c < dim; ++c)
+                ASSERT_EQ(std::memcmp(&a[size_t(c)], &want[size_t(c)], 4), 0)
+                    << "n " << n << " dim " << dim << " channel " << c << ": " << a[size_t(c)] << " vs " << want[size_t(c)];
+            EXPECT_EQ(a[size_t(dim)], -3.f) << "wrote past dim";
+            if (!detail::exp_shift_avx512_usable()) continue;
+            detail::softmax_pool_avx512(gp.data(), vp.data(), n, dim, b.data());
+            ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << "n " << n << " dim " << dim;
+        }
+}
+
 TEST(MaxOf, LargestOfInitAndValuesAndNaN) {
     std::mt19937 rng(9);
     std::normal_distribution<float> g(0, 5);
