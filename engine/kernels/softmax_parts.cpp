@@ -36,58 +36,10 @@ constexpr float kP[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 
-DS4_AVX512 inline __m512 exp16(__m512 t) {
-    const __mmask16 zero = _mm512_cmp_ps_mask(t, _mm512_set1_ps(kLowest), _CMP_LT_OQ);
-    const __mmask16 nan = _mm512_cmp_ps_mask(t, t, _CMP_UNORD_Q);
-    const __m512 t0 = t;
-    t = _mm512_min_ps(t, _mm512_set1_ps(kHighest));
-    const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(t, _mm512_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(kLn2Hi), t);
-    r = _mm512_fnmadd_ps(k, _mm512_set1_ps(kLn2Lo), r);
-    __m512 p = _mm512_set1_ps(kP[0]);
-    for (int i = 1; i < 6; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP[i]));
-    const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.f));
-    const __m512i e = _mm512_slli_epi32(_mm512_cvtps_epi32(k), 23);
-    const __m512 v = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(y), e));
-    return _mm512_mask_mov_ps(_mm512_maskz_mov_ps(_knot_mask16(zero), v), nan, t0);
-}
-
-inline __m256 exp8(__m256 t) {
-    const __m256 zero = _mm256_cmp_ps(t, _mm256_set1_ps(kLowest), _CMP_LT_OQ);
-    const __m256 nan = _mm256_cmp_ps(t, t, _CMP_UNORD_Q);
-    const __m256 t0 = t;
-    t = _mm256_min_ps(t, _mm256_set1_ps(kHighest));
-    const __m256 k = _mm256_round_ps(_mm256_mul_ps(t, _mm256_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(kLn2Hi), t);
-    r = _mm256_fnmadd_ps(k, _mm256_set1_ps(kLn2Lo), r);
-    __m256 p = _mm256_set1_ps(kP[0]);
-    for (int i = 1; i < 6; ++i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP[i]));
-    const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.f));
-    const __m256i e = _mm256_slli_epi32(_mm256_cvtps_epi32(k), 23);
-    const __m256 v = _mm256_andnot_ps(zero, _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(y), e)));
-    return _mm256_blendv_ps(v, t0, nan);
-}
-
-// One channel block of softmax_pool: lanes are channels, the slots go in order. Written once
-// for both vector widths; each entry point below is flattened, so every call inlines into a
-// function of the right target (GCC warns about the 512-bit ABI of the uninlined template).
+// The vector kernels are written once over these two widths; each entry point below is
+// flattened, so every call inlines into a function of the right target (GCC warns about the
+// 512-bit ABI of the templates it never emits on their own).
 #pragma GCC diagnostic ignored "-Wpsabi"
-template <class V>
-inline void pool_block(const float *const *gate, const float *const *val, int n, int64_t c, typename V::Mask m,
-                       float *out) {
-    typename V::F mx = V::set1(-std::numeric_limits<float>::infinity());
-    for (int k = 0; k < n; ++k) mx = V::max(V::load(gate[k] + c, m), mx);   // a NaN gate is passed over
-    typename V::D den_lo = V::dzero(), den_hi = den_lo, acc_lo = den_lo, acc_hi = den_lo;
-    for (int k = 0; k < n; ++k) {
-        const typename V::F e = V::exp(V::sub(V::load(gate[k] + c, m), mx));
-        const typename V::F v = V::load(val[k] + c, m);
-        den_lo = V::dadd(den_lo, V::lo(e));
-        den_hi = V::dadd(den_hi, V::hi(e));
-        acc_lo = V::dadd(acc_lo, V::dmul(V::lo(e), V::lo(v)));
-        acc_hi = V::dadd(acc_hi, V::dmul(V::hi(e), V::hi(v)));
-    }
-    V::store(out + c, m, V::narrow(V::ddiv(acc_lo, den_lo), V::ddiv(acc_hi, den_hi)));
-}
 
 struct Avx512 {
     using F = __m512;
@@ -101,7 +53,21 @@ struct Avx512 {
     DS4_AVX512 static void store(float *p, Mask m, F v) { _mm512_mask_storeu_ps(p, m, v); }
     DS4_AVX512 static F max(F a, F b) { return _mm512_max_ps(a, b); }
     DS4_AVX512 static F sub(F a, F b) { return _mm512_sub_ps(a, b); }
-    DS4_AVX512 static F exp(F t) { return exp16(t); }
+    using Cmp = __mmask16;
+    DS4_AVX512 static F add(F a, F b) { return _mm512_add_ps(a, b); }
+    DS4_AVX512 static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+    DS4_AVX512 static F min(F a, F b) { return _mm512_min_ps(a, b); }
+    DS4_AVX512 static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+    DS4_AVX512 static F fnmadd(F a, F b, F c) { return _mm512_fnmadd_ps(a, b, c); }
+    DS4_AVX512 static F round(F a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+    // a * 2^k for an integral float k where the result is a normal float
+    DS4_AVX512 static F scale2(F a, F k) {
+        return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(a), _mm512_slli_epi32(_mm512_cvtps_epi32(k), 23)));
+    }
+    DS4_AVX512 static Cmp below(F a, F b) { return _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ); }
+    DS4_AVX512 static Cmp nan(F a) { return _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q); }
+    DS4_AVX512 static F zero_where(Cmp m, F a) { return _mm512_maskz_mov_ps(_knot_mask16(m), a); }
+    DS4_AVX512 static F take_where(Cmp m, F a, F b) { return _mm512_mask_mov_ps(a, m, b); }
     DS4_AVX512 static D dzero() { return _mm512_setzero_pd(); }
     DS4_AVX512 static D lo(F v) { return _mm512_cvtps_pd(_mm512_castps512_ps256(v)); }
     DS4_AVX512 static D hi(F v) { return _mm512_cvtps_pd(_mm512_extractf32x8_ps(v, 1)); }
@@ -127,7 +93,20 @@ struct Avx2 {
     static void store(float *p, Mask m, F v) { _mm256_maskstore_ps(p, m, v); }
     static F max(F a, F b) { return _mm256_max_ps(a, b); }
     static F sub(F a, F b) { return _mm256_sub_ps(a, b); }
-    static F exp(F t) { return exp8(t); }
+    using Cmp = __m256;
+    static F add(F a, F b) { return _mm256_add_ps(a, b); }
+    static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+    static F min(F a, F b) { return _mm256_min_ps(a, b); }
+    static F fmadd(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+    static F fnmadd(F a, F b, F c) { return _mm256_fnmadd_ps(a, b, c); }
+    static F round(F a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+    static F scale2(F a, F k) {
+        return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(a), _mm256_slli_epi32(_mm256_cvtps_epi32(k), 23)));
+    }
+    static Cmp below(F a, F b) { return _mm256_cmp_ps(a, b, _CMP_LT_OQ); }
+    static Cmp nan(F a) { return _mm256_cmp_ps(a, a, _CMP_UNORD_Q); }
+    static F zero_where(Cmp m, F a) { return _mm256_andnot_ps(m, a); }
+    static F take_where(Cmp m, F a, F b) { return _mm256_blendv_ps(a, b, m); }
     static D dzero() { return _mm256_setzero_pd(); }
     static D lo(F v) { return _mm256_cvtps_pd(_mm256_castps256_ps128(v)); }
     static D hi(F v) { return _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)); }
@@ -136,6 +115,39 @@ struct Avx2 {
     static D ddiv(D a, D b) { return _mm256_div_pd(a, b); }
     static F narrow(D a, D b) { return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm256_cvtpd_ps(a)), _mm256_cvtpd_ps(b), 1); }
 };
+
+// The exp of every lane, written once for both widths (so both give the same bits).
+template <class V>
+inline typename V::F vexp(typename V::F t) {
+    using F = typename V::F;
+    const typename V::Cmp zero = V::below(t, V::set1(kLowest)), nan = V::nan(t);
+    const F tc = V::min(t, V::set1(kHighest));
+    const F k = V::round(V::mul(tc, V::set1(kLog2e)));
+    F r = V::fnmadd(k, V::set1(kLn2Hi), tc);
+    r = V::fnmadd(k, V::set1(kLn2Lo), r);
+    F p = V::set1(kP[0]);
+    for (int i = 1; i < 6; ++i) p = V::fmadd(p, r, V::set1(kP[i]));
+    const F y = V::add(V::fmadd(p, V::mul(r, r), r), V::set1(1.f));
+    return V::take_where(nan, V::zero_where(zero, V::scale2(y, k)), t);
+}
+
+// One channel block of softmax_pool: lanes are channels, the slots go in order.
+template <class V>
+inline void pool_block(const float *const *gate, const float *const *val, int n, int64_t c, typename V::Mask m,
+                       float *out) {
+    typename V::F mx = V::set1(-std::numeric_limits<float>::infinity());
+    for (int k = 0; k < n; ++k) mx = V::max(V::load(gate[k] + c, m), mx);   // a NaN gate is passed over
+    typename V::D den_lo = V::dzero(), den_hi = den_lo, acc_lo = den_lo, acc_hi = den_lo;
+    for (int k = 0; k < n; ++k) {
+        const typename V::F e = vexp<V>(V::sub(V::load(gate[k] + c, m), mx));
+        const typename V::F v = V::load(val[k] + c, m);
+        den_lo = V::dadd(den_lo, V::lo(e));
+        den_hi = V::dadd(den_hi, V::hi(e));
+        acc_lo = V::dadd(acc_lo, V::dmul(V::lo(e), V::lo(v)));
+        acc_hi = V::dadd(acc_hi, V::dmul(V::hi(e), V::hi(v)));
+    }
+    V::store(out + c, m, V::narrow(V::ddiv(acc_lo, den_lo), V::ddiv(acc_hi, den_hi)));
+}
 
 template <class V>
 inline void pool_all(const float *const *gate, const float *const *val, int n, int64_t dim, float *out) {
@@ -148,19 +160,19 @@ inline void pool_all(const float *const *gate, const float *const *val, int n, i
 
 namespace detail {
 
-DS4_AVX512 double exp_shift_avx512(float *x, int64_t n, float m) {
+DS4_AVX512 __attribute__((flatten)) double exp_shift_avx512(float *x, int64_t n, float m) {
     const __m512 mv = _mm512_set1_ps(m);
     __m512d sum = _mm512_setzero_pd();
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + i), mv));
+        const __m512 e = vexp<Avx512>(_mm512_sub_ps(_mm512_loadu_ps(x + i), mv));
         _mm512_storeu_ps(x + i, e);
         sum = _mm512_add_pd(sum, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
         sum = _mm512_add_pd(sum, _mm512_cvtps_pd(_mm512_extractf32x8_ps(e, 1)));
     }
     if (i < n) {
         const __mmask16 k = __mmask16((1u << (n - i)) - 1);
-        const __m512 e = _mm512_maskz_mov_ps(k, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), mv)));
+        const __m512 e = _mm512_maskz_mov_ps(k, vexp<Avx512>(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), mv)));
         _mm512_mask_storeu_ps(x + i, k, e);
         sum = _mm512_add_pd(sum, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
         if (n - i > 8) sum = _mm512_add_pd(sum, _mm512_cvtps_pd(_mm512_extractf32x8_ps(e, 1)));
@@ -170,12 +182,12 @@ DS4_AVX512 double exp_shift_avx512(float *x, int64_t n, float m) {
     return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
 }
 
-double exp_shift_avx2(float *x, int64_t n, float m) {
+__attribute__((flatten)) double exp_shift_avx2(float *x, int64_t n, float m) {
     const __m256 mv = _mm256_set1_ps(m);
     __m256d lo = _mm256_setzero_pd(), hi = lo;   // lanes 0-3, 4-7
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), mv));
+        const __m256 e = vexp<Avx2>(_mm256_sub_ps(_mm256_loadu_ps(x + i), mv));
         _mm256_storeu_ps(x + i, e);
         lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
         hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
@@ -184,7 +196,7 @@ double exp_shift_avx2(float *x, int64_t n, float m) {
         alignas(32) int32_t lanes[8];
         for (int j = 0; j < 8; ++j) lanes[j] = i + j < n ? -1 : 0;
         const __m256i k = _mm256_load_si256(reinterpret_cast<const __m256i *>(lanes));
-        const __m256 e = _mm256_and_ps(_mm256_castsi256_ps(k), exp8(_mm256_sub_ps(_mm256_maskload_ps(x + i, k), mv)));
+        const __m256 e = _mm256_and_ps(_mm256_castsi256_ps(k), vexp<Avx2>(_mm256_sub_ps(_mm256_maskload_ps(x + i, k), mv)));
         _mm256_maskstore_ps(x + i, k, e);
         lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
         hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
