@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <random>
 #include <vector>
 
@@ -22,10 +23,12 @@ std::vector<float> gaussian(size_t n, float sd, std::mt19937 &rng) {
     return v;
 }
 
-// Products of a 4096-wide weight of type t (large enough for the pool and the row blocks;
-// 203 rows leave a row block and a 4-row step with remainders) for many token counts.
-void expect_products_equal_one_pair_dots(gguf::Type t, std::mt19937 &rng) {
-    const int64_t in = 4096, out = 203;
+// Products of an in x out weight of type t for many token counts, each output equal to its
+// one-pair vec_dot bit for bit. The default: 4096 wide (large enough for the pool and the row
+// blocks), 203 rows (a row block and a 4-row step with remainders).
+void expect_products_equal_one_pair_dots(gguf::Type t, std::mt19937 &rng, int64_t in = 4096, int64_t out = 203,
+                                         std::initializer_list<int64_t> n_toks = {1, 2, 4, 5, 7, 8, 9, 16, 17, 32,
+                                                                                  33, 40, 48, 50}) {
     const auto wf = gaussian(size_t(in * out), 0.05f, rng);
     const size_t row = size_t(gguf::row_bytes(t, in));
     const size_t xrow = size_t(quant::vec_dot_row_bytes(t, in));
@@ -39,8 +42,8 @@ void expect_products_equal_one_pair_dots(gguf::Type t, std::mt19937 &rng) {
     w.row_bytes = row;
     ThreadPool pool(2);
     MatmulCtx ctx(pool);
-    // one to three 16-column groups at a time, the last part-filled or full
-    for (int64_t n_tok : {1, 2, 4, 5, 7, 8, 9, 16, 17, 32, 33, 40, 48, 50}) {
+    // by default one to three 16-column groups at a time, the last part-filled or full
+    for (int64_t n_tok : n_toks) {
         const auto x = gaussian(size_t(in * n_tok), 1.f, rng);
         const int64_t y_stride = out + 3;
         std::vector<float> y(size_t(y_stride * n_tok), NAN);
@@ -51,8 +54,8 @@ void expect_products_equal_one_pair_dots(gguf::Type t, std::mt19937 &rng) {
             for (int64_t r = 0; r < out; ++r) {
                 const float d = quant::vec_dot(t, &wq[size_t(r) * row], xq.data(), in);
                 const float got = y[size_t(k * y_stride + r)];
-                ASSERT_EQ(std::memcmp(&got, &d, 4), 0) << n_tok << " tokens, token " << k << " row " << r << ": "
-                                                       << got << " vs " << d;
+                ASSERT_EQ(std::memcmp(&got, &d, 4), 0) << "in " << in << ", " << n_tok << " tokens, token " << k
+                                                       << " row " << r << ": " << got << " vs " << d;
             }
         }
     }
@@ -73,34 +76,9 @@ TEST(Matmul, Q8_0ProductsEqualOnePairDotsForEveryTokenCount) {
 // and cut the rows into chunks (quant::vec_dot_tile's plain path): the same bits.
 TEST(Matmul, FewLongPlainRowsEqualOnePairDots) {
     std::mt19937 rng(59);
-    ThreadPool pool(2);
     for (gguf::Type t : {gguf::Type::F32, gguf::Type::BF16})
-      for (int64_t in : {int64_t(4096 + 32 + 8 + 1), int64_t(1024)}) {   // 1024: the default model's mixes
-        const int64_t out = 24;
-        const auto wf = gaussian(size_t(in * out), 0.05f, rng);
-        const size_t row = size_t(gguf::row_bytes(t, in));
-        std::vector<uint8_t> wq(row * size_t(out));
-        for (int64_t r = 0; r < out; ++r) quant::quantize_row(t, &wf[size_t(r * in)], &wq[size_t(r) * row], in);
-        WeightView w;
-        w.type = t;
-        w.in = in;
-        w.out = out;
-        w.data = wq.data();
-        w.row_bytes = row;
-        MatmulCtx ctx(pool);
-        for (int64_t n_tok : {1, 7, 8, 9, 40, 256}) {
-            const auto x = gaussian(size_t(in * n_tok), 1.f, rng);
-            const int64_t y_stride = out + 3;
-            std::vector<float> y(size_t(y_stride * n_tok), NAN);
-            matmul(ctx, w, x.data(), n_tok, in, y.data(), y_stride);
-            for (int64_t k = 0; k < n_tok; ++k)
-                for (int64_t r = 0; r < out; ++r) {
-                    const float d = quant::vec_dot(t, &wq[size_t(r) * row], &x[size_t(k * in)], in);
-                    const float got = y[size_t(k * y_stride + r)];
-                    ASSERT_EQ(std::memcmp(&got, &d, 4), 0) << "in " << in << ", " << n_tok << " tokens, token " << k << " row " << r;
-                }
-        }
-      }
+        for (int64_t in : {int64_t(4096 + 32 + 8 + 1), int64_t(1024)})   // 1024: the default model's mixes
+            expect_products_equal_one_pair_dots(t, rng, in, 24, {1, 7, 8, 9, 40, 256});
 }
 
 // IQ2_XXS takes the packed (transposed) path on AVX-512 VBMI for every token count.
