@@ -74,6 +74,13 @@ struct Avx512 {
     DS4_AVX512 static D dadd(D a, D b) { return _mm512_add_pd(a, b); }
     DS4_AVX512 static D dmul(D a, D b) { return _mm512_mul_pd(a, b); }
     DS4_AVX512 static D ddiv(D a, D b) { return _mm512_div_pd(a, b); }
+    DS4_AVX512 static F keep(Mask k, F a) { return _mm512_maskz_mov_ps(k, a); }
+    DS4_AVX512 static F loadu(const float *p) { return _mm512_loadu_ps(p); }
+    DS4_AVX512 static void storeu(float *p, F v) { _mm512_storeu_ps(p, v); }
+    using Sum = __m512d;
+    DS4_AVX512 static Sum sum_zero() { return _mm512_setzero_pd(); }
+    DS4_AVX512 static Sum sum_add(Sum s, F e) { return _mm512_add_pd(_mm512_add_pd(s, lo(e)), hi(e)); }
+    DS4_AVX512 static void sum_lanes(Sum s, double *l) { _mm512_storeu_pd(l, s); }
     DS4_AVX512 static F narrow(D a, D b) {
         return _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtpd_ps(a)), _mm512_cvtpd_ps(b), 1);
     }
@@ -113,6 +120,18 @@ struct Avx2 {
     static D dadd(D a, D b) { return _mm256_add_pd(a, b); }
     static D dmul(D a, D b) { return _mm256_mul_pd(a, b); }
     static D ddiv(D a, D b) { return _mm256_div_pd(a, b); }
+    static F keep(Mask k, F a) { return _mm256_and_ps(_mm256_castsi256_ps(k), a); }
+    static F loadu(const float *p) { return _mm256_loadu_ps(p); }
+    static void storeu(float *p, F v) { _mm256_storeu_ps(p, v); }
+    struct Sum {
+        D lo, hi;   // lanes 0-3, 4-7
+    };
+    static Sum sum_zero() { return {_mm256_setzero_pd(), _mm256_setzero_pd()}; }
+    static Sum sum_add(Sum s, F e) { return {_mm256_add_pd(s.lo, lo(e)), _mm256_add_pd(s.hi, hi(e))}; }
+    static void sum_lanes(Sum s, double *l) {
+        _mm256_storeu_pd(l, s.lo);
+        _mm256_storeu_pd(l + 4, s.hi);
+    }
     static F narrow(D a, D b) { return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm256_cvtpd_ps(a)), _mm256_cvtpd_ps(b), 1); }
 };
 
@@ -156,56 +175,39 @@ inline void pool_all(const float *const *gate, const float *const *val, int n, i
     if (c < dim) pool_block<V>(gate, val, n, c, V::first(dim - c), out);
 }
 
+// exp_shift for one width: the exponentials in place, their sum in 8 double lanes (element i
+// to lane i mod 8, in order) then pairs. Lanes past n add +0, which leaves a lane as it was
+// (the lanes hold sums of exponentials: +0 or more, or NaN).
+template <class V>
+inline double exp_shift_all(float *x, int64_t n, float m) {
+    const typename V::F mv = V::set1(m);
+    typename V::Sum sum = V::sum_zero();
+    int64_t i = 0;
+    for (; i + V::kLanes <= n; i += V::kLanes) {   // full steps: plain loads and stores (masked ones cost ~15%)
+        const typename V::F e = vexp<V>(V::sub(V::loadu(x + i), mv));
+        V::storeu(x + i, e);
+        sum = V::sum_add(sum, e);
+    }
+    if (i < n) {
+        const typename V::Mask k = V::first(n - i);
+        const typename V::F e = V::keep(k, vexp<V>(V::sub(V::load(x + i, k), mv)));
+        V::store(x + i, k, e);
+        sum = V::sum_add(sum, e);
+    }
+    alignas(64) double l[8];
+    V::sum_lanes(sum, l);
+    return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+}
+
 }  // namespace
 
 namespace detail {
 
 DS4_AVX512 __attribute__((flatten)) double exp_shift_avx512(float *x, int64_t n, float m) {
-    const __m512 mv = _mm512_set1_ps(m);
-    __m512d sum = _mm512_setzero_pd();
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        const __m512 e = vexp<Avx512>(_mm512_sub_ps(_mm512_loadu_ps(x + i), mv));
-        _mm512_storeu_ps(x + i, e);
-        sum = _mm512_add_pd(sum, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
-        sum = _mm512_add_pd(sum, _mm512_cvtps_pd(_mm512_extractf32x8_ps(e, 1)));
-    }
-    if (i < n) {
-        const __mmask16 k = __mmask16((1u << (n - i)) - 1);
-        const __m512 e = _mm512_maskz_mov_ps(k, vexp<Avx512>(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), mv)));
-        _mm512_mask_storeu_ps(x + i, k, e);
-        sum = _mm512_add_pd(sum, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
-        if (n - i > 8) sum = _mm512_add_pd(sum, _mm512_cvtps_pd(_mm512_extractf32x8_ps(e, 1)));
-    }
-    alignas(64) double l[8];
-    _mm512_store_pd(l, sum);
-    return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+    return exp_shift_all<Avx512>(x, n, m);
 }
 
-__attribute__((flatten)) double exp_shift_avx2(float *x, int64_t n, float m) {
-    const __m256 mv = _mm256_set1_ps(m);
-    __m256d lo = _mm256_setzero_pd(), hi = lo;   // lanes 0-3, 4-7
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        const __m256 e = vexp<Avx2>(_mm256_sub_ps(_mm256_loadu_ps(x + i), mv));
-        _mm256_storeu_ps(x + i, e);
-        lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
-        hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
-    }
-    if (i < n) {
-        alignas(32) int32_t lanes[8];
-        for (int j = 0; j < 8; ++j) lanes[j] = i + j < n ? -1 : 0;
-        const __m256i k = _mm256_load_si256(reinterpret_cast<const __m256i *>(lanes));
-        const __m256 e = _mm256_and_ps(_mm256_castsi256_ps(k), vexp<Avx2>(_mm256_sub_ps(_mm256_maskload_ps(x + i, k), mv)));
-        _mm256_maskstore_ps(x + i, k, e);
-        lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
-        hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
-    }
-    alignas(32) double l[8];
-    _mm256_store_pd(l, lo);
-    _mm256_store_pd(l + 4, hi);
-    return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
-}
+__attribute__((flatten)) double exp_shift_avx2(float *x, int64_t n, float m) { return exp_shift_all<Avx2>(x, n, m); }
 
 DS4_AVX512 __attribute__((flatten)) void softmax_pool_avx512(const float *const *gate, const float *const *val, int n, int64_t dim,
                                     float *out) {
