@@ -270,6 +270,33 @@ struct VbmiQ2 {
         interleave_hi = _mm512_setr_epi32(0, 24, 1, 25, 2, 26, 3, 27, 4, 28, 5, 29, 6, 30, 7, 31);
     }
 
+    // Block wb's scaled weights, chunk j in v[j] (raw: its first 64 bytes), and its d, dmin
+    // repeated over 16 lanes.
+    DS4_VBMI_Q2 __attribute__((always_inline)) inline __m512 weights(const BlockQ2_K &wb, __m512i raw,
+                                                                     __m512i *v) const {
+        const __m512i table = _mm512_mullo_epi16(_mm512_and_si512(_mm512_permutexvar_epi8(spread, raw), lo4), q_times);
+        for (int j = 0; j < 4; ++j) {
+            const __m512i q = _mm512_broadcast_i64x4(simd::loadu(wb.qs + 32 * (j / 2)));
+            v[j] = _mm512_shuffle_epi8(table, _mm512_gf2p8affine_epi64_epi8(q, field[j % 2], j));
+        }
+        uint32_t dd;
+        std::memcpy(&dd, &wb.d, 4);   // d, dmin
+        return _mm512_cvtph_ps(_mm256_set1_epi32(int(dd)));
+    }
+
+    // acc += (x_d * (d, dmin)) * (the chunks' dot with xb, interleaved with the min sums pm
+    // taken from lanes 0-7 of pm, or 8-15 where hi): dot_cols' float step for one block.
+    DS4_VBMI_Q2 __attribute__((always_inline)) inline __m512 add_block(const __m512i *v, const BlockQ8_K &xb,
+                                                                       __m512 dwm, __m512i pm, bool hi,
+                                                                       __m512 acc) const {
+        __m512i s2[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+        for (int j = 0; j < 4; ++j) s2[j % 2] = _mm512_dpbusd_epi32(s2[j % 2], v[j], _mm512_loadu_si512(xb.qs + 64 * j));
+        const __m512i sum = _mm512_add_epi32(s2[0], s2[1]);
+        const __m256i s256 = _mm256_add_epi32(_mm512_castsi512_si256(sum), _mm512_extracti64x4_epi64(sum, 1));
+        const __m512i both = _mm512_permutex2var_epi32(_mm512_castsi256_si512(s256), hi ? interleave_hi : interleave, pm);
+        return _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(xb.d), dwm), _mm512_cvtepi32_ps(both), acc);
+    }
+
     // Weight block wb against block b of C activation rows, into acc[c].
     template <int C>
     DS4_VBMI_Q2 __attribute__((always_inline)) inline void block(const BlockQ2_K &wb, const BlockQ8_K *const *x,
@@ -279,25 +306,11 @@ struct VbmiQ2 {
         // 16-bit lane j: m_j (the byte's high nibble)
         const __m256i mins = _mm256_srli_epi16(
             _mm256_maskz_permutexvar_epi8(0x55555555u, widen, _mm512_castsi512_si256(raw)), 4);
-        const __m512i table = _mm512_mullo_epi16(_mm512_and_si512(_mm512_permutexvar_epi8(spread, raw), lo4), q_times);
         __m512i v[4];
-        for (int j = 0; j < 4; ++j) {
-            const __m512i q = _mm512_broadcast_i64x4(simd::loadu(wb.qs + 32 * (j / 2)));
-            v[j] = _mm512_shuffle_epi8(table, _mm512_gf2p8affine_epi64_epi8(q, field[j % 2], j));
-        }
-        uint32_t dd;
-        std::memcpy(&dd, &wb.d, 4);   // d, dmin
-        const __m512 dwm = _mm512_cvtph_ps(_mm256_set1_epi32(int(dd)));   // d, dmin, d, dmin, ...
+        const __m512 dwm = weights(wb, raw, v);
         for (int c = 0; c < C; ++c) {
-            const BlockQ8_K &xb = x[c][b];
-            const __m256i pm = _mm256_madd_epi16(mins, simd::loadu(xb.bsums));
-            __m512i s2[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
-            for (int j = 0; j < 4; ++j) s2[j % 2] = _mm512_dpbusd_epi32(s2[j % 2], v[j], _mm512_loadu_si512(xb.qs + 64 * j));
-            const __m512i sum = _mm512_add_epi32(s2[0], s2[1]);
-            const __m256i s256 = _mm256_add_epi32(_mm512_castsi512_si256(sum), _mm512_extracti64x4_epi64(sum, 1));
-            const __m512i both =
-                _mm512_permutex2var_epi32(_mm512_castsi256_si512(s256), interleave, _mm512_castsi256_si512(pm));
-            acc[c] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(xb.d), dwm), _mm512_cvtepi32_ps(both), acc[c]);
+            const __m256i pm = _mm256_madd_epi16(mins, simd::loadu(x[c][b].bsums));
+            acc[c] = add_block(v, x[c][b], dwm, _mm512_castsi256_si512(pm), false, acc[c]);
         }
     }
 
@@ -311,23 +324,10 @@ struct VbmiQ2 {
             _mm512_maskz_permutex2var_epi8(0x5555555555555555ULL, raw[0], widen2, raw[1]), 4);
         const __m512i pm = _mm512_madd_epi16(mins, _mm512_broadcast_i64x4(simd::loadu(xb.bsums)));
         const BlockQ2_K *w[2] = {&wa, &wb};
-        const __m512 dx = _mm512_set1_ps(xb.d);
         for (int r = 0; r < 2; ++r) {
-            const __m512i table =
-                _mm512_mullo_epi16(_mm512_and_si512(_mm512_permutexvar_epi8(spread, raw[r]), lo4), q_times);
-            __m512i s2[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
-            for (int j = 0; j < 4; ++j) {
-                const __m512i q = _mm512_broadcast_i64x4(simd::loadu(w[r]->qs + 32 * (j / 2)));
-                const __m512i v = _mm512_shuffle_epi8(table, _mm512_gf2p8affine_epi64_epi8(q, field[j % 2], j));
-                s2[j % 2] = _mm512_dpbusd_epi32(s2[j % 2], v, _mm512_loadu_si512(xb.qs + 64 * j));
-            }
-            uint32_t dd;
-            std::memcpy(&dd, &w[r]->d, 4);   // d, dmin
-            const __m512 dwm = _mm512_cvtph_ps(_mm256_set1_epi32(int(dd)));
-            const __m512i sum = _mm512_add_epi32(s2[0], s2[1]);
-            const __m256i s256 = _mm256_add_epi32(_mm512_castsi512_si256(sum), _mm512_extracti64x4_epi64(sum, 1));
-            const __m512i both = _mm512_permutex2var_epi32(_mm512_castsi256_si512(s256), r ? interleave_hi : interleave, pm);
-            acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(dx, dwm), _mm512_cvtepi32_ps(both), acc[r]);
+            __m512i v[4];
+            const __m512 dwm = weights(*w[r], raw[r], v);
+            acc[r] = add_block(v, xb, dwm, pm, r == 1, acc[r]);
         }
     }
 
@@ -352,7 +352,7 @@ DS4_VBMI_Q2 void dot_cols_vbmi(const uint8_t *wv, const void *const *xv, int64_t
         x[c] = static_cast<const BlockQ8_K *>(xv[c]);
         acc[c] = _mm512_setzero_ps();
     }
-    const VbmiQ2 k;
+    static const VbmiQ2 k;   // constants made once
     for (int64_t b = 0; b < n / kQK_K; ++b) {
         simd::prefetch_ahead<kAhead, 2>(w + b);
         k.block<C>(w[b], x, b, acc);
@@ -363,7 +363,7 @@ DS4_VBMI_Q2 void dot_cols_vbmi(const uint8_t *wv, const void *const *xv, int64_t
 // Rows r and r + half against one activation row, a block of each in turn: two weight
 // streams far apart for the hardware prefetchers, and two independent chains for the core.
 DS4_VBMI_Q2 void rows_vbmi(const uint8_t *w, size_t stride, int64_t n_rows, const BlockQ8_K *x, int64_t n, float *out) {
-    const VbmiQ2 k;
+    static const VbmiQ2 k;   // constants made once
     const int64_t nb = n / kQK_K, half = n_rows / 2;
     for (int64_t r = 0; r < half; ++r) {
         const BlockQ2_K *wa = reinterpret_cast<const BlockQ2_K *>(w + size_t(r) * stride);
