@@ -58,44 +58,38 @@ void CpuExecutor::hc_pre(const WeightView &fn, const float *base, const float *s
             ops::rmsnorm(H + t * hc * D, (int64_t)hc * D, nullptr, c.rms_eps, flat_.data() + t * hc * D);
     });
     matmul(mm_, fn, flat_.data(), R_, (int64_t)hc * D, mix_.data(), nmix);
+    // A row's pre/post weights and row-softmaxed mix matrix, then Sinkhorn's normalisation
+    // (~640 divisions a row) for up to kSinkhornLanes rows at once, then each row's stream
+    // collapse.
     pool_.parallel_for(R_, cpu_grain((int64_t)hc * D + 40 * hc * hc * c.hc_iters), [&](int64_t b, int64_t e, int) {
-        for (int64_t t = b; t < e; ++t) {
-            const float *m = mix_.data() + (size_t)t * nmix;
-            float pre[16];
-            for (int k = 0; k < hc; ++k) {
-                pre[k] = ops::sigmoid(m[k] * scale[0] + base[k]) + c.hc_eps;
-                post[t * hc + k] = 2.f * ops::sigmoid(m[hc + k] * scale[1] + base[hc + k]);
-            }
-            // Sinkhorn: softmax rows, then alternate column and row normalisation.
-            float *cb = comb + (size_t)t * hc * hc;
-            for (int j = 0; j < hc; ++j) {
-                for (int k = 0; k < hc; ++k) cb[j * hc + k] = m[2 * hc + j * hc + k] * scale[2] + base[2 * hc + j * hc + k];
-                ops::softmax(cb + j * hc, hc);
-                for (int k = 0; k < hc; ++k) cb[j * hc + k] += c.hc_eps;
-            }
-            auto norm_cols = [&] {
+        constexpr int L = ops::kSinkhornLanes;
+        for (int64_t t0 = b; t0 < e; t0 += L) {
+            const int n = (int)std::min<int64_t>(L, e - t0);
+            float pre[L][16];
+            float *cbs[L];
+            for (int i = 0; i < n; ++i) {
+                const int64_t t = t0 + i;
+                const float *m = mix_.data() + (size_t)t * nmix;
                 for (int k = 0; k < hc; ++k) {
-                    float s = 0;
-                    for (int j = 0; j < hc; ++j) s += cb[j * hc + k];
-                    for (int j = 0; j < hc; ++j) cb[j * hc + k] /= s + c.hc_eps;
+                    pre[i][k] = ops::sigmoid(m[k] * scale[0] + base[k]) + c.hc_eps;
+                    post[t * hc + k] = 2.f * ops::sigmoid(m[hc + k] * scale[1] + base[hc + k]);
                 }
-            };
-            auto norm_rows = [&] {
+                float *cb = comb + (size_t)t * hc * hc;
                 for (int j = 0; j < hc; ++j) {
-                    float s = 0;
-                    for (int k = 0; k < hc; ++k) s += cb[j * hc + k];
-                    for (int k = 0; k < hc; ++k) cb[j * hc + k] /= s + c.hc_eps;
+                    for (int k = 0; k < hc; ++k) cb[j * hc + k] = m[2 * hc + j * hc + k] * scale[2] + base[2 * hc + j * hc + k];
+                    ops::softmax(cb + j * hc, hc);
+                    for (int k = 0; k < hc; ++k) cb[j * hc + k] += c.hc_eps;
                 }
-            };
-            norm_cols();
-            for (int it = 1; it < c.hc_iters; ++it) {
-                norm_rows();
-                norm_cols();
+                cbs[i] = cb;
             }
-            float *xo = X + (size_t)t * D;
-            const float *h = H + (size_t)t * hc * D;
-            for (int d = 0; d < D; ++d) xo[d] = 0;
-            for (int k = 0; k < hc; ++k) ops::axpy(pre[k], h + (size_t)k * D, xo, D);
+            ops::sinkhorn(cbs, n, hc, c.hc_iters, c.hc_eps);
+            for (int i = 0; i < n; ++i) {
+                const int64_t t = t0 + i;
+                float *xo = X + (size_t)t * D;
+                const float *h = H + (size_t)t * hc * D;
+                for (int d = 0; d < D; ++d) xo[d] = 0;
+                for (int k = 0; k < hc; ++k) ops::axpy(pre[i][k], h + (size_t)k * D, xo, D);
+            }
         }
     });
 }

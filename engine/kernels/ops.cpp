@@ -55,6 +55,35 @@ void softmax(float *x, int64_t n) {
     for (int64_t i = 0; i < n; ++i) x[i] *= inv;
 }
 
+void sinkhorn(float *const *m, int n, int hc, int iters, float eps) {
+    constexpr int L = kSinkhornLanes;
+    alignas(32) float e[16 * 16][L];
+    const int hh = hc * hc;
+    for (int i = 0; i < hh; ++i)
+        for (int l = 0; l < L; ++l) e[i][l] = l < n ? m[l][i] : 1.f;   // idle lanes: any positive matrix
+    // One pass normalises the lines of a stride-`along` walk: columns (along = hc, step 1
+    // between lines) or rows (along = 1, step hc).
+    auto normalise = [&](int along, int step) {
+        for (int line = 0; line < hc; ++line) {
+            float *first = e[line * step];
+            alignas(32) float s[L];
+            for (int l = 0; l < L; ++l) s[l] = 0.f;
+            for (int i = 0; i < hc; ++i)
+                for (int l = 0; l < L; ++l) s[l] += first[i * along * L + l];
+            for (int l = 0; l < L; ++l) s[l] += eps;
+            for (int i = 0; i < hc; ++i)
+                for (int l = 0; l < L; ++l) first[i * along * L + l] /= s[l];
+        }
+    };
+    normalise(hc, 1);
+    for (int it = 1; it < iters; ++it) {
+        normalise(1, hc);
+        normalise(hc, 1);
+    }
+    for (int i = 0; i < hh; ++i)
+        for (int l = 0; l < n; ++l) m[l][i] = e[i][l];
+}
+
 float dot(const float *a, const float *b, int64_t n) {
     float s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
     int64_t i = 0;

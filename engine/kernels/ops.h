@@ -44,6 +44,14 @@ void softmax_pool_avx2(const float *const *gate, const float *const *val, int n,
 void softmax_pool_avx512(const float *const *gate, const float *const *val, int n, int64_t dim, float *out);
 bool exp_shift_avx512_usable();
 }  // namespace detail
+// Sinkhorn's alternating normalisation of n <= kSinkhornLanes hc x hc matrices (row-major,
+// hc <= 16) in place: columns, then rows and columns iters - 1 more times; each sum taken
+// from 0 in index order and each entry divided by sum + eps. Every matrix gets exactly the
+// adds and divisions of the one-matrix loop, in its order, so the bits are the same; the
+// matrices sit in the lanes of a lane-major copy, so their ~32 * iters divisions each run
+// as vector divisions, n matrices at a time.
+constexpr int kSinkhornLanes = 8;
+void sinkhorn(float *const *m, int n, int hc, int iters, float eps);
 // y += a * x
 void axpy(float a, const float *x, float *y, int64_t n);
 // Interleaved-pair rotation of the trailing 2*n_pairs channels of x (length head_dim):
