@@ -5,6 +5,11 @@
 // kernel ran at a third of the memory bandwidth). Transposed, it needs none: with two
 // blocks' activations laid out position-major (x_j[k] = element j of index k), lane k of
 // every register belongs to index k, and position j of 64 indices is one vpermb away.
+//   - the lanes interleave the two blocks' 32-groups: dword 2g holds the 4 indices of the
+//     first block's group g, dword 2g + 1 the second's, the order the index words already
+//     have in the qs when the second block is loaded 4 bytes early, so one blend of two
+//     loads gathers them (and one more the sign words), where a two-source permute of two
+//     loads took 5 cycles on a permute pipe (Zen 5, from L2: 17.8 -> 16.5 cycles a pair);
 //   - the codebook's levels (8, 25, 43) are stored as 2-bit codes, 4 positions a byte, in
 //     two 256-byte tables (four vpermb each, the last three merge-masked by index bits 6-7:
 //     a vpermi2b is three uops on Sapphire Rapids, a vpermb one; on AMD, where a vpermi2b is
@@ -40,8 +45,9 @@ namespace ds4::quant::detail {
 
 namespace {
 
-// Two blocks' activations, position-major (8 x 64 bytes), then -64 * the sum of each of the
-// 16 32-groups (int32): the weights go in as w + 64 (unsigned), which adds 64 * sum(x).
+// Two blocks' activations, position-major (8 x 64 bytes; byte 4 * (2g + h) + i of position
+// j: element j of index 4g + i of block h), then -64 * the sum of each 32-group (int32,
+// dword 2g + h): the weights go in as w + 64 (unsigned), which adds 64 * sum(x).
 constexpr int64_t kPairBytes = 9 * 64;
 
 int64_t pairs_of(int64_t n) { return (n / kQK_K + 1) / 2; }
@@ -56,8 +62,6 @@ uint64_t col_bytes(int64_t n) {
 struct Tables {
     alignas(64) uint8_t code[2][256];   // entry k: 2-bit level codes of positions 0-3 / 4-7
     alignas(64) uint8_t level[2][64];   // level[h][i]: 64 + the signed weight of code (i >> 2h) & 3, sign bit 4 + h
-    alignas(64) uint32_t pick_idx[16];   // index words of two blocks' qs
-    alignas(64) uint32_t pick_sg[16];   // sign/scale words of two blocks' qs
     alignas(64) uint8_t sign_shift[64];   // bit offsets of index k's 7 sign bits in its qword
     Tables() {
         for (int k = 0; k < 256; ++k)
@@ -75,16 +79,9 @@ struct Tables {
                 const int m = kLevels[(i >> (2 * h)) & 3];
                 level[h][i] = uint8_t(64 + ((i >> (4 + h)) & 1 ? -m : m));
             }
-        // qs of a block as bytes: 32-group g = [4 index bytes][sign/scale word] at 8g.
-        for (int k = 0; k < 64; ++k) {
-            const int l = k % 4;
-            // index k's sign word is word k / 4 of pick_sg's result: qword k / 8, half (k / 4) % 2
-            sign_shift[k] = uint8_t(32 * ((k / 4) % 2) + 7 * l);
-        }
-        for (int g = 0; g < 16; ++g) {
-            pick_idx[g] = uint32_t(16 * (g / 8) + 2 * (g % 8));
-            pick_sg[g] = pick_idx[g] + 1;
-        }
+        // Lane k is index k % 4 of 32-group k / 8 of block (k / 4) % 2; its sign word is
+        // dword k / 4 of the sign words' register: qword k / 8, half (k / 4) % 2.
+        for (int k = 0; k < 64; ++k) sign_shift[k] = uint8_t(32 * ((k / 4) % 2) + 7 * (k % 4));
     }
 };
 const Tables &tables() {
@@ -145,20 +142,22 @@ DS4_VBMI void pack_col(const BlockQ8_K *x, int64_t nb, uint8_t *dst) {
         for (int h = 0; h < 2; ++h) {
             const int64_t b = 2 * p + h;
             if (b >= nb) {
-                for (int j = 0; j < 8; ++j) std::memset(out + 64 * j + 32 * h, 0, 32);
-                std::memset(out + 8 * 64 + 32 * h, 0, 32);
+                for (int j = 0; j < 9; ++j)
+                    for (int g = 0; g < 8; ++g) std::memset(out + 64 * j + 4 * (2 * g + h), 0, 4);
                 scale[b] = 0.f;
                 continue;
             }
             scale[b] = 0.125f * x[b].d;
-            for (int q = 0; q < 4; ++q) {   // indices 8q..8q+7 of the block
+            for (int q = 0; q < 4; ++q) {   // indices 8q..8q+7 of the block: groups 2q and 2q + 1
                 alignas(64) uint8_t t[64];
                 _mm512_store_si512(t, _mm512_permutexvar_epi8(tr, load64(x[b].qs + 64 * q)));
-                for (int j = 0; j < 8; ++j) std::memcpy(out + 64 * j + 32 * h + 8 * q, t + 8 * j, 8);
+                for (int j = 0; j < 8; ++j)
+                    for (int e = 0; e < 2; ++e)
+                        std::memcpy(out + 64 * j + 4 * (2 * (2 * q + e) + h), t + 8 * j + 4 * e, 4);
             }
             for (int g = 0; g < 8; ++g) {
                 const int32_t sum = -64 * (int32_t(x[b].bsums[2 * g]) + int32_t(x[b].bsums[2 * g + 1]));
-                std::memcpy(out + 8 * 64 + 4 * (8 * h + g), &sum, 4);
+                std::memcpy(out + 8 * 64 + 4 * (2 * g + h), &sum, 4);
             }
         }
     }
@@ -166,8 +165,8 @@ DS4_VBMI void pack_col(const BlockQ8_K *x, int64_t nb, uint8_t *dst) {
 }
 
 // The two blocks at w (the second absent when !two) against C packed columns: per column,
-// lane g holds 32-group g's exact integer dot times its multiplier 2 * scale + 1 (groups
-// 0-7 of the first block, 8-15 of the second).
+// dword 2g + h holds block h's 32-group g's exact integer dot times its multiplier
+// 2 * scale + 1.
 // NP pairs side by side (each step for all of them before the next), so the out-of-order
 // window sees independent work while one pair waits on its permute and vpdpbusd latencies.
 template <int C, int NP, bool K2>
@@ -177,10 +176,18 @@ DS4_VBMI_INLINE void pair_sums(const Tables &T, const uint8_t *w, const bool *tw
     __m512i idx[NP], sgsc[NP], sg[NP], c[NP][2];
     for (int q = 0; q < NP; ++q) {
         const uint8_t *wq = w + 2 * kB * q;
-        const __m512i qa = load64(wq + 2);
-        const __m512i qb = two[q] ? load64(wq + kB + 2) : _mm512_setzero_si512();
-        idx[q] = _mm512_permutex2var_epi32(qa, load64(T.pick_idx), qb);
-        sgsc[q] = _mm512_permutex2var_epi32(qa, load64(T.pick_sg), qb);
+        // The qs of a block are 8 x [4 index bytes][sign/scale word]. Loaded 4 bytes late,
+        // the first block's sign words sit in the even dwords; loaded 4 bytes early, the
+        // second block's index words sit in the odd ones. An absent second block (an odd
+        // last pair) reads from a zero-padded copy: the loads reach 4 bytes past the first.
+        alignas(64) uint8_t padded[2 * kB + 8];
+        if (!two[q]) {
+            std::memcpy(padded, wq, kB);
+            std::memset(padded + kB, 0, sizeof(padded) - kB);
+            wq = padded;
+        }
+        idx[q] = _mm512_mask_blend_epi32(0xAAAA, load64(wq + 2), load64(wq + kB - 2));
+        sgsc[q] = _mm512_mask_blend_epi32(0xAAAA, load64(wq + 6), load64(wq + kB + 2));
     }
     for (int q = 0; q < NP; ++q) {
         const __m512i s7 = _mm512_multishift_epi64_epi8(load64(T.sign_shift), sgsc[q]);
@@ -256,7 +263,6 @@ template <int C, bool K2>
 DS4_VBMI_INLINE void four_blocks(const Tables &T, const uint8_t *wr, int64_t p, int64_t nb, const uint8_t *const *xc,
                                  const float *const *sc, __m128 *a) {
     constexpr int64_t kBlock = sizeof(BlockIQ2_XXS);
-    const __m512i quad_lanes = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
     const uint8_t *wp = wr + p * 2 * kBlock;
     // the weights 8 KB ahead (4 blocks span up to 6 lines); measured from memory on an
     // Emerald Rapids VM: 2 KB 9.6-9.8, 4 KB 9.8-10.0, 8 KB 10.1-10.4, 16 KB 9.5-10.0 GB/s
@@ -272,12 +278,15 @@ DS4_VBMI_INLINE void four_blocks(const Tables &T, const uint8_t *wr, int64_t p, 
     std::memcpy(&hw, h, 8);
     const __m128 dw = _mm_cvtph_ps(_mm_cvtsi64_si128(int64_t(hw)));
     for (int k = 0; k < C; ++k) {
-        // [block 4q, 4q+1, 4q+2, 4q+3] partial sums, one per 128-bit lane
-        __m512i u = _mm512_add_epi32(_mm512_shuffle_i32x4(t0[k], t1[k], _MM_SHUFFLE(2, 0, 2, 0)),
-                                     _mm512_shuffle_i32x4(t0[k], t1[k], _MM_SHUFFLE(3, 1, 3, 1)));
-        u = _mm512_add_epi32(u, _mm512_shuffle_epi32(u, _MM_PERM_BADC));
-        u = _mm512_add_epi32(u, _mm512_shuffle_epi32(u, _MM_PERM_CDAB));
-        const __m128i tb = _mm512_castsi512_si128(_mm512_permutexvar_epi32(quad_lanes, u));
+        // a 128-bit lane of t0 holds [block 4q, 4q+1, 4q, 4q+1] partial sums, of t1 the same
+        // of blocks 4q+2, 4q+3: [4q, 4q+1, 4q+2, 4q+3] in each lane (in-lane shuffles and a
+        // blend, off the permute pipes), then over the lanes
+        const __m512i x0 = _mm512_add_epi32(t0[k], _mm512_shuffle_epi32(t0[k], _MM_PERM_BADC));
+        const __m512i x1 = _mm512_add_epi32(t1[k], _mm512_shuffle_epi32(t1[k], _MM_PERM_BADC));
+        __m512i u = _mm512_mask_blend_epi32(0xCCCC, x0, x1);
+        u = _mm512_add_epi32(u, _mm512_shuffle_i32x4(u, u, _MM_SHUFFLE(1, 0, 3, 2)));
+        u = _mm512_add_epi32(u, _mm512_shuffle_i32x4(u, u, _MM_SHUFFLE(2, 3, 0, 1)));
+        const __m128i tb = _mm512_castsi512_si128(u);
         const __m128 s = _mm_mul_ps(_mm_loadu_ps(sc[k] + 2 * p), dw);
         a[k] = _mm_fmadd_ps(s, _mm_cvtepi32_ps(tb), a[k]);
     }
@@ -301,12 +310,13 @@ DS4_VBMI inline void finish_row(const Tables &T, const uint8_t *wr, int64_t p, i
         std::memcpy(&ha, wp, 2);
         if (two) std::memcpy(&hb, wp + kBlock, 2);
         for (int k = 0; k < C; ++k) {
-            __m512i t = _mm512_add_epi32(t0[k], _mm512_shuffle_i32x4(t0[k], t0[k], _MM_SHUFFLE(2, 3, 0, 1)));
-            t = _mm512_add_epi32(t, _mm512_shuffle_epi32(t, _MM_PERM_BADC));
-            t = _mm512_add_epi32(t, _mm512_shuffle_epi32(t, _MM_PERM_CDAB));
+            // even dwords: the first block's groups, odd: the second's
+            __m512i t = _mm512_add_epi32(t0[k], _mm512_shuffle_epi32(t0[k], _MM_PERM_BADC));
+            t = _mm512_add_epi32(t, _mm512_shuffle_i32x4(t, t, _MM_SHUFFLE(1, 0, 3, 2)));
+            t = _mm512_add_epi32(t, _mm512_shuffle_i32x4(t, t, _MM_SHUFFLE(2, 3, 0, 1)));
             al[k][0] = std::fma(sc[k][2 * p] * f16_to_f32_fast(ha), float(_mm512_cvtsi512_si32(t)), al[k][0]);
             if (two) {
-                const int32_t tb = _mm_cvtsi128_si32(_mm512_extracti32x4_epi32(t, 2));
+                const int32_t tb = _mm_extract_epi32(_mm512_castsi512_si128(t), 1);
                 al[k][1] = std::fma(sc[k][2 * p + 1] * f16_to_f32_fast(hb), float(tb), al[k][1]);
             }
         }
