@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "engine/quant/blocks.h"
 #include "engine/quant/half.h"
@@ -231,8 +232,8 @@ DS4_AVX512 void dot_cols_avx512(const uint8_t *wv, const void *const *xv, int64_
 // accumulator (even lanes: acc of dot_cols, odd: accm), so results stay bit-identical.
 #define DS4_VBMI_Q2 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512vbmi,gfni")))
 
-// GF2P8AFFINEQB matrices for a chunk: bits 0-1 take the byte's 2-bit field f (low half of
-// the chunk) or f + 1 (high half); qwords 0-3 are the low half.
+// GF2P8AFFINEQB matrices: bits 2-3 take the byte's 2-bit field f (the chunks of natural
+// order take f in their low half, f + 1 in the high half: qwords 0-3 are the low half).
 constexpr long long field_matrix(int f) {
     const int src[8] = {-1, -1, 2 * f, 2 * f + 1, -1, -1, -1, -1};
     return simd::affine_matrix(src);
@@ -241,6 +242,7 @@ constexpr long long field_matrix(int f) {
 // The kernel's constants, made once per call, and one block's work.
 struct VbmiQ2 {
     __m512i lo4, field[2], spread, q_times, interleave, interleave_hi, widen2;
+    __m512i field_u[4], spread_u;   // the field-major order (weights_field_major)
     __m256i widen;   // byte j to the low byte of 16-bit lane j
     DS4_VBMI_Q2 VbmiQ2() {
         lo4 = _mm512_set1_epi8(0x0F);
@@ -257,6 +259,13 @@ struct VbmiQ2 {
         for (int i = 0; i < 32; ++i) q_word[i] = uint16_t((i % 8) / 2);
         spread = _mm512_load_si512(spread_ix);
         q_times = _mm512_load_si512(q_word);
+        // field-major: chunk f's lane L is sub-block 8 (L / 2) + 2f + L % 2
+        for (int i = 0; i < 64; ++i) {
+            const int L = i / 16, f = i % 4;
+            spread_ix[i] = uint8_t(8 * (L / 2) + 2 * f + L % 2);
+        }
+        spread_u = _mm512_load_si512(spread_ix);
+        for (int f = 0; f < 4; ++f) field_u[f] = _mm512_set1_epi64(field_matrix(f));
         // lane 2i: the scale sum's lane i; lane 2i + 1: the min sum's lane i
         interleave = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
         alignas(32) uint8_t w_ix[32];
@@ -284,13 +293,31 @@ struct VbmiQ2 {
         return _mm512_cvtph_ps(_mm256_set1_epi32(int(dd)));
     }
 
-    // acc += (x_d * (d, dmin)) * (the chunks' dot with xb, interleaved with the min sums pm
-    // taken from lanes 0-7 of pm, or 8-15 where hi): dot_cols' float step for one block.
-    DS4_VBMI_Q2 __attribute__((always_inline)) inline __m512 add_block(const __m512i *v, const BlockQ8_K &xb,
-                                                                       __m512 dwm, __m512i pm, bool hi,
-                                                                       __m512 acc) const {
+    // The same in field-major order: chunk f is field f of all 64 qs bytes (elements
+    // 32f..32f+31, then 128 + 32f..), so the qs are one load, not two broadcasts (a 256-bit
+    // broadcast issues on a permute pipe on Zen 5); its activations are field_major_row's.
+    DS4_VBMI_Q2 __attribute__((always_inline)) inline __m512 weights_field_major(const BlockQ2_K &wb, __m512i raw,
+                                                                                 __m512i *v) const {
+        const __m512i table = _mm512_mullo_epi16(_mm512_and_si512(_mm512_permutexvar_epi8(spread_u, raw), lo4), q_times);
+        const __m512i q = _mm512_loadu_si512(wb.qs);
+        v[0] = _mm512_shuffle_epi8(table, _mm512_gf2p8affine_epi64_epi8(q, field_u[0], 0));
+        v[1] = _mm512_shuffle_epi8(table, _mm512_gf2p8affine_epi64_epi8(q, field_u[1], 1));
+        v[2] = _mm512_shuffle_epi8(table, _mm512_gf2p8affine_epi64_epi8(q, field_u[2], 2));
+        v[3] = _mm512_shuffle_epi8(table, _mm512_gf2p8affine_epi64_epi8(q, field_u[3], 3));
+        uint32_t dd;
+        std::memcpy(&dd, &wb.d, 4);   // d, dmin
+        return _mm512_cvtph_ps(_mm256_set1_epi32(int(dd)));
+    }
+
+    // acc += (x_d * (d, dmin)) * (the chunks' dot with the activations xq (xb's qs, in the
+    // chunks' order), interleaved with the min sums pm taken from lanes 0-7 of pm, or 8-15
+    // where hi): dot_cols' float step for one block. Either order adds the same products into
+    // each of the eight lanes the halves are summed to, so the bits are the same.
+    DS4_VBMI_Q2 __attribute__((always_inline)) inline __m512 add_block(const __m512i *v, const int8_t *xq,
+                                                                       const BlockQ8_K &xb, __m512 dwm, __m512i pm,
+                                                                       bool hi, __m512 acc) const {
         __m512i s2[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
-        for (int j = 0; j < 4; ++j) s2[j % 2] = _mm512_dpbusd_epi32(s2[j % 2], v[j], _mm512_loadu_si512(xb.qs + 64 * j));
+        for (int j = 0; j < 4; ++j) s2[j % 2] = _mm512_dpbusd_epi32(s2[j % 2], v[j], _mm512_loadu_si512(xq + 64 * j));
         const __m512i sum = _mm512_add_epi32(s2[0], s2[1]);
         const __m256i s256 = _mm256_add_epi32(_mm512_castsi512_si256(sum), _mm512_extracti64x4_epi64(sum, 1));
         const __m512i both = _mm512_permutex2var_epi32(_mm512_castsi256_si512(s256), hi ? interleave_hi : interleave, pm);
@@ -310,15 +337,16 @@ struct VbmiQ2 {
         const __m512 dwm = weights(wb, raw, v);
         for (int c = 0; c < C; ++c) {
             const __m256i pm = _mm256_madd_epi16(mins, simd::loadu(x[c][b].bsums));
-            acc[c] = add_block(v, x[c][b], dwm, _mm512_castsi256_si512(pm), false, acc[c]);
+            acc[c] = add_block(v, x[c][b].qs, x[c][b], dwm, _mm512_castsi256_si512(pm), false, acc[c]);
         }
     }
 
-    // Blocks wa and wb (of two rows) against block b of one activation row, into acc[0] and
-    // acc[1]: the operations of block<1> on each, but the two min sums share one widening
-    // permute, shift and vpmaddwd.
+    // Blocks wa and wb (of two rows) against block b of one activation row (xq: its qs in
+    // field-major order), into acc[0] and acc[1]: the operations of block<1> on each, but
+    // the two min sums share one widening permute, shift and vpmaddwd.
     DS4_VBMI_Q2 __attribute__((always_inline)) inline void block_pair(const BlockQ2_K &wa, const BlockQ2_K &wb,
-                                                                      const BlockQ8_K &xb, __m512 *acc) const {
+                                                                      const BlockQ8_K &xb, const int8_t *xq,
+                                                                      __m512 *acc) const {
         const __m512i raw[2] = {_mm512_loadu_si512(wa.scales), _mm512_loadu_si512(wb.scales)};
         const __m512i mins = _mm512_srli_epi16(
             _mm512_maskz_permutex2var_epi8(0x5555555555555555ULL, raw[0], widen2, raw[1]), 4);
@@ -326,8 +354,8 @@ struct VbmiQ2 {
         const BlockQ2_K *w[2] = {&wa, &wb};
         for (int r = 0; r < 2; ++r) {
             __m512i v[4];
-            const __m512 dwm = weights(*w[r], raw[r], v);
-            acc[r] = add_block(v, xb, dwm, pm, r == 1, acc[r]);
+            const __m512 dwm = weights_field_major(*w[r], raw[r], v);
+            acc[r] = add_block(v, xq, xb, dwm, pm, r == 1, acc[r]);
         }
     }
 
@@ -362,9 +390,23 @@ DS4_VBMI_Q2 void dot_cols_vbmi(const uint8_t *wv, const void *const *xv, int64_t
 
 // Rows r and r + half against one activation row, a block of each in turn: two weight
 // streams far apart for the hardware prefetchers, and two independent chains for the core.
+// The activation row's qs in field-major order, once per call: per block, elements 32f..
+// 32f+31 then 128 + 32f.. for f = 0..3.
+inline const int8_t *field_major_row(const BlockQ8_K *x, int64_t nb) {
+    thread_local std::vector<int8_t> buf;
+    if (buf.size() < size_t(nb) * kQK_K) buf.resize(size_t(nb) * kQK_K);
+    for (int64_t b = 0; b < nb; ++b)
+        for (int f = 0; f < 4; ++f) {
+            std::memcpy(&buf[size_t(b) * kQK_K + 64 * f], x[b].qs + 32 * f, 32);
+            std::memcpy(&buf[size_t(b) * kQK_K + 64 * f + 32], x[b].qs + 128 + 32 * f, 32);
+        }
+    return buf.data();
+}
+
 DS4_VBMI_Q2 void rows_vbmi(const uint8_t *w, size_t stride, int64_t n_rows, const BlockQ8_K *x, int64_t n, float *out) {
     static const VbmiQ2 k;   // constants made once
     const int64_t nb = n / kQK_K, half = n_rows / 2;
+    const int8_t *xq = half > 0 ? field_major_row(x, nb) : nullptr;
     for (int64_t r = 0; r < half; ++r) {
         const BlockQ2_K *wa = reinterpret_cast<const BlockQ2_K *>(w + size_t(r) * stride);
         const BlockQ2_K *wb = reinterpret_cast<const BlockQ2_K *>(w + size_t(r + half) * stride);
@@ -372,7 +414,7 @@ DS4_VBMI_Q2 void rows_vbmi(const uint8_t *w, size_t stride, int64_t n_rows, cons
         for (int64_t b = 0; b < nb; ++b) {
             simd::prefetch_ahead<kAhead, 2>(wa + b);
             simd::prefetch_ahead<kAhead, 2>(wb + b);
-            k.block_pair(wa[b], wb[b], x[b], acc);
+            k.block_pair(wa[b], wb[b], x[b], xq + b * kQK_K, acc);
         }
         out[r] = VbmiQ2::result(acc[0]);
         out[r + half] = VbmiQ2::result(acc[1]);
