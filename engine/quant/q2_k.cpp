@@ -341,16 +341,16 @@ struct VbmiQ2 {
         }
     }
 
-    // Blocks wa and wb (of two rows) against block b of one activation row (xq: its qs in
-    // field-major order), into acc[0] and acc[1]: the operations of block<1> on each, but
-    // the two min sums share one widening permute, shift and vpmaddwd.
+    // Blocks wa and wb (of two rows) against block b of one activation row (xq: the block as
+    // field_major_row lays it out), into acc[0] and acc[1]: the operations of block<1> on
+    // each, but the two min sums share one widening permute, shift and vpmaddwd.
     DS4_VBMI_Q2 __attribute__((always_inline)) inline void block_pair(const BlockQ2_K &wa, const BlockQ2_K &wb,
                                                                       const BlockQ8_K &xb, const int8_t *xq,
                                                                       __m512 *acc) const {
         const __m512i raw[2] = {_mm512_loadu_si512(wa.scales), _mm512_loadu_si512(wb.scales)};
         const __m512i mins = _mm512_srli_epi16(
             _mm512_maskz_permutex2var_epi8(0x5555555555555555ULL, raw[0], widen2, raw[1]), 4);
-        const __m512i pm = _mm512_madd_epi16(mins, _mm512_broadcast_i64x4(simd::loadu(xb.bsums)));
+        const __m512i pm = _mm512_madd_epi16(mins, _mm512_load_si512(xq + kQK_K));
         const BlockQ2_K *w[2] = {&wa, &wb};
         for (int r = 0; r < 2; ++r) {
             __m512i v[4];
@@ -388,20 +388,29 @@ DS4_VBMI_Q2 void dot_cols_vbmi(const uint8_t *wv, const void *const *xv, int64_t
     for (int c = 0; c < C; ++c) out[c] = VbmiQ2::result(acc[c]);
 }
 
-// Rows r and r + half against one activation row, a block of each in turn: two weight
-// streams far apart for the hardware prefetchers, and two independent chains for the core.
-// The activation row's qs in field-major order, once per call: per block, elements 32f..
-// 32f+31 then 128 + 32f.. for f = 0..3.
+// The activation row laid out once per call for block_pair, kFieldMajorBytes a block on
+// cache lines: its qs in field-major order (elements 32f..32f+31, then 128 + 32f.., for
+// f = 0..3), then its 16 block sums twice (a 256-bit broadcast issues on a permute pipe).
+constexpr size_t kFieldMajorBytes = kQK_K + 64;
+
 inline const int8_t *field_major_row(const BlockQ8_K *x, int64_t nb) {
     thread_local std::vector<int8_t> buf;
-    if (buf.size() < size_t(nb) * kQK_K) buf.resize(size_t(nb) * kQK_K);
-    for (int64_t b = 0; b < nb; ++b)
+    if (buf.size() < size_t(nb) * kFieldMajorBytes + 64) buf.resize(size_t(nb) * kFieldMajorBytes + 64);
+    int8_t *row = reinterpret_cast<int8_t *>((reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t(63));
+    for (int64_t b = 0; b < nb; ++b) {
+        int8_t *o = row + size_t(b) * kFieldMajorBytes;
         for (int f = 0; f < 4; ++f) {
-            std::memcpy(&buf[size_t(b) * kQK_K + 64 * f], x[b].qs + 32 * f, 32);
-            std::memcpy(&buf[size_t(b) * kQK_K + 64 * f + 32], x[b].qs + 128 + 32 * f, 32);
+            std::memcpy(o + 64 * f, x[b].qs + 32 * f, 32);
+            std::memcpy(o + 64 * f + 32, x[b].qs + 128 + 32 * f, 32);
         }
-    return buf.data();
+        std::memcpy(o + kQK_K, x[b].bsums, 32);
+        std::memcpy(o + kQK_K + 32, x[b].bsums, 32);
+    }
+    return row;
 }
+
+// Rows r and r + half against one activation row, a block of each in turn: two weight
+// streams far apart for the hardware prefetchers, and two independent chains for the core.
 
 DS4_VBMI_Q2 void rows_vbmi(const uint8_t *w, size_t stride, int64_t n_rows, const BlockQ8_K *x, int64_t n, float *out) {
     static const VbmiQ2 k;   // constants made once
@@ -414,7 +423,7 @@ DS4_VBMI_Q2 void rows_vbmi(const uint8_t *w, size_t stride, int64_t n_rows, cons
         for (int64_t b = 0; b < nb; ++b) {
             simd::prefetch_ahead<kAhead, 2>(wa + b);
             simd::prefetch_ahead<kAhead, 2>(wb + b);
-            k.block_pair(wa[b], wb[b], x[b], xq + b * kQK_K, acc);
+            k.block_pair(wa[b], wb[b], x[b], xq + b * kFieldMajorBytes, acc);
         }
         out[r] = VbmiQ2::result(acc[0]);
         out[r + half] = VbmiQ2::result(acc[1]);
