@@ -9,7 +9,7 @@
 //     first block's group g, dword 2g + 1 the second's, the order the index words already
 //     have in the qs when the second block is loaded 4 bytes early, so one blend of two
 //     loads gathers them (and one more the sign words), where a two-source permute of two
-//     loads took 5 cycles on a permute pipe (Zen 5, from L2: 17.8 -> 16.5 cycles a pair);
+//     loads took 5 cycles on a permute pipe (Zen 5, from L2: 17.7 -> 16.25 cycles a pair);
 //   - the codebook's levels (8, 25, 43) are stored as 2-bit codes, 4 positions a byte, in
 //     two 256-byte tables (four vpermb each, the last three merge-masked by index bits 6-7:
 //     a vpermi2b is three uops on Sapphire Rapids, a vpermb one; on AMD, where a vpermi2b is
