@@ -38,7 +38,7 @@ const Format *format_of(Type t) {
     static const Format kF16{"f16", 1, 2, Type::F32, detail::dequant_f16, detail::quant_f16, detail::dot_f16};
     static const Format kBF16{"bf16", 1, 2, Type::F32, detail::dequant_bf16, detail::quant_bf16, detail::dot_bf16};
     static const Format kQ8_0{"q8_0", kQK8_0, sizeof(BlockQ8_0), Type::Q8_0, detail::dequant_q8_0, detail::quant_q8_0,
-                              detail::dot_q8_0, detail::q8_0_tile_cols};
+                              detail::dot_q8_0, detail::q8_0_tile_cols, detail::rows_q8_0};
     static const Format kQ8_K{"q8_K", kQK_K, sizeof(BlockQ8_K), Type::Q8_K, detail::dequant_q8_k, detail::quant_q8_k,
                               nullptr};
     static const Format kQ2_K{"q2_K", kQK_K, sizeof(BlockQ2_K), Type::Q8_K, detail::dequant_q2_k, detail::quant_q2_k,

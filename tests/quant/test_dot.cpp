@@ -113,22 +113,25 @@ TEST_P(FormatTest, FastDecodeEqualsReference) {
 TEST_P(FormatTest, RowsHelperEqualsSingleRowDots) {
     const Type t = GetParam();
     std::mt19937 rng(7 + unsigned(t));
-    const int64_t n = block_elems(t) == 1 ? 72 : block_elems(t) * 3;
-    const size_t rb = row_size(t, n), stride = rb + 48;   // padded rows
-    for (int64_t nrows : {1, 2, 3, 4, 5, 8, 9, 11}) {
-        const auto packed = random_weights(t, nrows, n, Scale::Mixed, rng);
-        std::vector<uint8_t> w(stride * size_t(nrows), 0xAB);
-        for (int64_t r = 0; r < nrows; ++r) std::memcpy(&w[r * stride], &packed[r * rb], rb);
-        const auto xf = gaussian(n, 1.f, rng);
-        std::vector<uint8_t> xa(q::vec_dot_row_bytes(t, n));
-        q::quantize_activation(t, xf.data(), xa.data(), n);
-        std::vector<float> out(size_t(nrows) + 1, -7.f);
-        q::vec_dot_rows(t, w.data(), stride, nrows, xa.data(), n, out.data());
-        for (int64_t r = 0; r < nrows; ++r) {
-            const float one = q::vec_dot(t, &w[r * stride], xa.data(), n);
-            ASSERT_EQ(out[r], one) << name(t) << " rows " << nrows << " r " << r;
+    // 3 blocks: a row shorter than the kernels' steps; 9: whole steps and a tail
+    for (int64_t nblk : {3, 9}) {
+        const int64_t n = block_elems(t) == 1 ? 24 * nblk : block_elems(t) * nblk;
+        const size_t rb = row_size(t, n), stride = rb + 48;   // padded rows
+        for (int64_t nrows : {1, 2, 3, 4, 5, 8, 9, 11}) {
+            const auto packed = random_weights(t, nrows, n, Scale::Mixed, rng);
+            std::vector<uint8_t> w(stride * size_t(nrows), 0xAB);
+            for (int64_t r = 0; r < nrows; ++r) std::memcpy(&w[r * stride], &packed[r * rb], rb);
+            const auto xf = gaussian(n, 1.f, rng);
+            std::vector<uint8_t> xa(q::vec_dot_row_bytes(t, n));
+            q::quantize_activation(t, xf.data(), xa.data(), n);
+            std::vector<float> out(size_t(nrows) + 1, -7.f);
+            q::vec_dot_rows(t, w.data(), stride, nrows, xa.data(), n, out.data());
+            for (int64_t r = 0; r < nrows; ++r) {
+                const float one = q::vec_dot(t, &w[r * stride], xa.data(), n);
+                ASSERT_EQ(out[r], one) << name(t) << " blocks " << nblk << " rows " << nrows << " r " << r;
+            }
+            EXPECT_EQ(out[nrows], -7.f) << "wrote past n_rows";
         }
-        EXPECT_EQ(out[nrows], -7.f) << "wrote past n_rows";
     }
 }
 
