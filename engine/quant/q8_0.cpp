@@ -260,13 +260,23 @@ void dot_cols_avx2(const uint8_t *w, const void *const *x, int64_t n, float *out
     dot_cols<C, false>(w, x, n, out);
 }
 
+// Rows r and r + n_rows / 2 a step of each in turn, as rows_two_streams.
 template <int C, bool kVnni>
 void tile_cols(const uint8_t *w, size_t w_stride, int64_t n_rows, const void *const *x, const float *const *xd,
                int64_t n, float *const *out) {
-    float res[C];
-    for (int64_t r = 0; r < n_rows; ++r) {
-        dot_cols<C, kVnni>(w + size_t(r) * w_stride, x, n, res, xd);
-        for (int c = 0; c < C; ++c) out[c][r] = res[c];
+    const int64_t half = n_rows / 2;
+    float res[2 * C];
+    for (int64_t r = 0; r < half; ++r) {
+        const uint8_t *wr[2] = {w + size_t(r) * w_stride, w + size_t(r + half) * w_stride};
+        dot_rows_cols<2, C, kVnni>(wr, x, n, res, xd);
+        for (int c = 0; c < C; ++c) {
+            out[c][r] = res[c];
+            out[c][r + half] = res[C + c];
+        }
+    }
+    if (n_rows % 2) {
+        dot_cols<C, kVnni>(w + size_t(n_rows - 1) * w_stride, x, n, res, xd);
+        for (int c = 0; c < C; ++c) out[c][n_rows - 1] = res[c];
     }
 }
 

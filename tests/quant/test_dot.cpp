@@ -138,32 +138,37 @@ TEST_P(FormatTest, RowsHelperEqualsSingleRowDots) {
 TEST_P(FormatTest, TileEqualsPairwiseDots) {
     const Type t = GetParam();
     std::mt19937 rng(11 + unsigned(t));
-    const int64_t n = block_elems(t) == 1 ? 77 : block_elems(t) * 2;
     const int64_t nrows = 5;
-    const size_t rb = row_size(t, n), wstride = rb + 16;
-    const auto packed = random_weights(t, nrows, n, Scale::Mixed, rng);
-    std::vector<uint8_t> w(wstride * nrows);
-    for (int64_t r = 0; r < nrows; ++r) std::memcpy(&w[r * wstride], &packed[r * rb], rb);
-    for (int64_t ncols : {1, 2, 3, 4, 5, 8, 9}) {
-        const size_t xb = q::vec_dot_row_bytes(t, n), xstride = xb + 8;
-        std::vector<uint8_t> x(xstride * ncols);
-        for (int64_t c = 0; c < ncols; ++c) {
-            const auto xf = gaussian(n, c % 3 == 0 ? 10.f : 0.1f, rng);
-            q::quantize_activation(t, xf.data(), &x[c * xstride], n);
-        }
-        const size_t ostride = nrows + 3;
-        std::vector<float> out(ostride * ncols, -1.f);
-        q::vec_dot_tile(t, w.data(), wstride, nrows, x.data(), xstride, ncols, n, out.data(), ostride);
-        for (int64_t c = 0; c < ncols; ++c)
-            for (int64_t r = 0; r < int64_t(ostride); ++r) {
-                if (r >= nrows) {
-                    ASSERT_EQ(out[c * ostride + r], -1.f) << "wrote outside the tile";
-                    continue;
-                }
-                ASSERT_EQ(out[c * ostride + r], q::vec_dot(t, &w[r * wstride], &x[c * xstride], n))
-                    << name(t) << " cols " << ncols << " r " << r << " c " << c;
+    // 2 blocks: a row shorter than the kernels' steps; 9: whole steps and a tail
+    for (int64_t nblk : {2, 9}) {
+        const int64_t n = block_elems(t) == 1 ? 77 * nblk / 2 : block_elems(t) * nblk;
+        const size_t rb = row_size(t, n), wstride = rb + 16;
+        const auto packed = random_weights(t, nrows, n, Scale::Mixed, rng);
+        std::vector<uint8_t> w(wstride * nrows);
+        for (int64_t r = 0; r < nrows; ++r) std::memcpy(&w[r * wstride], &packed[r * rb], rb);
+        for (int64_t ncols : {1, 2, 3, 4, 5, 8, 9}) {
+            const size_t xb = q::vec_dot_row_bytes(t, n), xstride = xb + 8;
+            std::vector<uint8_t> x(xstride * ncols);
+            for (int64_t c = 0; c < ncols; ++c) {
+                const auto xf = gaussian(n, c % 3 == 0 ? 10.f : 0.1f, rng);
+                q::quantize_activation(t, xf.data(), &x[c * xstride], n);
             }
+            const size_t ostride = nrows + 3;
+            std::vector<float> out(ostride * ncols, -1.f);
+            q::vec_dot_tile(t, w.data(), wstride, nrows, x.data(), xstride, ncols, n, out.data(), ostride);
+            for (int64_t c = 0; c < ncols; ++c)
+                for (int64_t r = 0; r < int64_t(ostride); ++r) {
+                    if (r >= nrows) {
+                        ASSERT_EQ(out[c * ostride + r], -1.f) << "wrote outside the tile";
+                        continue;
+                    }
+                    ASSERT_EQ(out[c * ostride + r], q::vec_dot(t, &w[r * wstride], &x[c * xstride], n))
+                        << name(t) << " blocks " << nblk << " cols " << ncols << " r " << r << " c " << c;
+                }
+        }
     }
+    const int64_t n = block_elems(t) == 1 ? 77 : block_elems(t) * 2;
+    const size_t rb = row_size(t, n);
     float o[4];
     std::vector<uint8_t> buf(8192);
     EXPECT_THROW(q::vec_dot_tile(t, buf.data(), rb, 2, buf.data(), 1, 2, n, o, 2), ds4::Error);   // x stride
