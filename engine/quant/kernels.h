@@ -27,10 +27,10 @@ void dot_bf16(const uint8_t *w, const void *const *x, int ncols, int64_t n, floa
 void plain_tile(uint32_t type, const uint8_t *w, size_t w_row_stride, int64_t n_rows, const uint8_t *x,
                 size_t x_row_stride, int64_t n_cols, int64_t n, float *out, size_t out_col_stride);
 void dot_q8_0(const uint8_t *w, const void *const *x, int ncols, int64_t n, float *out);
-// A RowsFn: two rows far apart a step of each in turn (q8_0.cpp says why).
+// A RowsFn: four rows far apart a step of each in turn (q8_0.cpp says why).
 void rows_q8_0(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const void *x, int64_t n, float *out);
 void dot_q2_k(const uint8_t *w, const void *const *x, int ncols, int64_t n, float *out);
-// A RowsFn: on AVX-512 VBMI two rows far apart side by side (q2_k.cpp says why).
+// A RowsFn: on AVX-512 VBMI four rows far apart side by side (q2_k.cpp says why).
 void rows_q2_k(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const void *x, int64_t n, float *out);
 void dot_q4_k(const uint8_t *w, const void *const *x, int ncols, int64_t n, float *out);
 void dot_iq2_xxs(const uint8_t *w, const void *const *x, int ncols, int64_t n, float *out);

@@ -409,28 +409,29 @@ inline const int8_t *field_major_row(const BlockQ8_K *x, int64_t nb) {
     return row;
 }
 
-// Rows r and r + half against one activation row, a block of each in turn: two weight
-// streams far apart for the hardware prefetchers, and two independent chains for the core.
+// Rows r, r + q, r + 2q, r + 3q (q = n_rows / 4) against one activation row, a block of each
+// in turn: four weight streams far apart for the hardware prefetchers (two: 88-91% of a plain
+// read from memory, four 89-94%, near the kernel's rate from cache), two block_pair calls a
+// step.
 
 DS4_VBMI_Q2 void rows_vbmi(const uint8_t *w, size_t stride, int64_t n_rows, const BlockQ8_K *x, int64_t n, float *out) {
     static const VbmiQ2 k;   // constants made once
-    const int64_t nb = n / kQK_K, half = n_rows / 2;
-    const int8_t *xq = half > 0 ? field_major_row(x, nb) : nullptr;
-    for (int64_t r = 0; r < half; ++r) {
-        const BlockQ2_K *wa = reinterpret_cast<const BlockQ2_K *>(w + size_t(r) * stride);
-        const BlockQ2_K *wb = reinterpret_cast<const BlockQ2_K *>(w + size_t(r + half) * stride);
-        __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+    const int64_t nb = n / kQK_K, part = n_rows / 4;
+    const int8_t *xq = part > 0 ? field_major_row(x, nb) : nullptr;
+    for (int64_t r = 0; r < part; ++r) {
+        const BlockQ2_K *ws[4];
+        for (int i = 0; i < 4; ++i) ws[i] = reinterpret_cast<const BlockQ2_K *>(w + size_t(r + i * part) * stride);
+        __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
         for (int64_t b = 0; b < nb; ++b) {
-            simd::prefetch_ahead<kAhead, 2>(wa + b);
-            simd::prefetch_ahead<kAhead, 2>(wb + b);
-            k.block_pair(wa[b], wb[b], x[b], xq + b * kFieldMajorBytes, acc);
+            for (int i = 0; i < 4; ++i) simd::prefetch_ahead<kAhead, 2>(ws[i] + b);
+            k.block_pair(ws[0][b], ws[1][b], x[b], xq + b * kFieldMajorBytes, acc);
+            k.block_pair(ws[2][b], ws[3][b], x[b], xq + b * kFieldMajorBytes, acc + 2);
         }
-        out[r] = VbmiQ2::result(acc[0]);
-        out[r + half] = VbmiQ2::result(acc[1]);
+        for (int i = 0; i < 4; ++i) out[r + i * part] = VbmiQ2::result(acc[i]);
     }
-    if (n_rows % 2) {
+    for (int64_t r = 4 * part; r < n_rows; ++r) {
         const void *xv = x;
-        dot_cols_vbmi<1>(w + size_t(n_rows - 1) * stride, &xv, n, out + n_rows - 1);
+        dot_cols_vbmi<1>(w + size_t(r) * stride, &xv, n, out + r);
     }
 }
 

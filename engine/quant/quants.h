@@ -37,10 +37,11 @@ void quantize_activation(Type weight_type, const float *x, void *dst, int64_t n)
 float vec_dot(Type t, const void *w, const void *x, int64_t n);
 
 // GEMV helper: out[r] = vec_dot(t, w + r * w_row_stride, x, n) for r < n_rows, bit for bit.
-// Q8_0 and Q2_K (on VBMI) take rows r and r + n_rows / 2 a step of each in turn: two
-// sequential streams far apart read faster from memory than one (Zen 5: Q8_0 70-75% ->
-// 84-85% of a plain read); the other formats go one row after another (many rows
-// interleaved measured 2-4x slower). Thread-safe: callers split row ranges over threads.
+// Q8_0 and Q2_K (on VBMI) take four rows a quarter of the rows apart a step of each in
+// turn, and IQ2_XXS's packed kernel two: sequential streams far apart read faster from
+// memory than one (Zen 5: Q8_0 70-75% of a plain read with one, 97-100% with four); the
+// other formats go one row after another (adjacent rows interleaved measured 2-4x slower).
+// Thread-safe: callers split row ranges over threads.
 void vec_dot_rows(Type t, const void *w, size_t w_row_stride, int64_t n_rows, const void *x, int64_t n, float *out);
 
 // GEMM helper for prefill: out[c * out_col_stride + r] = vec_dot(t, w + r * w_row_stride,
