@@ -72,8 +72,7 @@ DS4_VNNI512 inline __m512i weight_slice_pair(const int8_t *p) {
     return _mm512_xor_si512(_mm512_set1_epi64(int64_t(load_u64(p))), _mm512_set1_epi32(int(0x80808080u)));
 }
 
-// Pull [pf, pf_end) into L2 three lines at a time (see tile_wide; four lines a block for the
-// narrow tile's six rows measured no faster).
+// Pull [pf, pf_end) into L2 three lines at a time (see tile_wide).
 inline void prefetch_some(const uint8_t *&pf, const uint8_t *pf_end) {
     for (int i = 0; i < 3 && pf < pf_end; ++i, pf += 64) _mm_prefetch(reinterpret_cast<const char *>(pf), _MM_HINT_T1);
 }
@@ -227,10 +226,10 @@ DS4_VNNI512 void rows_group(const uint8_t *w, size_t w_stride, int64_t r0, const
 }
 
 // P pairs of weight rows (w[2p], w[2p + 1]) against the narrow panel of up to 8 columns;
-// out[p] lane 2c + r holds row 2p + r's result for column c.
+// out[p] lane 2c + r holds row 2p + r's result for column c. No software prefetch: the
+// rows come as three streams the hardware prefetchers follow (tile_narrow).
 template <int P>
-DS4_VNNI512 inline void pairs_x8(const BlockQ8_0 *const *w, const uint8_t *panel, int64_t nb, const uint8_t *pf,
-                                 const uint8_t *pf_end, __m512 *out) {
+DS4_VNNI512 inline void pairs_x8(const BlockQ8_0 *const *w, const uint8_t *panel, int64_t nb, __m512 *out) {
     // Lane 2c + r of a pair's sums: row r's column c, its halves from lanes 2c and 2c + 1.
     const __m512i even = _mm512_setr_epi32(0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30);
     const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
@@ -239,7 +238,6 @@ DS4_VNNI512 inline void pairs_x8(const BlockQ8_0 *const *w, const uint8_t *panel
         for (int k = 0; k < 4; ++k) acc[p][k] = _mm512_setzero_ps();
     for_blocks(nb, [&](int64_t b, int k) DS4_VNNI512 {
         const uint8_t *pb = panel + b * kNarrowBlockBytes;
-        prefetch_some(pf, pf_end);
         // Two integer chains a row (even and odd slice pairs).
         __m512i dot[2 * P][2];
         for (int q = 0; q < 2 * P; ++q) dot[q][0] = dot[q][1] = _mm512_setzero_si512();
@@ -269,15 +267,14 @@ DS4_VNNI512 inline void pairs_x8(const BlockQ8_0 *const *w, const uint8_t *panel
 // written).
 template <int P>
 DS4_VNNI512 void rows_narrow(const uint8_t *w, size_t w_stride, const int64_t *pr, int64_t n_rows, const uint8_t *panel,
-                             int64_t nb, int nc, float *out, size_t out_col_stride, const uint8_t *pf,
-                             const uint8_t *pf_end) {
+                             int64_t nb, int nc, float *out, size_t out_col_stride) {
     const BlockQ8_0 *wr[2 * P];
     for (int q = 0; q < 2 * P; ++q) {
         const int64_t r = std::min<int64_t>(pr[q / 2] + q % 2, n_rows - 1);
         wr[q] = reinterpret_cast<const BlockQ8_0 *>(w + size_t(r) * w_stride);
     }
     __m512 res[P];
-    pairs_x8<P>(wr, panel, nb, pf, pf_end, res);
+    pairs_x8<P>(wr, panel, nb, res);
     for (int p = 0; p < P; ++p) {
         alignas(64) float v[kPackCols];
         _mm512_store_ps(v, res[p]);
@@ -412,14 +409,14 @@ void tile_narrow(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const ui
     const int64_t part = n_rows / G * 2;   // rows a stream, even
     for (int64_t r = 0; r < part; r += 2) {
         const int64_t pr[3] = {r, part + r, 2 * part + r};
-        rows_narrow<3>(w, w_row_stride, pr, n_rows, panel, nb, nc, out, out_col_stride, nullptr, nullptr);
+        rows_narrow<3>(w, w_row_stride, pr, n_rows, panel, nb, nc, out, out_col_stride);
     }
     for (int64_t r = 3 * part; r < n_rows; r += G) {
         const int64_t m = std::min<int64_t>(G, n_rows - r);
         const int64_t pr[3] = {r, r + 2, r + 4};
-        if (m > 4) rows_narrow<3>(w, w_row_stride, pr, n_rows, panel, nb, nc, out, out_col_stride, nullptr, nullptr);
-        else if (m > 2) rows_narrow<2>(w, w_row_stride, pr, n_rows, panel, nb, nc, out, out_col_stride, nullptr, nullptr);
-        else rows_narrow<1>(w, w_row_stride, pr, n_rows, panel, nb, nc, out, out_col_stride, nullptr, nullptr);
+        if (m > 4) rows_narrow<3>(w, w_row_stride, pr, n_rows, panel, nb, nc, out, out_col_stride);
+        else if (m > 2) rows_narrow<2>(w, w_row_stride, pr, n_rows, panel, nb, nc, out, out_col_stride);
+        else rows_narrow<1>(w, w_row_stride, pr, n_rows, panel, nb, nc, out, out_col_stride);
     }
 }
 
