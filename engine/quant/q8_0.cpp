@@ -260,54 +260,39 @@ void dot_cols_avx2(const uint8_t *w, const void *const *x, int64_t n, float *out
     dot_cols<C, false>(w, x, n, out);
 }
 
-// Rows r and r + n_rows / 2 a step of each in turn, as rows_streams (with 2-4 columns, four
-// streams measured slower: 55-59 against 57-63 G weight-dots/s from memory).
-template <int C, bool kVnni>
+// Rows r, r + q, ..., r + (S - 1)q (q = n_rows / S) a step of each in turn, out[c][row]:
+// S weight streams far apart, which the hardware prefetchers follow side by side; the rows
+// left over one at a time. One activation row (decode) takes four streams: from memory on
+// Zen 5, one core, one stream read 70-75% of a plain read, two 80-85%, four 97-100%, six
+// 80-96%, eight 71-80% (from cache 41 / 48 / 54 / 44-49 / 44 GB/s). 2-4 columns take two:
+// four measured slower there (55-59 against 57-63 G weight-dots/s from memory).
+template <int S, int C, bool kVnni>
 void tile_cols(const uint8_t *w, size_t w_stride, int64_t n_rows, const void *const *x, const float *const *xd,
                int64_t n, float *const *out) {
-    const int64_t half = n_rows / 2;
-    float res[2 * C];
-    for (int64_t r = 0; r < half; ++r) {
-        const uint8_t *wr[2] = {w + size_t(r) * w_stride, w + size_t(r + half) * w_stride};
-        dot_rows_cols<2, C, kVnni>(wr, x, n, res, xd);
-        for (int c = 0; c < C; ++c) {
-            out[c][r] = res[c];
-            out[c][r + half] = res[C + c];
-        }
+    const int64_t part = n_rows / S;
+    float res[S * C];
+    for (int64_t r = 0; r < part; ++r) {
+        const uint8_t *wr[S];
+        for (int s = 0; s < S; ++s) wr[s] = w + size_t(r + s * part) * w_stride;
+        dot_rows_cols<S, C, kVnni>(wr, x, n, res, xd);
+        for (int s = 0; s < S; ++s)
+            for (int c = 0; c < C; ++c) out[c][r + s * part] = res[s * C + c];
     }
-    if (n_rows % 2) {
-        dot_cols<C, kVnni>(w + size_t(n_rows - 1) * w_stride, x, n, res, xd);
-        for (int c = 0; c < C; ++c) out[c][n_rows - 1] = res[c];
+    for (int64_t r = S * part; r < n_rows; ++r) {
+        dot_cols<C, kVnni>(w + size_t(r) * w_stride, x, n, res, xd);
+        for (int c = 0; c < C; ++c) out[c][r] = res[c];
     }
 }
 
 template <int C>
 void tile_cols_vnni(const uint8_t *w, size_t w_stride, int64_t n_rows, const void *const *x, const float *const *xd,
                     int64_t n, float *const *out) {
-    tile_cols<C, true>(w, w_stride, n_rows, x, xd, n, out);
+    tile_cols<2, C, true>(w, w_stride, n_rows, x, xd, n, out);
 }
 template <int C>
 void tile_cols_avx2(const uint8_t *w, size_t w_stride, int64_t n_rows, const void *const *x, const float *const *xd,
                     int64_t n, float *const *out) {
-    tile_cols<C, false>(w, w_stride, n_rows, x, xd, n, out);
-}
-
-// Rows r, r + q, r + 2q and r + 3q (q = n_rows / 4) a step of each in turn: four weight
-// streams far apart, which the hardware prefetchers follow side by side. From memory on
-// Zen 5, one core: one stream 70-75% of a plain read, two 80-85%, four 97-100%, six 80-96%,
-// eight 71-80% (from cache 41 / 48 / 54 / 44-49 / 44 GB/s).
-template <bool kVnni>
-void rows_streams(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const void *x, int64_t n, float *out) {
-    constexpr int S = 4;   // streams
-    const int64_t part = n_rows / S;
-    for (int64_t r = 0; r < part; ++r) {
-        const uint8_t *wr[S];
-        for (int s2 = 0; s2 < S; ++s2) wr[s2] = w + size_t(r + s2 * part) * w_row_stride;
-        float o[S];
-        dot_rows_cols<S, 1, kVnni>(wr, &x, n, o);
-        for (int s2 = 0; s2 < S; ++s2) out[r + s2 * part] = o[s2];
-    }
-    for (int64_t r = S * part; r < n_rows; ++r) dot_cols<1, kVnni>(w + size_t(r) * w_row_stride, &x, n, out + r);
+    tile_cols<2, C, false>(w, w_stride, n_rows, x, xd, n, out);
 }
 
 }  // namespace
@@ -335,10 +320,11 @@ void q8_0_tile_cols(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const
 }
 
 void rows_q8_0(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const void *x, int64_t n, float *out) {
+    float *const o[1] = {out};
     if (vnni_enabled())
-        rows_streams<true>(w, w_row_stride, n_rows, x, n, out);
+        tile_cols<4, 1, true>(w, w_row_stride, n_rows, &x, nullptr, n, o);
     else
-        rows_streams<false>(w, w_row_stride, n_rows, x, n, out);
+        tile_cols<4, 1, false>(w, w_row_stride, n_rows, &x, nullptr, n, o);
 }
 
 void dot_q8_0(const uint8_t *w, const void *const *x, int ncols, int64_t n, float *out) {
