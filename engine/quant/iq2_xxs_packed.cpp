@@ -18,9 +18,9 @@
 //     completed to 8 (the parity bit) by one GF2P8AFFINEQB;
 //   - a position pair's two codes and two signs make a 6-bit vpermb index into a 64-byte
 //     table of w + 64 (so the weight is an unsigned byte for vpdpbusd): one vpternlog merge
-//     of a code nibble with the other nibble of the signs, and for three of the four pairs
-//     one GF2P8AFFINEQB that moves the bits into place; the 64 * sum(x) the + 64 adds per
-//     32-group is packed (negated) with the activations and starts the integer chain;
+//     of code bits with sign bits, for two of the four pairs after a 32-bit shift (two
+//     index layouts, two tables); the 64 * sum(x) the + 64 adds per 32-group is packed
+//     (negated) with the activations and starts the integer chain;
 //   - each vpdpbusd adds 4 indices of one 32-group, so after the 8 positions lane g holds
 //     32-group g's exact integer dot.
 // Every 512-bit op here shares two ports (vpdpbusd either, the permutes port 5, the affine
@@ -61,7 +61,9 @@ uint64_t col_bytes(int64_t n) {
 
 struct Tables {
     alignas(64) uint8_t code[2][256];   // entry k: 2-bit level codes of positions 0-3 / 4-7
-    alignas(64) uint8_t level[2][64];   // level[h][i]: 64 + the signed weight of code (i >> 2h) & 3, sign bit 4 + h
+    // Two layouts of a position pair's 6-bit index: codes in bits 0-3 and signs in 4-5
+    // (level[0]), signs in bits 0-1 and codes in 2-5 (level[1]); [h] is the pair's position h.
+    alignas(64) uint8_t level[2][2][64];
     alignas(64) uint8_t sign_shift[64];   // bit offsets of index k's 7 sign bits in its qword
     Tables() {
         for (int k = 0; k < 256; ++k)
@@ -76,8 +78,9 @@ struct Tables {
         static constexpr int kLevels[4] = {8, 25, 43, 0};
         for (int h = 0; h < 2; ++h)
             for (int i = 0; i < 64; ++i) {
-                const int m = kLevels[(i >> (2 * h)) & 3];
-                level[h][i] = uint8_t(64 + ((i >> (4 + h)) & 1 ? -m : m));
+                const int m0 = kLevels[(i >> (2 * h)) & 3], m1 = kLevels[(i >> (2 + 2 * h)) & 3];
+                level[0][h][i] = uint8_t(64 + ((i >> (4 + h)) & 1 ? -m0 : m0));
+                level[1][h][i] = uint8_t(64 + ((i >> h) & 1 ? -m1 : m1));
             }
         // Lane k is index k % 4 of 32-group k / 8 of block (k / 4) % 2; its sign word is
         // dword k / 4 of the sign words' register: qword k / 8, half (k / 4) % 2.
@@ -97,19 +100,10 @@ const Tables &tables() {
 #pragma GCC diagnostic ignored "-Wuninitialized"
 
 // From a byte's 7 stored sign bits (bit 7 ignored) to the 8 signs in the order the index
-// merges below want them: bits 0-3 signs 2, 3, 6, 7; bits 4-7 signs 0, 1, 4, 5 (sign 7 is
-// the parity of the stored 7).
+// merges below want them: bits 0-1 signs 2, 3; bits 2-3 signs 6, 7; bits 4-5 signs 0, 1;
+// bits 6-7 signs 4, 5 (sign 7 is the parity of the stored 7).
 constexpr int kSignOrder[8] = {2, 3, 6, 7, 0, 1, 4, 5};
 constexpr long long kSignMatrix = simd::affine_matrix(kSignOrder, true);
-// A position pair's permute index wants its two codes in bits 0-3 and their signs in bits
-// 4-5. A merge of a code byte's nibble with a sign byte's other nibble holds them, but not
-// always there; these move them (bits 6-7 are ignored by vpermb).
-constexpr int kLowCodesHighSigns[8] = {0, 1, 2, 3, 6, 7, -1, -1};   // positions 4, 5: signs at bits 6-7
-constexpr int kHighCodesSigns01[8] = {4, 5, 6, 7, 0, 1, -1, -1};    // positions 2, 3
-constexpr int kHighCodesSigns23[8] = {4, 5, 6, 7, 2, 3, -1, -1};    // positions 6, 7
-constexpr long long kMovePos45 = simd::affine_matrix(kLowCodesHighSigns);
-constexpr long long kMovePos23 = simd::affine_matrix(kHighCodesSigns01);
-constexpr long long kMovePos67 = simd::affine_matrix(kHighCodesSigns23);
 
 // vpternlog truth table of (a & c) | (b & ~c): bit (a << 2 | b << 1 | c).
 constexpr int kTakeLowNibble = [] {
@@ -216,19 +210,20 @@ DS4_VBMI_INLINE void pair_sums(const Tables &T, const uint8_t *w, const bool *tw
             }
         }
     }
-    // Per position pair: a 6-bit permute index of the pair's two codes (bits 0-3) and two
-    // signs (bits 4-5): one merge of a code nibble with the other nibble of the signs, then
-    // (but for positions 0-1) one affine move of the bits into place.
-    const __m512i low = _mm512_set1_epi8(0x0F);
+    // Per position pair a 6-bit permute index of its two codes and two signs, one merge
+    // each: the code byte's low nibble with the sign byte's high one, or (the code byte
+    // shifted right by 2: the high pair in bits 2-5) its bits 2-7 with the signs' bits 0-1;
+    // the sign byte shifted right by 2 serves the second code byte. The shifts are 32-bit:
+    // a neighbour byte's bits land only in bits 6-7, which vpermb ignores (and on Zen 5 they
+    // issue beside the permutes, where the affine moves they replace took a permute pipe).
+    const __m512i low = _mm512_set1_epi8(0x0F), low2 = _mm512_set1_epi8(0x03);
     __m512i ix[NP][4];   // positions 0-1, 2-3, 4-5, 6-7
     for (int q = 0; q < NP; ++q) {
-        ix[q][1] = _mm512_gf2p8affine_epi64_epi8(_mm512_ternarylogic_epi32(sg[q], c[q][0], low, kTakeLowNibble),
-                                                 _mm512_set1_epi64(kMovePos23), 0);
-        ix[q][2] = _mm512_gf2p8affine_epi64_epi8(_mm512_ternarylogic_epi32(c[q][1], sg[q], low, kTakeLowNibble),
-                                                 _mm512_set1_epi64(kMovePos45), 0);
-        ix[q][3] = _mm512_gf2p8affine_epi64_epi8(_mm512_ternarylogic_epi32(sg[q], c[q][1], low, kTakeLowNibble),
-                                                 _mm512_set1_epi64(kMovePos67), 0);
+        const __m512i s2 = _mm512_srli_epi32(sg[q], 2);
         ix[q][0] = _mm512_ternarylogic_epi32(c[q][0], sg[q], low, kTakeLowNibble);
+        ix[q][1] = _mm512_ternarylogic_epi32(sg[q], _mm512_srli_epi32(c[q][0], 2), low2, kTakeLowNibble);
+        ix[q][2] = _mm512_ternarylogic_epi32(c[q][1], s2, low, kTakeLowNibble);
+        ix[q][3] = _mm512_ternarylogic_epi32(s2, _mm512_srli_epi32(c[q][1], 2), low2, kTakeLowNibble);
     }
     // Unsigned weights (w + 64) against the signed activations: each chain starts at minus
     // the packed 64 * sum(x) of its 32-group, so it ends at the exact group dot.
@@ -240,7 +235,7 @@ DS4_VBMI_INLINE void pair_sums(const Tables &T, const uint8_t *w, const bool *tw
         }
     for (int j = 0; j < 8; ++j)
         for (int q = 0; q < NP; ++q) {
-            const __m512i v = _mm512_permutexvar_epi8(ix[q][j / 2], load64(T.level[j & 1]));
+            const __m512i v = _mm512_permutexvar_epi8(ix[q][j / 2], load64(T.level[(j / 2) & 1][j & 1]));
             // up to two columns: two chains each against the vpdpbusd latency; more columns
             // are chains enough (and two each would not fit the registers)
             const int ch = C <= kChainCols ? (j & 1) : 0;
@@ -343,7 +338,14 @@ DS4_VBMI void rows_cols(const uint8_t *w, size_t w_stride, int64_t n_rows, const
         int64_t p = 0;
         for (; p + 2 <= np; p += 2) {
             four_blocks<C, K2>(T, wa, p, nb, xc, sc, a);
-            four_blocks<C, K2>(T, wb, p, nb, xc, sc, b);
+            // The second row reads the same activations: hide that from the compiler, which
+            // otherwise keeps the first row's loads and spills them (a store each).
+            const uint8_t *xb[C];
+            for (int k = 0; k < C; ++k) {
+                xb[k] = xc[k];
+                asm("" : "+r"(xb[k]));
+            }
+            four_blocks<C, K2>(T, wb, p, nb, xb, sc, b);
         }
         finish_row<C, K2>(T, wa, p, np, nb, xc, sc, a, out, r);
         finish_row<C, K2>(T, wb, p, np, nb, xc, sc, b, out, r + half);
