@@ -265,7 +265,14 @@ DS4_VBMI_INLINE void four_blocks(const Tables &T, const uint8_t *wr, int64_t p, 
     const bool four = 2 * p + 3 < nb;
     __m512i t[2][C];
     const bool two[2] = {true, four};
-    pair_sums<C, 2, K2>(T, wp, two, xc, p, t);
+    // Both rows of a step read the same activations: hidden from the compiler, which
+    // otherwise keeps the first row's loads for the second and spills them (a store each).
+    const uint8_t *x[C];
+    for (int k = 0; k < C; ++k) {
+        x[k] = xc[k] + p * kPairBytes;
+        asm("" : "+r"(x[k]));
+    }
+    pair_sums<C, 2, K2>(T, wp, two, x, 0, t);
     const __m512i *t0 = t[0], *t1 = t[1];
     uint16_t h[4] = {0, 0, 0, 0};   // a missing fourth block is not read (it may lie past a mapping)
     for (int i = 0; i < (four ? 4 : 3); ++i) std::memcpy(&h[i], wp + i * kBlock, 2);
@@ -338,14 +345,7 @@ DS4_VBMI void rows_cols(const uint8_t *w, size_t w_stride, int64_t n_rows, const
         int64_t p = 0;
         for (; p + 2 <= np; p += 2) {
             four_blocks<C, K2>(T, wa, p, nb, xc, sc, a);
-            // The second row reads the same activations: hide that from the compiler, which
-            // otherwise keeps the first row's loads and spills them (a store each).
-            const uint8_t *xb[C];
-            for (int k = 0; k < C; ++k) {
-                xb[k] = xc[k];
-                asm("" : "+r"(xb[k]));
-            }
-            four_blocks<C, K2>(T, wb, p, nb, xb, sc, b);
+            four_blocks<C, K2>(T, wb, p, nb, xc, sc, b);
         }
         finish_row<C, K2>(T, wa, p, np, nb, xc, sc, a, out, r);
         finish_row<C, K2>(T, wb, p, np, nb, xc, sc, b, out, r + half);
