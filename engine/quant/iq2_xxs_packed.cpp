@@ -180,8 +180,9 @@ DS4_VBMI_INLINE void pair_sums(const Tables &T, const uint8_t *w, const bool *tw
             std::memset(padded + kB, 0, sizeof(padded) - kB);
             wq = padded;
         }
-        idx[q] = _mm512_mask_blend_epi32(0xAAAA, load64(wq + 2), load64(wq + kB - 2));
-        sgsc[q] = _mm512_mask_blend_epi32(0xAAAA, load64(wq + 6), load64(wq + kB + 2));
+        const __m512i a = load64(wq + 2), b = load64(wq + kB + 2);   // the two blocks' qs
+        idx[q] = _mm512_mask_blend_epi32(0xAAAA, a, _mm512_shuffle_epi32(b, _MM_PERM_CCAA));
+        sgsc[q] = _mm512_mask_blend_epi32(0xAAAA, _mm512_shuffle_epi32(a, _MM_PERM_DDBB), b);
     }
     for (int q = 0; q < NP; ++q) {
         const __m512i s7 = _mm512_multishift_epi64_epi8(load64(T.sign_shift), sgsc[q]);
