@@ -261,8 +261,10 @@ DS4_VBMI_INLINE void four_blocks(const Tables &T, const uint8_t *wr, int64_t p, 
     constexpr int64_t kBlock = sizeof(BlockIQ2_XXS);
     const uint8_t *wp = wr + p * 2 * kBlock;
     // the weights 8 KB ahead (4 blocks span up to 6 lines); measured from memory on an
-    // Emerald Rapids VM: 2 KB 9.6-9.8, 4 KB 9.8-10.0, 8 KB 10.1-10.4, 16 KB 9.5-10.0 GB/s
-    simd::prefetch_ahead<8192, 5>(wp);
+    // Emerald Rapids VM: 2 KB 9.6-9.8, 4 KB 9.8-10.0, 8 KB 10.1-10.4, 16 KB 9.5-10.0 GB/s.
+    // Not on AMD (the K2 kernel): on Zen 5 the hardware prefetchers keep the two streams
+    // up by themselves and the prefetches took load slots (from memory 28.7-29.2 -> 30.0-30.9).
+    if constexpr (!K2) simd::prefetch_ahead<8192, 5>(wp);
     const bool four = 2 * p + 3 < nb;
     __m512i t[2][C];
     const bool two[2] = {true, four};
