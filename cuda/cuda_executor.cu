@@ -37,7 +37,18 @@ namespace {
 // Pinned host memory for a step's uploads (row tables, descriptors): a copy from pageable
 // memory makes the host wait for a staging copy every time; from here it is queued like a
 // launch. Append-only within a step, so nothing queued is overwritten; reset() only once the
-// stream has drained.
+// stream has drained. The memory is mapped into the device's address space: a small table
+// is read by the kernels where it lies (up to 4 KB), with no copy in the stream -- a
+// decode step had over a hundred such copies, each a stream operation of its own between
+// two kernels that could otherwise overlap (pdl_enter). DS4_CUDA_ZERO_COPY=0 copies every
+// table (for comparisons).
+size_t zero_copy_bytes() {
+    static const size_t n = [] {
+        const char *e = std::getenv("DS4_CUDA_ZERO_COPY");
+        return e && *e == '0' ? size_t(0) : size_t(4096);
+    }();
+    return n;
+}
 class HostStage {
 public:
     ~HostStage() {
@@ -49,7 +60,8 @@ public:
         if (used_ + n > cap_) {
             if (p_) retired_.push_back(p_);
             cap_ = std::max<size_t>({2 * cap_, n, 64 << 10});
-            DS4_CUDA_CHECK(cudaHostAlloc(&p_, cap_, cudaHostAllocDefault));
+            DS4_CUDA_CHECK(cudaHostAlloc(&p_, cap_, cudaHostAllocMapped));
+            DS4_CUDA_CHECK(cudaHostGetDevicePointer(&dev_, p_, 0));
             used_ = 0;
         }
         void *d = static_cast<uint8_t *>(p_) + used_;
@@ -57,6 +69,8 @@ public:
         used_ += n;
         return d;
     }
+    // The device's address of what put() just returned.
+    void *device_alias(void *host) const { return static_cast<uint8_t *>(dev_) + (static_cast<uint8_t *>(host) - static_cast<uint8_t *>(p_)); }
     void reset() {
         for (void *p : retired_) cudaFreeHost(p);
         retired_.clear();
@@ -64,17 +78,17 @@ public:
     }
 
 private:
-    void *p_ = nullptr;
+    void *p_ = nullptr, *dev_ = nullptr;
     size_t cap_ = 0, used_ = 0;
     std::vector<void *> retired_;
 };
 
 template <class T>
 T *to_device(DeviceBuffer<T> &buf, const std::vector<T> &v, cudaStream_t s, HostStage &stage) {
+    const size_t n = v.size() * sizeof(T);
+    if (n > 0 && n <= zero_copy_bytes()) return static_cast<T *>(stage.device_alias(stage.put(v.data(), n)));
     T *d = buf.need(std::max<size_t>(1, v.size()));
-    if (!v.empty())
-        DS4_CUDA_CHECK(cudaMemcpyAsync(d, stage.put(v.data(), v.size() * sizeof(T)), v.size() * sizeof(T),
-                                       cudaMemcpyHostToDevice, s));
+    if (!v.empty()) DS4_CUDA_CHECK(cudaMemcpyAsync(d, stage.put(v.data(), n), n, cudaMemcpyHostToDevice, s));
     return d;
 }
 
@@ -157,24 +171,25 @@ public:
         }
         rmsnorm_rows(s_, qr_.get(), c.q_lora, nullptr, c.q_lora, dw_.device(L.q_a_norm.data()), c.rms_eps, qr_.get(), c.q_lora, R_);
         mm(L.q_b, qr_.get(), R_, c.q_lora, q_.get(), (int64_t)H * hd);
-        const float *inv = dw_.device(rope.inv_freq.data());
-        norm_rope_heads(s_, q_.get(), H, hd, true, nullptr, c.rms_eps, pos_, inv, rope.n_pairs, 1.f, R_);
-        norm_rope_heads(s_, kvb, 1, hd, true, dw_.device(L.kv_norm.data()), c.rms_eps, pos_, inv, rope.n_pairs, 1.f, R_);
         h_ptrs_.resize(R_);
         for (const StepSegment &sg : lay_.segs) {
             DevLayer &dl = st(sg).layers[layer];
             st(sg).will_write(dl.kv.get(), dl.cap_kv, hd, sg.n0, sg.n, s_);
             for (int i = 0; i < sg.n; ++i) h_ptrs_[sg.row0 + i] = dl.kv.get() + ((sg.n0 + i) % dl.cap_kv) * hd;
         }
-        scatter_rows(s_, kvb, hd, to_device(ptrs_buf_, h_ptrs_, s_, stage_), R_);
+        // q's heads and the kv head normed and rotated, kv written into the ring: one launch
+        norm_rope_q_kv(s_, q_.get(), H, kvb, dw_.device(L.kv_norm.data()), to_device(ptrs_buf_, h_ptrs_, s_, stage_), hd, c.rms_eps,
+                       pos_, dw_.device(rope.inv_freq.data()), rope.n_pairs, R_);
     }
 
     void compress(int layer, int which, const CompressorWeights &cw, const Rope &rope) override {
         PROFILE("compress");
         const int wd = cw.width;
         float *p1 = p1_.need((size_t)R_ * wd), *p2 = p2_.need((size_t)R_ * wd);
-        mm(cw.kv, XN_.get(), R_, c_.n_embd, p1, wd);
-        mm(cw.gate, XN_.get(), R_, c_.n_embd, p2, wd);
+        if (!mm_pair_f32(cw.kv, cw.gate, XN_.get(), p1, p2)) {
+            mm(cw.kv, XN_.get(), R_, c_.n_embd, p1, wd);
+            mm(cw.gate, XN_.get(), R_, c_.n_embd, p2, wd);
+        }
         for (const StepSegment &sg : lay_.segs) {
             CudaSessionState &ss = st(sg);
             DevComp &cs = which ? ss.layers[layer].icomp : ss.layers[layer].comp;
@@ -668,6 +683,14 @@ private:
         stats_.weight_bytes += a.bytes() + b.bytes();
         return true;
     }
+    // The same for weights that take f32 activations (a decode step's compressor kv and gate).
+    bool mm_pair_f32(const WeightView &a, const WeightView &b, const float *x, float *ya, float *yb) {
+        if (R_ != 1 || a.empty() || b.empty() || a.type != b.type || a.in != b.in || (!f32_act_ && act_type(a.type) != gguf::Type::F32))
+            return false;
+        if (!matmul_pair(s_, a.type, a.in, wdev(a.data), a.out, a.row_bytes, ya, wdev(b.data), b.out, b.row_bytes, yb, x)) return false;
+        stats_.weight_bytes += a.bytes() + b.bytes();
+        return true;
+    }
     // Device address of a weight: a VRAM expert slot as it is, anything else through the
     // placed tensors.
     const void *wdev(const uint8_t *p) const { return vc_ && vc_->contains(p) ? p : dw_.device(p); }
@@ -689,7 +712,11 @@ private:
         float *g = g_.need((size_t)m * F), *u = u_.need((size_t)m * F);
         if (!xq && !f32_act_ && act_type(gate.type) != gguf::Type::F32 && act_type(up.type) == act_type(gate.type))
             xq = quantised(gate.type, in, m, D, D, &qrow);   // once for both
-        if (xq) {
+        if (xq && m == 1 && gate.type == up.type && gate.in == up.in &&
+            matmul_q_pair(s_, gate.type, gate.in, wdev(gate.data), F, gate.row_bytes, g, wdev(up.data), up.out, up.row_bytes, u, xq,
+                          qrow)) {
+            stats_.weight_bytes += gate.bytes() + up.bytes();   // one launch for both (a decode step's shared expert)
+        } else if (xq) {
             mmq(gate, xq, qrow, m, g, F, tensor_cores);
             mmq(up, xq, qrow, m, u, F, tensor_cores);
         } else {

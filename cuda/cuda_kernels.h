@@ -22,6 +22,12 @@ bool stage_rows(int64_t in);
 void matmul(cudaStream_t s, gguf::Type type, const void *w, int64_t in, int64_t out, uint64_t row_bytes, const float *x,
             int64_t n_tok, int64_t x_stride, float *y, int64_t y_stride);
 
+// Two one-token products of f32 activations x (in elements) in one launch, each row as
+// matmul computes it; false (nothing launched) where they would not take matmul's
+// split-row kernel.
+bool matmul_pair(cudaStream_t s, gguf::Type type, int64_t in, const void *w0, int64_t out0, uint64_t rb0, float *y0, const void *w1,
+                 int64_t out1, uint64_t rb1, float *y1, const float *x);
+
 // Split-K (cuda_splitk.cu): how many input splits a product of `blocks` output tiles and
 // `ksteps` input steps gets (1: none); the partial buffer [splits][n_tok][out]; the reduction
 // (splits added in order) into y, which also frees the partials.
@@ -88,8 +94,10 @@ void hc_post(cudaStream_t s, float *H, const float *A, const float *post, const 
 // trailing 2*n_pairs channels at pos[row] (sign -1 rotates back).
 void norm_rope_heads(cudaStream_t s, float *x, int n_heads, int hd, bool norm, const float *w, float eps,
                      const int64_t *pos, const float *inv_freq, int n_pairs, float sign, int rows);
-// dst[r] = src row r (width floats) for r < rows.
-void scatter_rows(cudaStream_t s, const float *src, int width, float *const *dst, int rows);
+// norm_rope_heads of q (n_heads heads, no norm weight, sign +1) and of the rows' single kv
+// head (norm weight kv_w), then kv row r copied to kv_dst[r] (the cache ring): one launch.
+void norm_rope_q_kv(cudaStream_t s, float *q, int n_heads, float *kv, const float *kv_w, float *const *kv_dst, int hd, float eps,
+                    const int64_t *pos, const float *inv_freq, int n_pairs, int rows);
 
 // Compressor ring update for n rows of one segment starting at absolute position n0.
 void comp_ring_write(cudaStream_t s, const float *p_kv, const float *p_gate, int row0, const float *ape, int width,
@@ -100,7 +108,8 @@ void comp_emit(cudaStream_t s, const float *kv_ring, const float *gate_ring, int
                int n_pairs);
 
 // Lightning indexer: scores[r][s] = sum_h w_h/sqrt(IH) * ReLU(q_h . e_s)/sqrt(Id) for
-// s < n_vis[r]; then the top-k indices (ties: lower first) into sel[r][topk], count in nsel.
+// s < n_vis[r]; then the top-k indices (ties: lower first) into sel[r][topk] in ascending
+// index order, count in nsel.
 void indexer_scores(cudaStream_t s, const float *iq, const float *iw, int IH, int Id, const float *const *entries,
                     const int *n_vis, int max_vis, float *scores, int rows);
 void topk_rows(cudaStream_t s, float *scores, int stride, const int *n_vis, int k, int *sel, int *nsel, int rows);

@@ -5,6 +5,7 @@
 // layer; without this each one's launch and ramp starts only after the previous one's last
 // block has ended. DS4_CUDA_PDL=0 launches them plainly (for comparisons).
 #pragma once
+#include <cstdint>
 #include <cstdlib>
 #include <utility>
 
@@ -16,6 +17,15 @@ namespace {
 __device__ __forceinline__ void pdl_enter() {
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+
+// Weights never change, so a kernel may ask for its weight bytes before pdl_enter and have
+// the fetch from HBM overlap the tail of the kernel before it. Thread i of n prefetches the
+// 128-byte lines i, i + n, ... of [p, p + bytes) into L2.
+__device__ __forceinline__ void prefetch_l2(const void *p, uint64_t bytes, int i, int n) {
+    const uintptr_t a = (uintptr_t)p, b = a & ~(uintptr_t)127, e = a + bytes;
+    for (uintptr_t q = b + (uintptr_t)i * 128; q < e; q += (uintptr_t)n * 128)
+        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(q));
 }
 
 inline bool pdl_enabled() {

@@ -107,13 +107,14 @@ template <int T, int NT = kTileTok>
 __global__ void __launch_bounds__(32 * kWarps) matmul_kernel(const uint8_t *__restrict__ w, int64_t in, int64_t out,
                                                              uint64_t row_bytes, const float *__restrict__ x, int64_t n_tok,
                                                              int64_t x_stride, float *__restrict__ y, int64_t y_stride) {
-    pdl_enter();
     const int lane = threadIdx.x & 31;
     const int64_t o = (int64_t)blockIdx.x * kWarps + (threadIdx.x >> 5);
+    const uint8_t *row = w + (uint64_t)o * row_bytes;
+    if (NT == 1 && o < out) prefetch_l2(row, row_bytes, lane, 32);   // before waiting: weights never change
+    pdl_enter();
     if (o >= out) return;
     const int64_t t0 = (int64_t)blockIdx.y * NT;
     const int nt = (int)(n_tok - t0 < NT ? n_tok - t0 : NT);
-    const uint8_t *row = w + (uint64_t)o * row_bytes;
     float acc[NT];
 #pragma unroll
     for (int t = 0; t < NT; ++t) acc[t] = 0.f;
@@ -145,19 +146,31 @@ __global__ void __launch_bounds__(32 * kWarps) matmul_kernel(const uint8_t *__re
 // Few output rows and long input rows (hyper-connection mixes, routers, compressor gates at
 // decode): a warp per row would leave most of the GPU idle while each warp walks the whole
 // input, so a block of kSplitWarps warps splits each row's input and sums in shared memory.
+// One or two products over the same activations in one launch: blocks [0, b0) take the first
+// matrix, the rest the second (a decode step's compressor kv and gate).
 constexpr int kSplitWarps = 8;
+inline bool split_rows(int64_t in, int64_t out, int64_t tiles) { return out * tiles < 2048 && in >= 2048; }
+struct SplitPair {
+    const uint8_t *w[2];
+    uint64_t rb[2];
+    float *y[2];
+    unsigned b0;
+};
 template <int T, int NT = kTileTok>
-__global__ void __launch_bounds__(32 * kSplitWarps) matmul_split_kernel(const uint8_t *__restrict__ w, int64_t in, int64_t out,
-                                                                       uint64_t row_bytes, const float *__restrict__ x,
-                                                                       int64_t n_tok, int64_t x_stride, float *__restrict__ y,
-                                                                       int64_t y_stride) {
+__global__ void __launch_bounds__(32 * kSplitWarps) matmul_split_kernel(SplitPair p, int64_t in, const float *__restrict__ x,
+                                                                       int64_t n_tok, int64_t x_stride, int64_t y_stride) {
+    const int m = blockIdx.x >= p.b0;
+    // selects, not p.w[m]: a kernel parameter indexed at run time goes through local memory
+    const int64_t o = blockIdx.x - (m ? p.b0 : 0);
+    const uint64_t row_bytes = m ? p.rb[1] : p.rb[0];
+    const uint8_t *row = (m ? p.w[1] : p.w[0]) + (uint64_t)o * row_bytes;
+    float *y = m ? p.y[1] : p.y[0];
+    if (NT == 1) prefetch_l2(row, row_bytes, threadIdx.x, 32 * kSplitWarps);   // before waiting: weights never change
     pdl_enter();
     __shared__ float part[kSplitWarps][NT];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int64_t o = blockIdx.x;
     const int64_t t0 = (int64_t)blockIdx.y * NT;
     const int nt = (int)(n_tok - t0 < NT ? n_tok - t0 : NT);
-    const uint8_t *row = w + (uint64_t)o * row_bytes;
     float acc[NT];
 #pragma unroll
     for (int t = 0; t < NT; ++t) acc[t] = 0.f;
@@ -201,12 +214,13 @@ template <int T>
 __global__ void __launch_bounds__(32 * kSplitWarps) matmul_rms_kernel(const uint8_t *__restrict__ w, int64_t in, uint64_t row_bytes,
                                                                       const float *__restrict__ x, int64_t x_stride, float eps,
                                                                       float *__restrict__ y, int64_t y_stride) {
+    const int64_t o = blockIdx.x, t = blockIdx.y;
+    const uint8_t *row = w + (uint64_t)o * row_bytes;
+    if (t == 0) prefetch_l2(row, row_bytes, threadIdx.x, 32 * kSplitWarps);
     pdl_enter();
     __shared__ float part[kSplitWarps];
     __shared__ double part_ss[kSplitWarps];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int64_t o = blockIdx.x, t = blockIdx.y;
-    const uint8_t *row = w + (uint64_t)o * row_bytes;
     const float *xr = x + t * x_stride;
     float acc = 0.f;
     double ss = 0;
@@ -268,15 +282,23 @@ template <int T> struct MatmulLaunch {
                     int64_t xs, float *y, int64_t ys) {
         const unsigned tiles = (unsigned)((n_tok + kTileTok - 1) / kTileTok);
         const bool one = n_tok == 1;
-        if (out * tiles < 2048 && in >= 2048) {
+        if (split_rows(in, out, tiles)) {
+            const SplitPair p{{w, w}, {rb, rb}, {y, y}, (unsigned)out};
             const dim3 grid((unsigned)out, tiles);
-            if (one) launch_pdl(matmul_split_kernel<T, 1>, grid, 32 * kSplitWarps, 0, s, w, in, out, rb, x, n_tok, xs, y, ys);
-            else launch_pdl(matmul_split_kernel<T>, grid, 32 * kSplitWarps, 0, s, w, in, out, rb, x, n_tok, xs, y, ys);
+            if (one) launch_pdl(matmul_split_kernel<T, 1>, grid, 32 * kSplitWarps, 0, s, p, in, x, n_tok, xs, ys);
+            else launch_pdl(matmul_split_kernel<T>, grid, 32 * kSplitWarps, 0, s, p, in, x, n_tok, xs, ys);
         } else {
             const dim3 grid((unsigned)((out + kWarps - 1) / kWarps), tiles);
             if (one) launch_pdl(matmul_kernel<T, 1>, grid, 32 * kWarps, 0, s, w, in, out, rb, x, n_tok, xs, y, ys);
             else launch_pdl(matmul_kernel<T>, grid, 32 * kWarps, 0, s, w, in, out, rb, x, n_tok, xs, y, ys);
         }
+        DS4_CUDA_LAUNCHED();
+    }
+};
+
+template <int T> struct MatmulPairLaunch {
+    static void run(cudaStream_t s, const SplitPair &p, int64_t in, int64_t out_total, const float *x) {
+        launch_pdl(matmul_split_kernel<T, 1>, dim3((unsigned)out_total, 1), 32 * kSplitWarps, 0, s, p, in, x, (int64_t)1, in, (int64_t)0);
         DS4_CUDA_LAUNCHED();
     }
 };
@@ -309,6 +331,14 @@ void matmul(cudaStream_t s, gguf::Type type, const void *w, int64_t in, int64_t 
     if (in % 8) failf("CUDA backend: rows of %lld elements are not a multiple of 8", (long long)in);
     if (type == gguf::Type::F16 && matmul_f16_mma(s, w, in, out, row_bytes, x, n_tok, x_stride, y, y_stride)) return;
     by_type<MatmulLaunch>(type, s, static_cast<const uint8_t *>(w), in, out, row_bytes, x, n_tok, x_stride, y, y_stride);
+}
+
+bool matmul_pair(cudaStream_t s, gguf::Type type, int64_t in, const void *w0, int64_t out0, uint64_t rb0, float *y0, const void *w1,
+                 int64_t out1, uint64_t rb1, float *y1, const float *x) {
+    if (out0 <= 0 || out1 <= 0 || in % 8 || !split_rows(in, out0, 1) || !split_rows(in, out1, 1)) return false;
+    const SplitPair p{{static_cast<const uint8_t *>(w0), static_cast<const uint8_t *>(w1)}, {rb0, rb1}, {y0, y1}, (unsigned)out0};
+    by_type<MatmulPairLaunch>(type, s, p, in, out0 + out1, x);
+    return true;
 }
 
 bool matmul_rms(cudaStream_t s, gguf::Type type, const void *w, int64_t in, int64_t out, uint64_t row_bytes, const float *x,

@@ -28,6 +28,14 @@ using gguf::Type;
 constexpr int kWarps = 4;
 constexpr int kRowsPerWarp = 4;   // staged one-row kernels
 
+// Output rows a warp of the staged one-row kernels copies at once (R weight rows each): as
+// many as fit 10 KB a warp, so a block stays near 40 KB of shared memory.
+template <int T, int R>
+constexpr int stage_group() {
+    const int g = 10240 / (R * Stage<T>::kBytes);
+    return g < 1 ? 1 : g > kRowsPerWarp ? kRowsPerWarp : g;
+}
+
 __global__ void moe_group_kernel(const int *__restrict__ ids, const float *__restrict__ w, int P, int K, int E,
                                  MoeGroups g) {
     pdl_enter();
@@ -96,22 +104,38 @@ __global__ void __launch_bounds__(32 * kWarps, SG ? 8 : NT == 1 ? 6 : 4)
     if constexpr (SG) {
         // one row (NT == 1): kRowsPerWarp output rows a warp, so the block's prologue (the
         // expert, its pairs, the grid table) is paid once for all of them; gate and up of a
-        // row are staged together
-        __shared__ __align__(16) uint8_t stage_s[kWarps][2 * Stage<T>::kBytes];
-        for (int r = 0; r < kRowsPerWarp; ++r) {
-            const int64_t o = ((int64_t)blockIdx.x * kRowsPerWarp + r) * kWarps + (threadIdx.x >> 5);
-            if (o >= F) break;
-            const uint8_t *rows[2] = {gate + (uint64_t)e * eb_g + (uint64_t)o * rb_g, up + (uint64_t)e * eb_u + (uint64_t)o * rb_u};
-            for (int j = p0; j < p1; ++j) {
-                float a[2] = {0.f, 0.f}, am[2] = {0.f, 0.f};
-                staged_rows_dot<T, 2>(rows, stage_s[threadIdx.x >> 5], in, xq + (uint64_t)g.prow[j] * qrow, in, 0, grid_s, lane, a,
-                                      am);
-                const float vg = warp_dot_total<T>(a[0], am[0]), vu = warp_dot_total<T>(a[1], am[1]);
-                if (lane == 0) {
-                    const float x = fminf(vg, lim), b = fminf(fmaxf(vu, -lim), lim);
-                    h[(int64_t)j * F + o] = x / (1.f + expf(-x)) * b;
+        // row are staged together, G output rows' copies in flight at once
+        constexpr int G = stage_group<T, 2>();
+        __shared__ __align__(16) uint8_t stage_s[kWarps][G * 2 * Stage<T>::kBytes];
+        uint8_t *sw = stage_s[threadIdx.x >> 5];
+        const int64_t o0 = (int64_t)blockIdx.x * kRowsPerWarp * kWarps + (threadIdx.x >> 5);
+        for (int r0 = 0; r0 < kRowsPerWarp; r0 += G) {
+            const bool whole = in <= Stage<T>::kElems;   // one piece a row: copy G rows, then decode
+            if (whole)
+                for (int r = 0; r < G && r0 + r < kRowsPerWarp; ++r) {
+                    const int64_t o = o0 + (int64_t)(r0 + r) * kWarps;
+                    const uint8_t *rows[2] = {gate + (uint64_t)e * eb_g + (uint64_t)o * rb_g, up + (uint64_t)e * eb_u + (uint64_t)o * rb_u};
+                    if (o < F) stage_piece<T, 2>(rows, sw + r * 2 * Stage<T>::kBytes, in, 0, lane);
+                }
+            cp_wait<0>();
+            __syncwarp();
+            for (int r = 0; r < G && r0 + r < kRowsPerWarp; ++r) {
+                const int64_t o = o0 + (int64_t)(r0 + r) * kWarps;
+                if (o >= F) break;
+                const uint8_t *rows[2] = {gate + (uint64_t)e * eb_g + (uint64_t)o * rb_g, up + (uint64_t)e * eb_u + (uint64_t)o * rb_u};
+                for (int j = p0; j < p1; ++j) {
+                    float a[2] = {0.f, 0.f}, am[2] = {0.f, 0.f};
+                    const uint8_t *xr = xq + (uint64_t)g.prow[j] * qrow;
+                    if (whole) piece_dot<T, 2>(sw + r * 2 * Stage<T>::kBytes, in, 0, xr, in, 0, grid_s, lane, a, am);
+                    else staged_rows_dot<T, 2>(rows, sw, in, xr, in, 0, grid_s, lane, a, am);
+                    const float vg = warp_dot_total<T>(a[0], am[0]), vu = warp_dot_total<T>(a[1], am[1]);
+                    if (lane == 0) {
+                        const float x = fminf(vg, lim), b = fminf(fmaxf(vu, -lim), lim);
+                        h[(int64_t)j * F + o] = x / (1.f + expf(-x)) * b;
+                    }
                 }
             }
+            __syncwarp();   // decoded before the next group's copies land
         }
     } else {
         const int64_t o = (int64_t)blockIdx.x * kWarps + (threadIdx.x >> 5);
@@ -167,17 +191,34 @@ __global__ void __launch_bounds__(32 * kWarps, SG ? 8 : NT == 1 ? 6 : 4)
     const int e = slot ? slot[g.used[u]] : g.used[u], p0 = g.off[u], p1 = g.off[u + 1];
     const int64_t nblk = in / Fm::kQK, chunks = in >> 3;
     if constexpr (SG) {   // as moe_gate_up_kernel's
-        __shared__ __align__(16) uint8_t stage_s[kWarps][Stage<T>::kBytes];
-        for (int r = 0; r < kRowsPerWarp; ++r) {
-            const int64_t o = ((int64_t)blockIdx.x * kRowsPerWarp + r) * kWarps + (threadIdx.x >> 5);
-            if (o >= D) break;
-            const uint8_t *rows[1] = {down + (uint64_t)e * eb + (uint64_t)o * rb};
-            for (int j = p0; j < p1; ++j) {
-                float a[1] = {0.f}, am[1] = {0.f};
-                staged_rows_dot<T, 1>(rows, stage_s[threadIdx.x >> 5], in, hq + (uint64_t)j * qrow, in, 0, grid_s, lane, a, am);
-                const float v = warp_dot_total<T>(a[0], am[0]);
-                if (lane == 0) y[(int64_t)j * D + o] = v;
+        constexpr int G = stage_group<T, 1>();
+        __shared__ __align__(16) uint8_t stage_s[kWarps][G * Stage<T>::kBytes];
+        uint8_t *sw = stage_s[threadIdx.x >> 5];
+        const int64_t o0 = (int64_t)blockIdx.x * kRowsPerWarp * kWarps + (threadIdx.x >> 5);
+        for (int r0 = 0; r0 < kRowsPerWarp; r0 += G) {
+            const bool whole = in <= Stage<T>::kElems;
+            if (whole)
+                for (int r = 0; r < G && r0 + r < kRowsPerWarp; ++r) {
+                    const int64_t o = o0 + (int64_t)(r0 + r) * kWarps;
+                    const uint8_t *rows[1] = {down + (uint64_t)e * eb + (uint64_t)o * rb};
+                    if (o < D) stage_piece<T, 1>(rows, sw + r * Stage<T>::kBytes, in, 0, lane);
+                }
+            cp_wait<0>();
+            __syncwarp();
+            for (int r = 0; r < G && r0 + r < kRowsPerWarp; ++r) {
+                const int64_t o = o0 + (int64_t)(r0 + r) * kWarps;
+                if (o >= D) break;
+                const uint8_t *rows[1] = {down + (uint64_t)e * eb + (uint64_t)o * rb};
+                for (int j = p0; j < p1; ++j) {
+                    float a[1] = {0.f}, am[1] = {0.f};
+                    const uint8_t *xr = hq + (uint64_t)j * qrow;
+                    if (whole) piece_dot<T, 1>(sw + r * Stage<T>::kBytes, in, 0, xr, in, 0, grid_s, lane, a, am);
+                    else staged_rows_dot<T, 1>(rows, sw, in, xr, in, 0, grid_s, lane, a, am);
+                    const float v = warp_dot_total<T>(a[0], am[0]);
+                    if (lane == 0) y[(int64_t)j * D + o] = v;
+                }
             }
+            __syncwarp();
         }
     } else {
         const int64_t o = (int64_t)blockIdx.x * kWarps + (threadIdx.x >> 5);

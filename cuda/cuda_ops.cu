@@ -209,12 +209,23 @@ __global__ void hc_post_kernel(float *H, const float *A, const float *post, cons
     }
 }
 
+// Blocks past rows * n_heads (when kv is given) take the rows' single kv head instead,
+// normed with kv.w, and copy it to kv.dst[r] when done (a step's q and kv in one launch).
+struct KvHead {
+    float *x;
+    const float *w;
+    float *const *dst;
+    int rows;
+};
 __global__ void norm_rope_kernel(float *x, int n_heads, int hd, bool norm, const float *w, float eps, const int64_t *pos,
-                                 const float *inv_freq, int n_pairs, float sign) {
+                                 const float *inv_freq, int n_pairs, float sign, KvHead kv) {
     pdl_enter();
     __shared__ double sh[kBlock / 32];
-    const int r = blockIdx.x / n_heads, h = blockIdx.x % n_heads;
-    float *v = x + ((int64_t)r * n_heads + h) * hd;
+    const bool is_kv = kv.x && (int)blockIdx.x >= kv.rows * n_heads;
+    const int b = is_kv ? (int)blockIdx.x - kv.rows * n_heads : (int)blockIdx.x;
+    const int r = is_kv ? b : b / n_heads, h = is_kv ? 0 : b % n_heads;
+    float *v = is_kv ? kv.x + (int64_t)r * hd : x + ((int64_t)r * n_heads + h) * hd;
+    if (is_kv) w = kv.w;
     if (norm) {
         double ss = 0;
         for (int i = threadIdx.x; i < hd; i += blockDim.x) ss += (double)v[i] * v[i];
@@ -225,12 +236,10 @@ __global__ void norm_rope_kernel(float *x, int n_heads, int hd, bool norm, const
     }
     float *rp = v + hd - 2 * n_pairs;
     for (int i = threadIdx.x; i < n_pairs; i += blockDim.x) rope_pair(rp, i, inv_freq, pos[r], sign);
-}
-
-__global__ void scatter_rows_kernel(const float *src, int width, float *const *dst) {
-    pdl_enter();
-    const int r = blockIdx.x;
-    for (int i = threadIdx.x; i < width; i += blockDim.x) dst[r][i] = src[(int64_t)r * width + i];
+    if (is_kv) {
+        __syncthreads();
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) kv.dst[r][i] = v[i];
+    }
 }
 
 __global__ void comp_ring_kernel(const float *p_kv, const float *p_gate, int row0, const float *ape, int width, int ratio,
@@ -955,13 +964,16 @@ void hc_post(cudaStream_t s, float *H, const float *A, const float *post, const 
 void norm_rope_heads(cudaStream_t s, float *x, int n_heads, int hd, bool norm, const float *w, float eps, const int64_t *pos,
                      const float *inv_freq, int n_pairs, float sign, int rows) {
     if (rows <= 0) return;
-    launch_pdl(norm_rope_kernel, rows * n_heads, 128, 0, s, x, n_heads, hd, norm, w, eps, pos, inv_freq, n_pairs, sign);
+    launch_pdl(norm_rope_kernel, rows * n_heads, 128, 0, s, x, n_heads, hd, norm, w, eps, pos, inv_freq, n_pairs, sign,
+               KvHead{nullptr, nullptr, nullptr, 0});
     DS4_CUDA_LAUNCHED();
 }
 
-void scatter_rows(cudaStream_t s, const float *src, int width, float *const *dst, int rows) {
+void norm_rope_q_kv(cudaStream_t s, float *q, int n_heads, float *kv, const float *kv_w, float *const *kv_dst, int hd, float eps,
+                    const int64_t *pos, const float *inv_freq, int n_pairs, int rows) {
     if (rows <= 0) return;
-    launch_pdl(scatter_rows_kernel, rows, 128, 0, s, src, width, dst);
+    launch_pdl(norm_rope_kernel, rows * (n_heads + 1), 128, 0, s, q, n_heads, hd, true, (const float *)nullptr, eps, pos, inv_freq,
+               n_pairs, 1.f, KvHead{kv, kv_w, kv_dst, rows});
     DS4_CUDA_LAUNCHED();
 }
 

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "cuda/cuda_async_copy.cuh"
 #include "engine/quant/blocks.h"
 
 namespace ds4::cuda {
@@ -202,8 +203,8 @@ __device__ __forceinline__ float warp_dot_total(float v, float m) {
 // Staged rows (one-token products): the chunk loads above are 1- to 4-byte reads at 2-byte
 // alignment, four or five per chunk, and a one-token product is bound by issuing them. A warp
 // instead copies a piece of its row (whole blocks, kElems elements) into shared memory with
-// 16-byte loads -- about nine a lane for a 4096-wide Q8_0 row, all in flight together -- and
-// decodes its chunks from there. Each lane still takes chunks lane, lane + 32, ... in
+// 16-byte asynchronous copies -- about nine a lane for a 4096-wide Q8_0 row, all in flight
+// together -- and decodes its chunks from there. Each lane still takes chunks lane, lane + 32, ... in
 // ascending order through chunk_dot, so the sums are the unstaged loop's, bit for bit.
 template <int T> struct Stage {
     static constexpr int kBlockBytes = T == 8    ? (int)sizeof(quant::BlockQ8_0)
@@ -220,58 +221,80 @@ __host__ __device__ inline bool stageable(const void *w, uint64_t row_bytes) {
     return (uintptr_t)w % 16 == 0 && row_bytes % 16 == 0;
 }
 
-// acc[i]/accm[i] += row i . xr over `in` elements for R rows of one token; sw: R staging
-// buffers of Stage<T>::kBytes (16-byte aligned, this warp's own). The activation chunk of
-// weight chunk c is c + cg of a row of xn elements (grouped products; else cg = 0, xn = in).
+// Copies piece [e0, e0 + kElems) of each of R rows into sw (R buffers of Stage<T>::kBytes)
+// with cp.async: 16 bytes a copy, every copy of the piece in flight at once and none holding
+// a register; one commit group. Weights never change, so a kernel may issue its first piece
+// before pdl_enter and have the copy overlap the tail of the kernel before it.
 template <int T, int R>
-__device__ __forceinline__ void staged_rows_dot(const uint8_t *const (&rows)[R], uint8_t *sw, int64_t in, const uint8_t *xr,
-                                                int64_t xn, int64_t cg, const uint64_t *grid, int lane, float (&acc)[R],
-                                                float (&accm)[R]) {
+__device__ __forceinline__ void stage_piece(const uint8_t *const (&rows)[R], uint8_t *sw, int64_t in, int64_t e0, int lane) {
+    using F = Fmt<T>;
+    using S = Stage<T>;
+    const int64_t ne = in - e0 < S::kElems ? in - e0 : S::kElems;
+    const int n16 = (int)(ne / F::kQK * S::kBlockBytes / 16);
+    const uint64_t off = (uint64_t)(e0 / F::kQK) * S::kBlockBytes;
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int i = 0; i < S::kLoads; ++i) {
+            const int j = lane + 32 * i;
+            if (j < n16) cp16(sw + r * S::kBytes + 16 * j, rows[r] + off + 16 * (uint64_t)j, 16);
+        }
+    cp_commit();
+}
+
+// acc[r]/accm[r] += the staged piece at e0 of row r (buffer r of sw) . xr. The activation
+// chunk of weight chunk c is c + cg of a row of xn elements (grouped products; else cg = 0,
+// xn = in). Each lane takes the piece's chunks lane, lane + 32, ... in ascending order.
+template <int T, int R>
+__device__ __forceinline__ void piece_dot(const uint8_t *sw, int64_t in, int64_t e0, const uint8_t *xr, int64_t xn, int64_t cg,
+                                          const uint64_t *grid, int lane, float (&acc)[R], float (&accm)[R]) {
     using F = Fmt<T>;
     using S = Stage<T>;
     const int64_t nblk = xn / F::kQK;
-    for (int64_t e0 = 0; e0 < in; e0 += S::kElems) {
-        const int64_t ne = in - e0 < S::kElems ? in - e0 : S::kElems;
-        const int n16 = (int)(ne / F::kQK * S::kBlockBytes / 16);
-        const uint64_t off = (uint64_t)(e0 / F::kQK) * S::kBlockBytes;
-        // in rounds of kRound loads a lane, each stored before the next is issued: few
-        // registers held, so the staged kernels run more warps per SM (their launch bounds)
-        constexpr int kRound = 4;
-        __syncwarp();   // the previous piece is decoded
-#pragma unroll
-        for (int i0 = 0; i0 < S::kLoads; i0 += kRound) {
-            uint4 v[R][kRound];
-#pragma unroll
-            for (int r = 0; r < R; ++r)
-#pragma unroll
-                for (int i = 0; i < kRound; ++i)
-                    if (i0 + i < S::kLoads && lane + 32 * (i0 + i) < n16)
-                        v[r][i] = __ldg(reinterpret_cast<const uint4 *>(rows[r] + off) + lane + 32 * (i0 + i));
-#pragma unroll
-            for (int r = 0; r < R; ++r)
-#pragma unroll
-                for (int i = 0; i < kRound; ++i)
-                    if (i0 + i < S::kLoads && lane + 32 * (i0 + i) < n16)
-                        reinterpret_cast<uint4 *>(sw + r * S::kBytes)[lane + 32 * (i0 + i)] = v[r][i];
-        }
-        __syncwarp();
-        // 32-bit indices inside the piece and activation pointers advanced once per piece: the
-        // loop is bound by instruction issue, and 64-bit index math was most of it. The piece's
-        // first activation chunk starts an activation block (pieces and groups are whole blocks),
-        // so block and bsum indices split as below.
-        const int64_t xb = (e0 >> 3) + cg;
-        const int2 *xv = reinterpret_cast<const int2 *>(xr) + xb;
-        const float *xd = reinterpret_cast<const float *>(xr + xn) + xb / (F::kQK / 8);
-        const int16_t *bs = reinterpret_cast<const int16_t *>(xr + xn + 4 * nblk) + xb / 2;
-        const int cn = (int)(ne >> 3);
+    const int64_t ne = in - e0 < S::kElems ? in - e0 : S::kElems;
+    // 32-bit indices inside the piece and activation pointers advanced once per piece: the
+    // loop is bound by instruction issue, and 64-bit index math was most of it. The piece's
+    // first activation chunk starts an activation block (pieces and groups are whole blocks),
+    // so block and bsum indices split as below.
+    const int64_t xb = (e0 >> 3) + cg;
+    const int2 *xv = reinterpret_cast<const int2 *>(xr) + xb;
+    const float *xd = reinterpret_cast<const float *>(xr + xn) + xb / (F::kQK / 8);
+    const int16_t *bs = reinterpret_cast<const int16_t *>(xr + xn + 4 * nblk) + xb / 2;
+    const int cn = (int)(ne >> 3);
 #pragma unroll 4
-        for (int c = lane; c < cn; c += 32) {
+    for (int c = lane; c < cn; c += 32) {
 #pragma unroll
-            for (int r = 0; r < R; ++r) {
-                const Chunk k = load_dot<T>(sw + r * S::kBytes, c, grid);
-                chunk_dot_p<T>(k, xv, xd, bs, c, acc[r], accm[r]);
-            }
+        for (int r = 0; r < R; ++r) {
+            const Chunk k = load_dot<T>(sw + r * S::kBytes, c, grid);
+            chunk_dot_p<T>(k, xv, xd, bs, c, acc[r], accm[r]);
         }
+    }
+}
+
+// acc[i]/accm[i] += row i . xr over `in` elements for R rows of one token, piece by piece
+// through sw: NB sets of R staging buffers of Stage<T>::kBytes (16-byte aligned, this warp's
+// own). With NB = 2 the next piece's copy is in flight while the current one is decoded.
+// issued: the caller already issued piece 0 into the first set (stage_piece). The sums are
+// chunk_dot's in the unstaged loop's order, bit for bit.
+template <int T, int R, int NB = 1>
+__device__ __forceinline__ void staged_rows_dot(const uint8_t *const (&rows)[R], uint8_t *sw, int64_t in, const uint8_t *xr,
+                                                int64_t xn, int64_t cg, const uint64_t *grid, int lane, float (&acc)[R],
+                                                float (&accm)[R], bool issued = false) {
+    using S = Stage<T>;
+    const int np = (int)((in + S::kElems - 1) / S::kElems);
+    if (!issued) stage_piece<T, R>(rows, sw, in, 0, lane);
+    for (int p = 0; p < np; ++p) {
+        uint8_t *cur = sw + (NB == 2 ? (p & 1) : 0) * R * S::kBytes;
+        if (NB == 2 && p + 1 < np) {
+            stage_piece<T, R>(rows, sw + ((p + 1) & 1) * R * S::kBytes, in, (int64_t)(p + 1) * S::kElems, lane);
+            cp_wait<1>();
+        } else {
+            cp_wait<0>();
+        }
+        __syncwarp();   // every lane's copies have landed
+        piece_dot<T, R>(cur, in, (int64_t)p * S::kElems, xr, xn, cg, grid, lane, acc, accm);
+        __syncwarp();   // the piece is decoded before its buffer is refilled
+        if (NB == 1 && p + 1 < np) stage_piece<T, R>(rows, sw, in, (int64_t)(p + 1) * S::kElems, lane);
     }
 }
 

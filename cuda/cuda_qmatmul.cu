@@ -108,30 +108,38 @@ __global__ void __launch_bounds__(128) quantize_kernel(const float *__restrict__
 constexpr int kWarps = 4;
 
 // NT: tokens per tile (1 for decode, so the registers of a bigger tile do not cut occupancy).
-// SG: one-token rows staged through shared memory (staged_rows_dot; same bits).
-template <int T, int NT, bool SG = false>
+// SG: one-token rows staged through shared memory (staged_rows_dot; same bits), the first
+// piece of the row copied before waiting on the kernel before (weights never change: the
+// copy overlaps that kernel's tail); NB: 2 staging buffers a warp for rows of several pieces.
+template <int T, int NT, bool SG = false, int NB = 1>
 __global__ void __launch_bounds__(32 * kWarps, SG ? 8 : NT == 1 ? 6 : 4) qmatmul_kernel(const uint8_t *__restrict__ w, int64_t in, int64_t out,
                                                               uint64_t row_bytes, const uint8_t *__restrict__ xq,
                                                               uint64_t qrow, int64_t n_tok, float *__restrict__ y,
                                                               int64_t y_stride, const uint64_t *__restrict__ grid_g,
                                                               XGroups xg) {
-    pdl_enter();
     using F = Fmt<T>;
-    __shared__ uint64_t grid_s[T == 16 ? 256 : 1];
-    stage_grid<T>(grid_s, grid_g);
     const int lane = threadIdx.x & 31;
     const int64_t o = (int64_t)blockIdx.x * kWarps + (threadIdx.x >> 5);
+    const uint8_t *row = w + (uint64_t)o * row_bytes;
+    __shared__ __align__(16) uint8_t stage_s[SG ? kWarps : 1][SG ? NB * Stage<T>::kBytes : 16];
+    if constexpr (SG) {
+        const uint8_t *rows[1] = {row};
+        if (o < out) stage_piece<T, 1>(rows, stage_s[threadIdx.x >> 5], in, 0, lane);
+    } else if (NT == 1 && o < out) {
+        prefetch_l2(row, row_bytes, lane, 32);
+    }
+    pdl_enter();
+    __shared__ uint64_t grid_s[T == 16 ? 256 : 1];
+    stage_grid<T>(grid_s, grid_g);
     if (o >= out) return;
     const int64_t t0 = (int64_t)blockIdx.y * NT;
     const int nt = (int)(n_tok - t0 < NT ? n_tok - t0 : NT);
-    const uint8_t *row = w + (uint64_t)o * row_bytes;
     const uint8_t *xt = xq + (uint64_t)t0 * qrow;
     const int64_t nblk = xg.xn / F::kQK, cg = (o / xg.opg) * xg.gchunks;
     if constexpr (SG) {
-        __shared__ __align__(16) uint8_t stage_s[kWarps][Stage<T>::kBytes];
         const uint8_t *rows[1] = {row};
         float a[1] = {0.f}, am[1] = {0.f};
-        staged_rows_dot<T, 1>(rows, stage_s[threadIdx.x >> 5], in, xq, xg.xn, cg, grid_s, lane, a, am);
+        staged_rows_dot<T, 1, NB>(rows, stage_s[threadIdx.x >> 5], in, xq, xg.xn, cg, grid_s, lane, a, am, true);
         const float v = warp_dot_total<T>(a[0], am[0]);
         if (lane == 0) y[o] = v;
     } else {
@@ -170,25 +178,32 @@ struct QPair {
     float *y[2];
     unsigned b0;
 };
-template <int T, bool SG>
+template <int T, bool SG, int NB = 1>
 __global__ void __launch_bounds__(32 * kWarps, SG ? 8 : 6) qmatmul_pair_kernel(QPair p, int64_t in, const uint8_t *__restrict__ xq,
                                                                                 const uint64_t *__restrict__ grid_g) {
-    pdl_enter();
     using F = Fmt<T>;
-    __shared__ uint64_t grid_s[T == 16 ? 256 : 1];
-    stage_grid<T>(grid_s, grid_g);
     const int lane = threadIdx.x & 31, m = blockIdx.x >= p.b0;
     // selects, not p.w[m]: a kernel parameter indexed at run time goes through local memory
     const int64_t o = (int64_t)(blockIdx.x - (m ? p.b0 : 0)) * kWarps + (threadIdx.x >> 5);
-    if (o >= (m ? p.out[1] : p.out[0])) return;
+    const bool live = o < (m ? p.out[1] : p.out[0]);
     const uint8_t *row = (m ? p.w[1] : p.w[0]) + (uint64_t)o * (m ? p.rb[1] : p.rb[0]);
+    __shared__ __align__(16) uint8_t stage_s[SG ? kWarps : 1][SG ? NB * Stage<T>::kBytes : 16];
+    if constexpr (SG) {   // as qmatmul_kernel: the first piece before waiting
+        const uint8_t *rows[1] = {row};
+        if (live) stage_piece<T, 1>(rows, stage_s[threadIdx.x >> 5], in, 0, lane);
+    } else if (live) {
+        prefetch_l2(row, m ? p.rb[1] : p.rb[0], lane, 32);
+    }
+    pdl_enter();
+    __shared__ uint64_t grid_s[T == 16 ? 256 : 1];
+    stage_grid<T>(grid_s, grid_g);
+    if (!live) return;
     float *y = m ? p.y[1] : p.y[0];
     float v;
     if constexpr (SG) {
-        __shared__ __align__(16) uint8_t stage_s[kWarps][Stage<T>::kBytes];
         const uint8_t *rows[1] = {row};
         float a[1] = {0.f}, am[1] = {0.f};
-        staged_rows_dot<T, 1>(rows, stage_s[threadIdx.x >> 5], in, xq, in, 0, grid_s, lane, a, am);
+        staged_rows_dot<T, 1, NB>(rows, stage_s[threadIdx.x >> 5], in, xq, in, 0, grid_s, lane, a, am, true);
         v = warp_dot_total<T>(a[0], am[0]);
     } else {
         const int64_t nblk = in / F::kQK, chunks = in >> 3;
@@ -212,7 +227,9 @@ void launch(cudaStream_t s, const uint8_t *w, int64_t in, int64_t out, uint64_t 
         failf("CUDA backend: %s weights at a misaligned address or row size", gguf::type_name(Type(T)));
     if (T == 16 && !g_grid_addr) fail("CUDA backend: init_qmatmul_tables was not called");
     const unsigned rows = (unsigned)((out + kWarps - 1) / kWarps);
-    if (n_tok == 1 && stageable(w, rb) && stage_rows(in))
+    if (n_tok == 1 && stageable(w, rb) && stage_rows(in) && in > Stage<T>::kElems)
+        launch_pdl(qmatmul_kernel<T, 1, true, 2>, dim3(rows, 1), 32 * kWarps, 0, s, w, in, out, rb, xq, qrow, n_tok, y, ys, g_grid_addr, xg);
+    else if (n_tok == 1 && stageable(w, rb) && stage_rows(in))
         launch_pdl(qmatmul_kernel<T, 1, true>, dim3(rows, 1), 32 * kWarps, 0, s, w, in, out, rb, xq, qrow, n_tok, y, ys, g_grid_addr, xg);
     else if (n_tok == 1)
         launch_pdl(qmatmul_kernel<T, 1>, dim3(rows, 1), 32 * kWarps, 0, s, w, in, out, rb, xq, qrow, n_tok, y, ys, g_grid_addr, xg);
@@ -310,7 +327,8 @@ bool matmul_q_pair(cudaStream_t s, Type type, int64_t in, const void *w0, int64_
         constexpr int t = decltype(T)::value;
         if ((uintptr_t)a % Fmt<t>::kAlign || rb0 % Fmt<t>::kAlign || (uintptr_t)b % Fmt<t>::kAlign || rb1 % Fmt<t>::kAlign) return false;
         if (t == 16 && !g_grid_addr) fail("CUDA backend: init_qmatmul_tables was not called");
-        if (sg) launch_pdl(qmatmul_pair_kernel<t, true>, grid, 32 * kWarps, 0, s, p, in, xq, g_grid_addr);
+        if (sg && in > Stage<t>::kElems) launch_pdl(qmatmul_pair_kernel<t, true, 2>, grid, 32 * kWarps, 0, s, p, in, xq, g_grid_addr);
+        else if (sg) launch_pdl(qmatmul_pair_kernel<t, true>, grid, 32 * kWarps, 0, s, p, in, xq, g_grid_addr);
         else launch_pdl(qmatmul_pair_kernel<t, false>, grid, 32 * kWarps, 0, s, p, in, xq, g_grid_addr);
         DS4_CUDA_LAUNCHED();
         return true;
