@@ -284,11 +284,9 @@ DS4_VBMI_INLINE void four_blocks(const Tables &T, const uint8_t *wr, int64_t p, 
     const __m128 dw = _mm_cvtph_ps(_mm_cvtsi64_si128(int64_t(hw)));
     for (int k = 0; k < C; ++k) {
         // a 128-bit lane of t0 holds [block 4q, 4q+1, 4q, 4q+1] partial sums, of t1 the same
-        // of blocks 4q+2, 4q+3: [4q, 4q+1, 4q+2, 4q+3] in each lane (in-lane shuffles and a
-        // blend, off the permute pipes), then over the lanes
-        const __m512i x0 = _mm512_add_epi32(t0[k], _mm512_shuffle_epi32(t0[k], _MM_PERM_BADC));
-        const __m512i x1 = _mm512_add_epi32(t1[k], _mm512_shuffle_epi32(t1[k], _MM_PERM_BADC));
-        __m512i u = _mm512_mask_blend_epi32(0xCCCC, x0, x1);
+        // of blocks 4q+2, 4q+3: [4q, 4q+1, 4q+2, 4q+3] in each lane (two in-lane unpacks
+        // and an add, off the permute pipes), then over the lanes
+        __m512i u = _mm512_add_epi32(_mm512_unpacklo_epi64(t0[k], t1[k]), _mm512_unpackhi_epi64(t0[k], t1[k]));
         u = _mm512_add_epi32(u, _mm512_shuffle_i32x4(u, u, _MM_SHUFFLE(1, 0, 3, 2)));
         u = _mm512_add_epi32(u, _mm512_shuffle_i32x4(u, u, _MM_SHUFFLE(2, 3, 0, 1)));
         const __m128i tb = _mm512_castsi512_si128(u);
