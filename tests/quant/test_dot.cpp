@@ -401,6 +401,56 @@ TEST(Quant, Q8_0VnniMatchesAvx2) {
     }
 }
 
+// The Q4_K AVX-512 VNNI dot and rows kernel against the AVX2 one, bit for bit: 1-4 columns,
+// every remainder of the rows kernel's four streams, and blocks of random bytes (every
+// 6-bit scale and min, every nibble) beside quantized ones.
+TEST(Quant, Q4_KVnniMatchesAvx2) {
+    if (!ds4::quant::detail::vnni_available()) GTEST_SKIP() << "no AVX-512 VNNI on this CPU (or DS4_NO_AVX512 set)";
+    bool &on = ds4::quant::detail::vnni_enabled();
+    const SwitchGuard restore(on);
+    std::mt19937 rng(41);
+    const Type t = Type::Q4_K;
+    for (int64_t n : {256, 256 * 3, 256 * 9}) {
+        const int64_t nrows = 11, ncols = 4;
+        const size_t rb = row_size(t, n), xb = q::vec_dot_row_bytes(t, n);
+        for (bool raw : {false, true}) {
+            std::vector<uint8_t> w = random_weights(t, nrows, n, Scale::Mixed, rng);
+            if (raw) {
+                std::uniform_int_distribution<int> byte(0, 255);
+                for (auto &v : w) v = uint8_t(byte(rng));
+                for (size_t b = 0; b < w.size() / 144; ++b) {   // finite d and dmin
+                    const uint16_t d = uint16_t(0x2000 + byte(rng)), dm = uint16_t(0x1c00 + byte(rng));
+                    std::memcpy(&w[144 * b], &d, 2);
+                    std::memcpy(&w[144 * b + 2], &dm, 2);
+                }
+            }
+            std::vector<uint8_t> x(xb * ncols);
+            for (int64_t c = 0; c < ncols; ++c) {
+                const auto xf = gaussian(n, c % 2 ? 10.f : 0.1f, rng);
+                q::quantize_activation(t, xf.data(), x.data() + xb * c, n);
+            }
+            for (int64_t cols = 1; cols <= ncols; ++cols) {
+                std::vector<float> a(nrows * cols), b(nrows * cols);
+                on = false;
+                q::vec_dot_tile(t, w.data(), rb, nrows, x.data(), xb, cols, n, a.data(), nrows);
+                on = true;
+                q::vec_dot_tile(t, w.data(), rb, nrows, x.data(), xb, cols, n, b.data(), nrows);
+                for (size_t i = 0; i < a.size(); ++i)
+                    ASSERT_EQ(std::memcmp(&a[i], &b[i], 4), 0) << "n " << n << " raw " << raw << " cols " << cols << " i " << i << ": " << a[i] << " vs " << b[i];
+            }
+            for (int64_t rows : {1, 3, 4, 5, 8, 11}) {
+                std::vector<float> a(rows), b(rows);
+                on = false;
+                q::vec_dot_rows(t, w.data(), rb, rows, x.data(), n, a.data());
+                on = true;
+                q::vec_dot_rows(t, w.data(), rb, rows, x.data(), n, b.data());
+                for (int64_t i = 0; i < rows; ++i)
+                    ASSERT_EQ(std::memcmp(&a[i], &b[i], 4), 0) << "n " << n << " raw " << raw << " rows " << rows << " r " << i << ": " << a[i] << " vs " << b[i];
+            }
+        }
+    }
+}
+
 // The packed Q8_0 tile (columns in the lanes, AVX-512 VNNI) against the one-pair dot, bit
 // for bit: block counts with a tail of 1-3 blocks, every remainder of the 4-row steps,
 // column counts around the 16-column groups, padded activation rows, weights of -128, and
