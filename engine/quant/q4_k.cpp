@@ -176,6 +176,11 @@ void dot_cols(const uint8_t *wv, const void *const *xv, int64_t n, float *out) {
 // takes a vpmaddwd and an add per 32 elements. Dword l of the low half then holds the even
 // sub-blocks' part of dot_cols' lane l, dword l of the high half the odd ones' part (its
 // sum0 and sum1): their integer sum is that lane exactly.
+// Decode (vec_dot_rows) takes one row after another: one weight stream. Unlike Q8_0 and
+// Q2_K, rows far apart side by side measured slower here with the weights in the model
+// file's page cache (Zen 5 VM, flash-shape ds4-q4 experts on one thread: one stream 28-30
+// GB/s, two 25-27, four 19-20; on two threads one stream was fastest too), although on
+// ds4-bench-quant's huge-paged rows three streams ran fastest.
 struct VnniQ4 {
     __m512i shift, perm[4];
     DS4_VNNI_Q4 VnniQ4() {
@@ -239,30 +244,6 @@ DS4_VNNI_Q4 void dot_cols_vnni(const uint8_t *wv, const void *const *xv, int64_t
     for (int c = 0; c < C; ++c) out[c] = simd::hsum(acc[c]) - accm[c];
 }
 
-// Rows r + i * part (i = 0..3) against one activation row, a block of each in turn: four
-// weight streams far apart for the hardware prefetchers, as rows_q2_k; the odd rows left
-// run dot_cols_vnni.
-DS4_VNNI_Q4 void rows_vnni(const uint8_t *w, size_t stride, int64_t n_rows, const BlockQ8_K *x, int64_t n, float *out) {
-    static const VnniQ4 K;
-    const int64_t nb = n / kQK_K, part = n_rows / 4;
-    for (int64_t r = 0; r < part; ++r) {
-        const BlockQ4_K *ws[4];
-        for (int i = 0; i < 4; ++i) ws[i] = reinterpret_cast<const BlockQ4_K *>(w + size_t(r + i * part) * stride);
-        __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-        float accm[4] = {0, 0, 0, 0};
-        for (int64_t b = 0; b < nb; ++b) {
-            const BlockQ8_K *xb = x + b;
-            for (int i = 0; i < 4; ++i) simd::prefetch_ahead<4096, 3>(ws[i] + b);
-            for (int i = 0; i < 4; ++i) block_vnni<1>(K, ws[i][b], &xb, acc + i, accm + i);
-        }
-        for (int i = 0; i < 4; ++i) out[r + i * part] = simd::hsum(acc[i]) - accm[i];
-    }
-    for (int64_t r = 4 * part; r < n_rows; ++r) {
-        const void *xv = x;
-        dot_cols_vnni<1>(w + size_t(r) * stride, &xv, n, out + r);
-    }
-}
-
 #pragma GCC diagnostic pop
 
 }  // namespace
@@ -273,14 +254,6 @@ void dot_q4_k(const uint8_t *w, const void *const *x, int ncols, int64_t n, floa
     } else {
         DS4_QUANT_COLS_DISPATCH(dot_cols, w, x, n, out)
     }
-}
-
-void rows_q4_k(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const void *x, int64_t n, float *out) {
-    if (vnni_enabled()) {
-        rows_vnni(w, w_row_stride, n_rows, static_cast<const BlockQ8_K *>(x), n, out);
-        return;
-    }
-    for (int64_t r = 0; r < n_rows; ++r) dot_cols<1>(w + size_t(r) * w_row_stride, &x, n, out + r);
 }
 
 }  // namespace ds4::quant::detail
