@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "engine/quant/blocks.h"
+#include "engine/quant/cache_aligned.h"
 #include "engine/quant/half.h"
 #include "engine/quant/kernels.h"
 #include "engine/quant/kquant_fit.h"
@@ -182,8 +183,9 @@ void dot_cols(const uint8_t *wv, const void *const *xv, int64_t n, float *out) {
 // GB/s, two 25-27, four 19-20; on two threads one stream was fastest too), although on
 // ds4-bench-quant's huge-paged rows three streams ran fastest.
 struct VnniQ4 {
-    __m512i shift, perm[4];
+    __m512i shift, perm[4], lane0;   // lane0: dword 0 of each 128-bit lane to dwords 0-3
     DS4_VNNI_Q4 VnniQ4() {
+        lane0 = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
         alignas(64) uint16_t sh[32], pm[4][32];
         for (int i = 0; i < 32; ++i) {
             sh[i] = uint16_t(i < 16 ? 0 : 4);
@@ -244,6 +246,57 @@ DS4_VNNI_Q4 void dot_cols_vnni(const uint8_t *wv, const void *const *xv, int64_t
     for (int c = 0; c < C; ++c) out[c] = simd::hsum(acc[c]) - accm[c];
 }
 
+// C activation rows against many weight rows (vec_dot_tile: prefill): dot_cols_vnni's steps
+// for each row, with the work that depends on the activations only done once per call: each
+// block's sub-block sums of the C columns (a 128-bit lane each) and their scales. The four
+// columns' min terms then take one vpmaddwd and one reduction, lane for lane the scalar
+// steps of dot_cols (their order per column is the same).
+template <int C>
+DS4_VNNI_Q4 void tile_cols_vnni(const uint8_t *w, size_t stride, int64_t n_rows, const BlockQ8_K *const *x,
+                                const int16_t *bsum, const float *xd, int64_t nb, float *const *out) {
+    static const VnniQ4 K;
+    const __m512i m4 = _mm512_set1_epi8(0xF);
+    for (int64_t r = 0; r < n_rows; ++r) {
+        const BlockQ4_K *wr = reinterpret_cast<const BlockQ4_K *>(w + size_t(r) * stride);
+        __m256 acc[C];
+        for (int c = 0; c < C; ++c) acc[c] = _mm256_setzero_ps();
+        __m128 accm = _mm_setzero_ps();
+        for (int64_t b = 0; b < nb; ++b) {
+            const BlockQ4_K &wb = wr[b];
+            simd::prefetch_ahead<4096, 3>(&wb);
+            const float dw = f16_to_f32_fast(wb.d), dminw = f16_to_f32_fast(wb.dmin);
+            alignas(16) uint8_t sm[16];
+            unpack_scales(wb.scales, sm);
+            const __m256i sm16 = _mm256_cvtepu8_epi16(_mm_load_si128(reinterpret_cast<const __m128i *>(sm)));
+            const __m512i s16 = _mm512_castsi256_si512(sm16);
+            __m512i q[4], sc[4];
+            for (int k = 0; k < 4; ++k) {
+                const __m512i v = _mm512_broadcast_i64x4(simd::loadu(wb.qs + 32 * k));
+                q[k] = _mm512_and_si512(_mm512_srlv_epi16(v, K.shift), m4);
+                sc[k] = _mm512_permutexvar_epi16(K.perm[k], s16);
+            }
+            for (int c = 0; c < C; ++c) {
+                const BlockQ8_K &xb = x[c][b];
+                __m512i s = _mm512_setzero_si512();
+                for (int k = 0; k < 4; ++k)
+                    s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(q[k], _mm512_loadu_si512(xb.qs + 64 * k)), sc[k]);
+                const __m256i t = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
+                acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(xb.d * dw), _mm256_cvtepi32_ps(t), acc[c]);
+            }
+            // lane c: column c's sum of min * sub-block sum, in every dword after the folds
+            __m512i p = _mm512_madd_epi16(_mm512_broadcast_i32x4(_mm256_extracti128_si256(sm16, 1)),
+                                          _mm512_load_si512(bsum + 32 * b));
+            p = _mm512_add_epi32(p, _mm512_shuffle_epi32(p, _MM_PERM_BADC));
+            p = _mm512_add_epi32(p, _mm512_shuffle_epi32(p, _MM_PERM_CDAB));
+            const __m128i im = _mm512_castsi512_si128(_mm512_permutexvar_epi32(K.lane0, p));
+            accm = _mm_add_ps(accm, _mm_mul_ps(_mm_mul_ps(_mm_load_ps(xd + 4 * b), _mm_set1_ps(dminw)), _mm_cvtepi32_ps(im)));
+        }
+        alignas(16) float m[4];
+        _mm_store_ps(m, accm);
+        for (int c = 0; c < C; ++c) out[c][r] = simd::hsum(acc[c]) - m[c];
+    }
+}
+
 #pragma GCC diagnostic pop
 
 }  // namespace
@@ -253,6 +306,45 @@ void dot_q4_k(const uint8_t *w, const void *const *x, int ncols, int64_t n, floa
         DS4_QUANT_COLS_DISPATCH(dot_cols_vnni, w, x, n, out)
     } else {
         DS4_QUANT_COLS_DISPATCH(dot_cols, w, x, n, out)
+    }
+}
+
+void q4_k_tile_cols(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const void *const *x, int ncols, int64_t n,
+                    float *const *out) {
+    if (!vnni_enabled()) {
+        for (int64_t r = 0; r < n_rows; ++r) {
+            float res[kMaxCols];
+            DS4_QUANT_COLS_DISPATCH(dot_cols, w + size_t(r) * w_row_stride, x, n, res)
+            for (int c = 0; c < ncols; ++c) out[c][r] = res[c];
+        }
+        return;
+    }
+    const int64_t nb = n / kQK_K;
+    // per block: the columns' 8 sub-block sums (a 128-bit lane each), then their 4 scales
+    thread_local CacheAlignedVector<int16_t> bsum;
+    thread_local CacheAlignedVector<float> xd;
+    if (bsum.size() < size_t(nb) * 32) {
+        bsum.resize(size_t(nb) * 32);
+        xd.resize(size_t(nb) * 4);
+    }
+    const BlockQ8_K *xc[kMaxCols];
+    for (int c = 0; c < ncols; ++c) xc[c] = static_cast<const BlockQ8_K *>(x[c]);
+    for (int64_t b = 0; b < nb; ++b) {
+        alignas(64) int16_t s[32] = {};
+        alignas(16) float d[4] = {0, 0, 0, 0};
+        for (int c = 0; c < ncols; ++c) {
+            const BlockQ8_K &xb = xc[c][b];
+            for (int j = 0; j < 8; ++j) s[8 * c + j] = int16_t(xb.bsums[2 * j] + xb.bsums[2 * j + 1]);
+            d[c] = xb.d;
+        }
+        std::memcpy(bsum.data() + 32 * b, s, 64);
+        std::memcpy(xd.data() + 4 * b, d, 16);
+    }
+    switch (ncols) {
+        case 1: tile_cols_vnni<1>(w, w_row_stride, n_rows, xc, bsum.data(), xd.data(), nb, out); break;
+        case 2: tile_cols_vnni<2>(w, w_row_stride, n_rows, xc, bsum.data(), xd.data(), nb, out); break;
+        case 3: tile_cols_vnni<3>(w, w_row_stride, n_rows, xc, bsum.data(), xd.data(), nb, out); break;
+        default: tile_cols_vnni<4>(w, w_row_stride, n_rows, xc, bsum.data(), xd.data(), nb, out); break;
     }
 }
 
