@@ -40,7 +40,8 @@ float vec_dot(Type t, const void *w, const void *x, int64_t n);
 // Q8_0 and Q2_K (on VBMI) take four rows a quarter of the rows apart a step of each in
 // turn, and IQ2_XXS's packed kernel two: sequential streams far apart read faster from
 // memory than one (Zen 5: Q8_0 70-75% of a plain read with one, 97-100% with four); the
-// other formats go one row after another (adjacent rows interleaved measured 2-4x slower).
+// other formats go one row after another (adjacent rows interleaved measured 2-4x slower;
+// for Q4_K, rows far apart measured slower with the weights in a file's page cache).
 // Thread-safe: callers split row ranges over threads.
 void vec_dot_rows(Type t, const void *w, size_t w_row_stride, int64_t n_rows, const void *x, int64_t n, float *out);
 
