@@ -33,6 +33,8 @@ void dot_q2_k(const uint8_t *w, const void *const *x, int ncols, int64_t n, floa
 // A RowsFn: on AVX-512 VBMI four rows far apart side by side (q2_k.cpp says why).
 void rows_q2_k(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const void *x, int64_t n, float *out);
 void dot_q4_k(const uint8_t *w, const void *const *x, int ncols, int64_t n, float *out);
+// A RowsFn: one row after another, on AVX-512 VNNI the activation row's sub-block sums made once.
+void rows_q4_k(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const void *x, int64_t n, float *out);
 // A TileColsFn: on AVX-512 VNNI the activations' block sums and scales gathered once per call.
 void q4_k_tile_cols(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const void *const *x, int ncols, int64_t n,
                     float *const *out);

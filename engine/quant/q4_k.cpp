@@ -196,9 +196,11 @@ struct VnniQ4 {
     }
 };
 
+// bs: the blocks' sub-block sums (hadd of bsums) of each column where the caller has them
+// already (rows_vnni), else null.
 template <int C>
 DS4_VNNI_Q4_INLINE void block_vnni(const VnniQ4 &K, const BlockQ4_K &wb, const BlockQ8_K *const *xb, __m256 *acc,
-                                   float *accm) {
+                                   float *accm, const __m128i *bs_given = nullptr) {
     const float dw = f16_to_f32_fast(wb.d), dminw = f16_to_f32_fast(wb.dmin);
     alignas(16) uint8_t sm[16];
     unpack_scales(wb.scales, sm);
@@ -214,8 +216,9 @@ DS4_VNNI_Q4_INLINE void block_vnni(const VnniQ4 &K, const BlockQ4_K &wb, const B
     }
     for (int c = 0; c < C; ++c) {
         const BlockQ8_K &x = *xb[c];
-        const __m128i bs = _mm_hadd_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i *>(x.bsums)),
-                                          _mm_loadu_si128(reinterpret_cast<const __m128i *>(x.bsums + 8)));
+        const __m128i bs = bs_given ? bs_given[c]
+                                    : _mm_hadd_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i *>(x.bsums)),
+                                                     _mm_loadu_si128(reinterpret_cast<const __m128i *>(x.bsums + 8)));
         accm[c] += x.d * dminw * float(simd::hsum_i32(_mm_madd_epi16(mins, bs)));
         __m512i s = _mm512_setzero_si512();
         for (int k = 0; k < 4; ++k)
@@ -244,6 +247,31 @@ DS4_VNNI_Q4 void dot_cols_vnni(const uint8_t *wv, const void *const *xv, int64_t
         block_vnni<C>(K, w[b], xb, acc + 0, accm);
     }
     for (int c = 0; c < C; ++c) out[c] = simd::hsum(acc[c]) - accm[c];
+}
+
+// Many weight rows against one activation row (decode), one row after another: dot_cols_vnni
+// with the activation row's sub-block sums worked out once per call.
+DS4_VNNI_Q4 void rows_vnni(const uint8_t *w, size_t stride, int64_t n_rows, const BlockQ8_K *x, int64_t n, float *out) {
+    static const VnniQ4 K;
+    const int64_t nb = n / kQK_K;
+    thread_local CacheAlignedVector<int16_t> sums;
+    if (sums.size() < size_t(nb) * 8) sums.resize(size_t(nb) * 8);
+    for (int64_t b = 0; b < nb; ++b)
+        _mm_store_si128(reinterpret_cast<__m128i *>(sums.data() + 8 * b),
+                        _mm_hadd_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i *>(x[b].bsums)),
+                                       _mm_loadu_si128(reinterpret_cast<const __m128i *>(x[b].bsums + 8))));
+    const __m128i *bs = reinterpret_cast<const __m128i *>(sums.data());
+    for (int64_t r = 0; r < n_rows; ++r) {
+        const BlockQ4_K *wr = reinterpret_cast<const BlockQ4_K *>(w + size_t(r) * stride);
+        __m256 acc = _mm256_setzero_ps();
+        float accm = 0;
+        for (int64_t b = 0; b < nb; ++b) {
+            simd::prefetch_ahead<4096, 3>(wr + b);
+            const BlockQ8_K *xb = x + b;
+            block_vnni<1>(K, wr[b], &xb, &acc, &accm, bs + b);
+        }
+        out[r] = simd::hsum(acc) - accm;
+    }
 }
 
 // C activation rows against many weight rows (vec_dot_tile: prefill): dot_cols_vnni's steps
@@ -346,6 +374,14 @@ void q4_k_tile_cols(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const
         case 3: tile_cols_vnni<3>(w, w_row_stride, n_rows, xc, bsum.data(), xd.data(), nb, out); break;
         default: tile_cols_vnni<4>(w, w_row_stride, n_rows, xc, bsum.data(), xd.data(), nb, out); break;
     }
+}
+
+void rows_q4_k(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const void *x, int64_t n, float *out) {
+    if (vnni_enabled()) {
+        rows_vnni(w, w_row_stride, n_rows, static_cast<const BlockQ8_K *>(x), n, out);
+        return;
+    }
+    for (int64_t r = 0; r < n_rows; ++r) dot_cols<1>(w + size_t(r) * w_row_stride, &x, n, out + r);
 }
 
 }  // namespace ds4::quant::detail

@@ -44,7 +44,7 @@ const Format *format_of(Type t) {
     static const Format kQ2_K{"q2_K", kQK_K, sizeof(BlockQ2_K), Type::Q8_K, detail::dequant_q2_k, detail::quant_q2_k,
                               detail::dot_q2_k, nullptr, detail::rows_q2_k};
     static const Format kQ4_K{"q4_K", kQK_K, sizeof(BlockQ4_K), Type::Q8_K, detail::dequant_q4_k, detail::quant_q4_k,
-                              detail::dot_q4_k, detail::q4_k_tile_cols};
+                              detail::dot_q4_k, detail::q4_k_tile_cols, detail::rows_q4_k};
     static const Format kIQ2_XXS{"iq2_xxs", kQK_K, sizeof(BlockIQ2_XXS), Type::Q8_K, detail::dequant_iq2_xxs,
                                  detail::quant_iq2_xxs, detail::dot_iq2_xxs};
     switch (t) {
