@@ -113,6 +113,12 @@ struct Bcast16 {
 };
 constexpr Bcast16 kBcast16;
 
+// A block's eight sub-block sums of an activation block (the pairs of its 16-element sums).
+inline __m128i sub_block_sums(const BlockQ8_K &x) {
+    return _mm_hadd_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i *>(x.bsums)),
+                          _mm_loadu_si128(reinterpret_cast<const __m128i *>(x.bsums + 8)));
+}
+
 template <int C>
 void dot_cols(const uint8_t *wv, const void *const *xv, int64_t n, float *out) {
     const BlockQ4_K *w = reinterpret_cast<const BlockQ4_K *>(wv);
@@ -147,9 +153,7 @@ void dot_cols(const uint8_t *wv, const void *const *xv, int64_t n, float *out) {
         for (int c = 0; c < C; ++c) {
             const BlockQ8_K &xb = x[c][b];
             // sums over the 32-element sub-blocks
-            const __m128i bs = _mm_hadd_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i *>(xb.bsums)),
-                                              _mm_loadu_si128(reinterpret_cast<const __m128i *>(xb.bsums + 8)));
-            accm[c] += xb.d * dminw * float(simd::hsum_i32(_mm_madd_epi16(mins, bs)));
+            accm[c] += xb.d * dminw * float(simd::hsum_i32(_mm_madd_epi16(mins, sub_block_sums(xb))));
             __m256i sum0 = _mm256_setzero_si256(), sum1 = sum0;
             for (int j = 0; j < 8; j += 2) {
                 const __m256i pl = _mm256_maddubs_epi16(q4[j], simd::loadu(xb.qs + 32 * j));
@@ -196,35 +200,51 @@ struct VnniQ4 {
     }
 };
 
-// bs: the blocks' sub-block sums (hadd of bsums) of each column where the caller has them
-// already (rows_vnni), else null.
-template <int C>
-DS4_VNNI_Q4_INLINE void block_vnni(const VnniQ4 &K, const BlockQ4_K &wb, const BlockQ8_K *const *xb, __m256 *acc,
-                                   float *accm, const __m128i *bs_given = nullptr) {
-    const float dw = f16_to_f32_fast(wb.d), dminw = f16_to_f32_fast(wb.dmin);
+// A weight block made ready for its columns: its 4-bit weights per step, the scale words,
+// the mins (16-bit lanes 0-7) and d, dmin.
+struct WeightsVnni {
+    __m512i q[4], sc[4];
+    __m128i mins;
+    float dw, dminw;
+};
+
+DS4_VNNI_Q4_INLINE void decode_vnni(const VnniQ4 &K, const BlockQ4_K &wb, WeightsVnni &o) {
+    o.dw = f16_to_f32_fast(wb.d);
+    o.dminw = f16_to_f32_fast(wb.dmin);
     alignas(16) uint8_t sm[16];
     unpack_scales(wb.scales, sm);
     const __m256i sm16 = _mm256_cvtepu8_epi16(_mm_load_si128(reinterpret_cast<const __m128i *>(sm)));
-    const __m128i mins = _mm256_extracti128_si256(sm16, 1);
+    o.mins = _mm256_extracti128_si256(sm16, 1);
     const __m512i s16 = _mm512_castsi256_si512(sm16);
     const __m512i m4 = _mm512_set1_epi8(0xF);
-    __m512i q[4], sc[4];
     for (int k = 0; k < 4; ++k) {
         const __m512i v = _mm512_broadcast_i64x4(simd::loadu(wb.qs + 32 * k));
-        q[k] = _mm512_and_si512(_mm512_srlv_epi16(v, K.shift), m4);
-        sc[k] = _mm512_permutexvar_epi16(K.perm[k], s16);
+        o.q[k] = _mm512_and_si512(_mm512_srlv_epi16(v, K.shift), m4);
+        o.sc[k] = _mm512_permutexvar_epi16(K.perm[k], s16);
     }
+}
+
+// dot_cols' scale step for one block and one column: acc += (x_d * d) * the eight lane sums.
+DS4_VNNI_Q4_INLINE __m256 add_block(const WeightsVnni &wv, const BlockQ8_K &x, __m256 acc) {
+    __m512i s = _mm512_setzero_si512();
+    for (int k = 0; k < 4; ++k)
+        s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(wv.q[k], _mm512_loadu_si512(x.qs + 64 * k)), wv.sc[k]);
+    const __m256i t = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
+    return _mm256_fmadd_ps(_mm256_set1_ps(x.d * wv.dw), _mm256_cvtepi32_ps(t), acc);
+}
+
+// One weight block against C activation blocks, both of dot_cols' steps. bs: the columns'
+// sub_block_sums where the caller has them already (rows_vnni), else null.
+template <int C>
+DS4_VNNI_Q4_INLINE void block_vnni(const VnniQ4 &K, const BlockQ4_K &wb, const BlockQ8_K *const *xb, __m256 *acc,
+                                   float *accm, const __m128i *bs = nullptr) {
+    WeightsVnni wv;
+    decode_vnni(K, wb, wv);
     for (int c = 0; c < C; ++c) {
         const BlockQ8_K &x = *xb[c];
-        const __m128i bs = bs_given ? bs_given[c]
-                                    : _mm_hadd_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i *>(x.bsums)),
-                                                     _mm_loadu_si128(reinterpret_cast<const __m128i *>(x.bsums + 8)));
-        accm[c] += x.d * dminw * float(simd::hsum_i32(_mm_madd_epi16(mins, bs)));
-        __m512i s = _mm512_setzero_si512();
-        for (int k = 0; k < 4; ++k)
-            s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(q[k], _mm512_loadu_si512(x.qs + 64 * k)), sc[k]);
-        const __m256i t = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
-        acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(x.d * dw), _mm256_cvtepi32_ps(t), acc[c]);
+        const __m128i sums = bs ? bs[c] : sub_block_sums(x);
+        accm[c] += x.d * wv.dminw * float(simd::hsum_i32(_mm_madd_epi16(wv.mins, sums)));
+        acc[c] = add_block(wv, x, acc[c]);
     }
 }
 
@@ -256,10 +276,7 @@ DS4_VNNI_Q4 void rows_vnni(const uint8_t *w, size_t stride, int64_t n_rows, cons
     const int64_t nb = n / kQK_K;
     thread_local CacheAlignedVector<int16_t> sums;
     if (sums.size() < size_t(nb) * 8) sums.resize(size_t(nb) * 8);
-    for (int64_t b = 0; b < nb; ++b)
-        _mm_store_si128(reinterpret_cast<__m128i *>(sums.data() + 8 * b),
-                        _mm_hadd_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i *>(x[b].bsums)),
-                                       _mm_loadu_si128(reinterpret_cast<const __m128i *>(x[b].bsums + 8))));
+    for (int64_t b = 0; b < nb; ++b) _mm_store_si128(reinterpret_cast<__m128i *>(sums.data() + 8 * b), sub_block_sums(x[b]));
     const __m128i *bs = reinterpret_cast<const __m128i *>(sums.data());
     for (int64_t r = 0; r < n_rows; ++r) {
         const BlockQ4_K *wr = reinterpret_cast<const BlockQ4_K *>(w + size_t(r) * stride);
@@ -283,41 +300,22 @@ template <int C>
 DS4_VNNI_Q4 void tile_cols_vnni(const uint8_t *w, size_t stride, int64_t n_rows, const BlockQ8_K *const *x,
                                 const int16_t *bsum, const float *xd, int64_t nb, float *const *out) {
     static const VnniQ4 K;
-    const __m512i m4 = _mm512_set1_epi8(0xF);
     for (int64_t r = 0; r < n_rows; ++r) {
         const BlockQ4_K *wr = reinterpret_cast<const BlockQ4_K *>(w + size_t(r) * stride);
         __m256 acc[C];
         for (int c = 0; c < C; ++c) acc[c] = _mm256_setzero_ps();
         __m128 accm = _mm_setzero_ps();
         for (int64_t b = 0; b < nb; ++b) {
-            const BlockQ4_K &wb = wr[b];
-            simd::prefetch_ahead<4096, 3>(&wb);
-            const float dw = f16_to_f32_fast(wb.d), dminw = f16_to_f32_fast(wb.dmin);
-            alignas(16) uint8_t sm[16];
-            unpack_scales(wb.scales, sm);
-            const __m256i sm16 = _mm256_cvtepu8_epi16(_mm_load_si128(reinterpret_cast<const __m128i *>(sm)));
-            const __m512i s16 = _mm512_castsi256_si512(sm16);
-            __m512i q[4], sc[4];
-            for (int k = 0; k < 4; ++k) {
-                const __m512i v = _mm512_broadcast_i64x4(simd::loadu(wb.qs + 32 * k));
-                q[k] = _mm512_and_si512(_mm512_srlv_epi16(v, K.shift), m4);
-                sc[k] = _mm512_permutexvar_epi16(K.perm[k], s16);
-            }
-            for (int c = 0; c < C; ++c) {
-                const BlockQ8_K &xb = x[c][b];
-                __m512i s = _mm512_setzero_si512();
-                for (int k = 0; k < 4; ++k)
-                    s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(q[k], _mm512_loadu_si512(xb.qs + 64 * k)), sc[k]);
-                const __m256i t = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
-                acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(xb.d * dw), _mm256_cvtepi32_ps(t), acc[c]);
-            }
+            simd::prefetch_ahead<4096, 3>(wr + b);
+            WeightsVnni wv;
+            decode_vnni(K, wr[b], wv);
+            for (int c = 0; c < C; ++c) acc[c] = add_block(wv, x[c][b], acc[c]);
             // lane c: column c's sum of min * sub-block sum, in every dword after the folds
-            __m512i p = _mm512_madd_epi16(_mm512_broadcast_i32x4(_mm256_extracti128_si256(sm16, 1)),
-                                          _mm512_load_si512(bsum + 32 * b));
+            __m512i p = _mm512_madd_epi16(_mm512_broadcast_i32x4(wv.mins), _mm512_load_si512(bsum + 32 * b));
             p = _mm512_add_epi32(p, _mm512_shuffle_epi32(p, _MM_PERM_BADC));
             p = _mm512_add_epi32(p, _mm512_shuffle_epi32(p, _MM_PERM_CDAB));
             const __m128i im = _mm512_castsi512_si128(_mm512_permutexvar_epi32(K.lane0, p));
-            accm = _mm_add_ps(accm, _mm_mul_ps(_mm_mul_ps(_mm_load_ps(xd + 4 * b), _mm_set1_ps(dminw)), _mm_cvtepi32_ps(im)));
+            accm = _mm_add_ps(accm, _mm_mul_ps(_mm_mul_ps(_mm_load_ps(xd + 4 * b), _mm_set1_ps(wv.dminw)), _mm_cvtepi32_ps(im)));
         }
         alignas(16) float m[4];
         _mm_store_ps(m, accm);
