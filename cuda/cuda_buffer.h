@@ -5,6 +5,7 @@
 #include <cstddef>
 
 #include "cuda/cuda_check.h"
+#include "cuda/cuda_graph.h"
 
 namespace ds4::cuda {
 
@@ -20,6 +21,7 @@ public:
     // Makes room for n elements; contents are kept only when keep is set.
     T *need(size_t n, bool keep = false) {
         if (n <= n_) return p_;
+        settle_thread();   // recorded kernels may use the old memory
         T *q = nullptr;
         DS4_CUDA_CHECK(cudaMalloc(&q, n * sizeof(T)));
         if (keep && n_) DS4_CUDA_CHECK(cudaMemcpy(q, p_, n_ * sizeof(T), cudaMemcpyDeviceToDevice));
@@ -30,6 +32,7 @@ public:
     // Zero-filled allocation of exactly n elements.
     T *zeros(size_t n) {
         need(n);
+        settle_thread();
         if (n) DS4_CUDA_CHECK(cudaMemset(p_, 0, n * sizeof(T)));
         return p_;
     }

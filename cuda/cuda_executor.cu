@@ -5,8 +5,9 @@
 // step with few rows are grouped on the device (cuda_moe.cu: no synchronisation until the
 // logits); a bigger step copies the router's choices back and groups on the host, one
 // launch set per chosen expert (DS4_CUDA_HOST_MOE=1 forces that path, for comparisons).
-// DS4_CUDA_PROFILE=1 prints the time of each operation (cuda_profile.h). Capturing a step as
-// one graph is separate work.
+// DS4_CUDA_PROFILE=1 prints the time of each operation (cuda_profile.h). Steps of up to 16 rows
+// are recorded and run as CUDA graphs, a layer at a time (cuda_graph.h; DS4_CUDA_GRAPH=0 launches
+// every kernel on the stream): every stream operation here that is not a kernel settles first.
 //
 // Block-quantised weights multiply activations quantised as the CPU does (cuda_qmatmul.cu).
 // An input is quantised once per type it meets: the normed rows XN and the query latent QR
@@ -15,6 +16,7 @@
 // rows from XN's quantised form. DS4_CUDA_F32_ACTIVATIONS=1 multiplies f32 activations
 // with every weight type instead (the kernels before the integer path; for comparisons).
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -22,6 +24,7 @@
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_buffer.h"
 #include "cuda/cuda_expert_cache.h"
+#include "cuda/cuda_graph.h"
 #include "cuda/cuda_kernels.h"
 #include "cuda/cuda_profile.h"
 #include "cuda/cuda_state.h"
@@ -88,6 +91,7 @@ T *to_device(DeviceBuffer<T> &buf, const std::vector<T> &v, cudaStream_t s, Host
     const size_t n = v.size() * sizeof(T);
     if (n > 0 && n <= zero_copy_bytes()) return static_cast<T *>(stage.device_alias(stage.put(v.data(), n)));
     T *d = buf.need(std::max<size_t>(1, v.size()));
+    settle(s);
     if (!v.empty()) DS4_CUDA_CHECK(cudaMemcpyAsync(d, stage.put(v.data(), n), n, cudaMemcpyHostToDevice, s));
     return d;
 }
@@ -102,7 +106,15 @@ public:
         moe_err_.zeros(1);
         DS4_CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking));
     }
-    ~CudaExecutor() override { cudaStreamDestroy(s_); }
+    ~CudaExecutor() override {
+        if (std::getenv("DS4_CUDA_PROFILE") && graphs_.stats().replays) {
+            const StepGraphs::Stats &g = graphs_.stats();
+            std::fprintf(stderr, "DS4_CUDA_PROFILE: graphs: %llu run (%.1f kernels each), %llu built, %llu kernels updated\n",
+                         (unsigned long long)g.replays, (double)g.nodes / g.replays, (unsigned long long)g.built,
+                         (unsigned long long)g.node_updates);
+        }
+        cudaStreamDestroy(s_);
+    }
 
     void begin(const StepLayout &lay) override {
         DS4_CUDA_CHECK(cudaStreamSynchronize(s_));   // idle after the last head(); not after a failed step
@@ -118,6 +130,8 @@ public:
         pos_ = to_device(pos_buf_, h_pos_, s_, stage_);
         forget(nullptr);
         profile_.step_begin(s_, R_);
+        hc_posts_ = 0;
+        if (!profile_.on()) graphs_.begin(s_, R_);
         ++stats_.steps;
         stats_.rows += R;
     }
@@ -126,6 +140,7 @@ public:
         PROFILE("embed");
         const int D = c_.n_embd, hc = c_.hc_mult;
         dequant_rows(s_, te.type, dw_.device(te.data), te.row_bytes, D, tokens_, R_, H_.get(), (int64_t)hc * D);
+        settle(s_);
         for (int k = 1; k < hc; ++k)
             DS4_CUDA_CHECK(cudaMemcpy2DAsync(H_.get() + (size_t)k * D, sizeof(float) * hc * D, H_.get(), sizeof(float) * hc * D,
                                              sizeof(float) * D, R_, cudaMemcpyDeviceToDevice, s_));
@@ -157,6 +172,7 @@ public:
     void hc_post() override {
         PROFILE("hc_post");
         cuda::hc_post(s_, H_.get(), A_.get(), post_.get(), comb_.get(), c_.hc_mult, c_.n_embd, R_);
+        if (++hc_posts_ % 2 == 0) graphs_.layer_done();   // attention's and the FFN's: a layer
     }
 
     void q_kv(int layer, const LayerWeights &L, const Rope &rope) override {
@@ -311,6 +327,7 @@ public:
     void fetch_routes(int layer) {
         if (ids_on_host_) return;
         const int E = c_.n_expert, K = c_.n_expert_used;
+        settle(s_);
         h_ids_.resize((size_t)R_ * K);
         h_wts_.resize((size_t)R_ * K);
         DS4_CUDA_CHECK(cudaMemcpyAsync(h_ids_.data(), ids_.get(), h_ids_.size() * sizeof(int), cudaMemcpyDeviceToHost, s_));
@@ -425,6 +442,7 @@ public:
         experts.acquire(layer, used_, views_.data());
         const int *rows = to_device(rows_buf_, h_rows_, s_, stage_);
         const float *rw = to_device(rw_buf_, h_rw_, s_, stage_);
+        settle(s_);
         DS4_CUDA_CHECK(cudaMemsetAsync(A_.get(), 0, sizeof(float) * R_ * D, s_));
         for (size_t u = 0; u < used_.size(); ++u) expert_pairs(layer, (int)u, views_[u], rows, rw, tc);
     }
@@ -464,6 +482,7 @@ public:
         int *ids = pred_ids_.need((size_t)R_ * K);
         cuda::route(s_, lg, E, K, nullptr, tokens_, dw_.device(N.probs_b.data()), c_.expert_scale, ids,
                     pred_w_.need((size_t)R_ * K), R_);
+        settle(s_);
         DS4_CUDA_CHECK(cudaMemcpyAsync(h_pred_.data(), ids, h_pred_.size() * sizeof(int), cudaMemcpyDeviceToHost, s_));
     }
 
@@ -475,6 +494,7 @@ public:
     // the next layer's predicted experts are read and uploaded while this layer's kernels run.
     void routed_experts_streamed(int layer, const LayerWeights &L, DeviceExpertCache &vc) {
         const int D = c_.n_embd, E = c_.n_expert, K = c_.n_expert_used, P = R_ * K;
+        graphs_.stop();   // the cache's uploads and events order themselves on the stream
         vc_ = &vc;
         const LayerWeights *N = vc.predictor(layer);
         const bool had_routes = ids_on_host_;
@@ -518,6 +538,7 @@ public:
         } else {
             rows = to_device(rows_buf_, h_rows_, s_, stage_);
             rw = to_device(rw_buf_, h_rw_, s_, stage_);
+            settle(s_);
             DS4_CUDA_CHECK(cudaMemsetAsync(A_.get(), 0, sizeof(float) * R_ * D, s_));
         }
         for (int u0 = 0; u0 < U; u0 += C) {
@@ -578,6 +599,7 @@ public:
         PROFILE("head");
         const int hc = c_.hc_mult, D = c_.n_embd, nt = (int)rows.size(), V = c_.n_vocab;
         if (nt == 0) {   // a prompt's middle chunk: no logits wanted
+            graphs_.stop();
             profile_.step_enqueued(s_);
             return;
         }
@@ -590,6 +612,7 @@ public:
                    c_.hc_eps, dw_.device(w.output_norm.data()), c_.rms_eps, y, nt);
         float *lg = logits_.need((size_t)nt * V);
         mm(w.output, y, nt, D, lg, V);
+        graphs_.stop();
         profile_.step_enqueued(s_);
         DS4_CUDA_CHECK(cudaMemcpyAsync(logits, lg, sizeof(float) * nt * V, cudaMemcpyDeviceToHost, s_));
         int err = 0;
@@ -605,11 +628,13 @@ public:
     void upload(Act a, const float *src, size_t n) override {
         if (n != act_width(c_, a) * R_) failf("upload: %zu floats given, the step holds %zu", n, act_width(c_, a) * R_);
         forget(nullptr);
+        settle(s_);
         DS4_CUDA_CHECK(cudaMemcpyAsync(act(a).get(), src, n * sizeof(float), cudaMemcpyHostToDevice, s_));
         DS4_CUDA_CHECK(cudaStreamSynchronize(s_));
     }
     void download(Act a, float *dst, size_t n) const override {
         if (n != act_width(c_, a) * R_) failf("download: %zu floats asked, the step holds %zu", n, act_width(c_, a) * R_);
+        settle(s_);
         DS4_CUDA_CHECK(cudaMemcpyAsync(dst, const_cast<CudaExecutor *>(this)->act(a).get(), n * sizeof(float),
                                        cudaMemcpyDeviceToHost, s_));
         DS4_CUDA_CHECK(cudaStreamSynchronize(s_));
@@ -747,6 +772,8 @@ private:
     cudaStream_t s_ = nullptr;
     ExecutorStats stats_;
     OpProfile profile_;
+    StepGraphs graphs_;
+    int hc_posts_ = 0;
     HostStage stage_;
     StepLayout lay_;
     int R_ = 0, topk_ = 0;

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "cuda/cuda_check.h"
+#include "cuda/cuda_graph.h"
 
 namespace ds4::cuda {
 namespace {
@@ -36,8 +37,18 @@ inline bool pdl_enabled() {
     return on;
 }
 
+// While s records a step (cuda_graph.h) the launch is stored, its arguments converted to the
+// kernel's parameter types as a launch converts them, and issued at the next cut.
 template <class... P, class... A>
 void launch_pdl(void (*kernel)(P...), dim3 grid, dim3 block, size_t shm, cudaStream_t s, A &&...args) {
+    if (StepGraphs *g = recording(s)) {
+        [&](P... c) {
+            const void *ptr[] = {&c..., nullptr};
+            const size_t size[] = {sizeof(c)..., 0};
+            g->add(reinterpret_cast<const void *>(kernel), grid, block, shm, pdl_enabled(), ptr, size, (int)sizeof...(P));
+        }(std::forward<A>(args)...);
+        return;
+    }
     cudaLaunchAttribute at[1];
     at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[0].val.programmaticStreamSerializationAllowed = 1;

@@ -51,6 +51,7 @@ int splitk_count(int64_t blocks, int64_t ksteps) {
 
 float *splitk_alloc(cudaStream_t s, int splits, int64_t n_tok, int64_t out) {
     void *p = nullptr;
+    settle(s);
     DS4_CUDA_CHECK(cudaMallocAsync(&p, sizeof(float) * (size_t)splits * (size_t)n_tok * (size_t)out, s));
     return static_cast<float *>(p);
 }
@@ -59,6 +60,7 @@ void splitk_finish(cudaStream_t s, float *part, int splits, int64_t n_tok, int64
     const int64_t n = n_tok * out;
     launch_pdl(splitk_reduce_kernel, (unsigned)((n + 255) / 256), 256, 0, s, part, splits, n_tok, out, y, ys);
     DS4_CUDA_LAUNCHED();
+    settle(s);
     DS4_CUDA_CHECK(cudaFreeAsync(part, s));
 }
 

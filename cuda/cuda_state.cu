@@ -21,6 +21,7 @@ CudaSessionState::CudaSessionState(const CacheGeometry &g) : SessionState(g) {
 void CudaSessionState::need_entries(DevComp &c, int n, cudaStream_t stream) {
     if ((size_t)n * c.g.dim <= c.entries.size()) return;
     if (n > c.g.max_entries) failf("internal: compressed entries exceed capacity (%d > %d)", n, c.g.max_entries);
+    settle(stream);
     DS4_CUDA_CHECK(cudaStreamSynchronize(stream));
     c.entries.need((size_t)entry_capacity(n, c.g.max_entries) * c.g.dim, true);
 }
@@ -83,6 +84,7 @@ void pieces(const Span &s, int64_t first, int64_t n, F &&f) {
 void CudaSessionState::read(int layer, Cache which, int64_t first, int64_t n, float *dst) const {
     const Span s = locate(layers.at(layer), geometry(), layer, which);
     if (s.width == 0) failf("internal: layer %d has no such cache", layer);
+    settle_thread();
     pieces(s, first, n, [&](float *dev, int64_t off, int64_t rows) {
         DS4_CUDA_CHECK(cudaMemcpy(dst + off * s.width, dev, sizeof(float) * rows * s.width, cudaMemcpyDeviceToHost));
     });
@@ -95,6 +97,7 @@ void CudaSessionState::write(int layer, Cache which, int64_t first, int64_t n, c
     }
     const Span s = locate(layers.at(layer), geometry(), layer, which);
     if (s.width == 0) failf("internal: layer %d has no such cache", layer);
+    settle_thread();
     pieces(s, first, n, [&](float *dev, int64_t off, int64_t rows) {
         DS4_CUDA_CHECK(cudaMemcpy(dev, src + off * s.width, sizeof(float) * rows * s.width, cudaMemcpyHostToDevice));
     });
@@ -102,6 +105,7 @@ void CudaSessionState::write(int layer, Cache which, int64_t first, int64_t n, c
 
 void CudaSessionState::will_write(float *ring, int cap, int width, int64_t n0, int n, cudaStream_t stream) {
     if (!journaling_) return;
+    settle(stream);
     const size_t need = saved_used_ + (size_t)n * width;
     saved_.need(need, true);
     for (int i = 0; i < n; ++i) {
@@ -120,6 +124,7 @@ void CudaSessionState::journal_begin() {
 }
 
 void CudaSessionState::journal_undo_from(int64_t pos) {
+    settle_thread();
     DS4_CUDA_CHECK(cudaDeviceSynchronize());
     for (size_t i = journal_.size(); i-- > 0;) {
         const Saved &s = journal_[i];

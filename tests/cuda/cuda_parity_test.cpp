@@ -200,6 +200,67 @@ TEST_P(CudaTypes, DeviceGroupedExpertsEqualHostGrouped) {
     rmdir(dir);
 }
 
+// Steps of up to 16 rows run as CUDA graphs a layer at a time, kept between steps and
+// updated where a launch's arguments or grid changed (cuda/cuda_graph.h). Against every kernel
+// launched on the stream (DS4_CUDA_GRAPH=0) the logits must be equal bit for bit: decode
+// through compressor emits of ratio 4 and 8 (a layer's kernels differ between steps), a
+// segment of two layers, chunks of 7, speculative trial rows (journaled cache writes), and
+// batched steps of six sessions at different positions.
+std::vector<float> logits_graph(const std::string &path, const std::vector<int32_t> &toks, const char *graph) {
+    setenv("DS4_CUDA_GRAPH", graph, 1);
+    auto m = open(path, BackendKind::Cuda);
+    std::vector<float> out = run_mode(*m, toks, "decode"), c7 = run_mode(*m, toks, "7");
+    out.insert(out.end(), c7.begin(), c7.end());
+    {
+        Session t(*m, 64, 8, 0);
+        t.sync(std::span<const int32_t>(toks).first(9));
+        t.trial(std::span<const int32_t>(toks).subspan(9, 4), nullptr);
+        t.commit(2);
+        for (int k = 0; k < 6; ++k) {
+            t.eval(toks[20 + k]);
+            out.insert(out.end(), t.logits().begin(), t.logits().end());
+        }
+    }
+    auto ex = m->make_executor();
+    std::vector<std::unique_ptr<Session>> ss;
+    for (int i = 0; i < 6; ++i) {
+        ss.push_back(std::make_unique<Session>(*m, *ex, 64));
+        ss[i]->sync(std::span<const int32_t>(toks).first(1 + 3 * i));
+    }
+    for (int k = 0; k < 12; ++k) {
+        std::vector<BatchRow> rows;
+        for (int i = 0; i < 6; ++i) rows.push_back({ss[i].get(), toks[(7 * i + k) % toks.size()], ss[i]->pos(), true});
+        forward_batch(*ex, rows, nullptr);
+        for (auto &s : ss) out.insert(out.end(), s->logits().begin(), s->logits().end());
+    }
+    unsetenv("DS4_CUDA_GRAPH");
+    return out;
+}
+
+TEST_P(CudaTypes, GraphStepsEqualStreamLaunches) {
+    NEED_DEVICE();
+    const std::string type = GetParam();
+    const std::string t = type.substr(0, type.find(':')), et = type.substr(type.find(':') + 1);
+    char dir[] = "/tmp/ds4-cuda-graph-XXXXXX";
+    ASSERT_TRUE(mkdtemp(dir));
+    const std::string path = std::string(dir) + "/m.gguf";
+    const std::string cmd = std::string(DS4_MAKE_MODEL_BIN) + " --preset tiny --embd 256 --expert-ff 256 --ratios 0,4,8,4 --type " +
+                            t + " --expert-type " + et + " --quiet " + path;
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    std::vector<int32_t> toks;
+    for (int i = 0; i < 40; ++i) toks.push_back((i * 41 + 3) % 200);
+    const std::vector<float> stream = logits_graph(path, toks, "0");
+    for (const char *graph : {"1", "2"}) {
+        const std::vector<float> g = logits_graph(path, toks, graph);
+        ASSERT_EQ(g.size(), stream.size());
+        size_t diff = 0;
+        for (size_t i = 0; i < g.size(); ++i) diff += std::memcmp(&g[i], &stream[i], sizeof(float)) != 0;
+        EXPECT_EQ(diff, 0u) << type << " DS4_CUDA_GRAPH=" << graph << ": " << diff << " of " << g.size() << " logits differ";
+    }
+    std::remove(path.c_str());
+    rmdir(dir);
+}
+
 struct CudaSessions : ::testing::Test {
     void SetUp() override {
         std::string why;
