@@ -103,6 +103,8 @@ public:
         f32_act_ = e && *e && *e != '0';
         const char *hm = std::getenv("DS4_CUDA_HOST_MOE");
         host_moe_ = hm && *hm && *hm != '0';
+        const char *fu = std::getenv("DS4_CUDA_FUSE");
+        fuse_ = !(fu && *fu == '0');
         moe_err_.zeros(1);
         DS4_CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking));
     }
@@ -131,6 +133,8 @@ public:
         forget(nullptr);
         profile_.step_begin(s_, R_);
         hc_posts_ = 0;
+        producers_ = 0;
+        prod_xn_ = prod_qr_ = prod_o_ = -1;
         if (!profile_.on()) graphs_.begin(s_, R_);
         ++stats_.steps;
         stats_.rows += R;
@@ -166,7 +170,7 @@ public:
     void norm(const float *w) override {
         PROFILE("norm");
         forget(XN_.get());
-        rmsnorm_rows(s_, X_.get(), c_.n_embd, nullptr, c_.n_embd, dw_.device(w), c_.rms_eps, XN_.get(), c_.n_embd, R_);
+        norm_quant(X_.get(), dw_.device(w), XN_.get(), c_.n_embd, prod_xn_);
     }
 
     void hc_post() override {
@@ -185,7 +189,7 @@ public:
             mm(L.q_a, XN_.get(), R_, D, qr_.get(), c.q_lora);
             mm(L.kv, XN_.get(), R_, D, kvb, hd);
         }
-        rmsnorm_rows(s_, qr_.get(), c.q_lora, nullptr, c.q_lora, dw_.device(L.q_a_norm.data()), c.rms_eps, qr_.get(), c.q_lora, R_);
+        norm_quant(qr_.get(), dw_.device(L.q_a_norm.data()), qr_.get(), c.q_lora, prod_qr_);
         mm(L.q_b, qr_.get(), R_, c.q_lora, q_.get(), (int64_t)H * hd);
         h_ptrs_.resize(R_);
         for (const StepSegment &sg : lay_.segs) {
@@ -253,6 +257,7 @@ public:
 
     void attend(int layer, const AttnSpec &spec, const float *sinks, const Rope &rope) override {
         PROFILE("attend");
+        forget(o_.get());
         const int H = c_.n_head, hd = c_.head_dim;
         h_desc_.resize(R_);
         int max_keys = 1;
@@ -275,7 +280,17 @@ public:
         float *scratch = attn_scratch_.need(attend_scratch_floats(R_, H, hd, max_keys));
         cuda::attend(s_, q_.get(), to_device(desc_buf_, h_desc_, s_, stage_), H, hd, spec.window, dw_.device(sinks), scratch, max_keys,
                      o_.get(), R_);
-        norm_rope_heads(s_, o_.get(), H, hd, false, nullptr, 0.f, pos_, dw_.device(rope.inv_freq.data()), rope.n_pairs, -1.f, R_);
+        // rotated back, and quantised here for the output projection when it took that last step
+        const int want = producer(prod_o_);
+        const gguf::Type at = want & 1 ? gguf::Type::Q8_0 : gguf::Type::Q8_K;
+        const int qk = at == gguf::Type::Q8_0 ? 32 : 256;
+        if (want && hd % qk == 0) {
+            uint64_t qrow = 0;
+            uint8_t *q = claim(at, o_.get(), R_, (int64_t)H * hd, (int64_t)H * hd, &qrow);
+            rope_heads_quant(s_, qk, o_.get(), H, hd, pos_, dw_.device(rope.inv_freq.data()), rope.n_pairs, -1.f, q, qrow, R_);
+        } else {
+            norm_rope_heads(s_, o_.get(), H, hd, false, nullptr, 0.f, pos_, dw_.device(rope.inv_freq.data()), rope.n_pairs, -1.f, R_);
+        }
     }
 
     void out_proj(const LayerWeights &L) override {
@@ -653,26 +668,58 @@ public:
 private:
     static CudaSessionState &st(const StepSegment &sg) { return *static_cast<CudaSessionState *>(sg.state); }
 
-    // x (n_tok rows of n at stride xs) quantised for weights of type t: XN and QR are kept
+    // x (n_tok rows of n at stride xs) quantised for weights of type t: XN, QR and O are kept
     // per activation type until forget(); anything else goes to the scratch row buffer.
     const uint8_t *quantised(gguf::Type t, const float *x, int64_t n_tok, int64_t xs, int64_t n, uint64_t *qrow) {
         const gguf::Type at = act_type(t);
         *qrow = act_row_bytes(t, n);
-        const bool keep = x == XN_.get() || x == qr_.get();
+        const bool keep = x == XN_.get() || x == qr_.get() || x == o_.get();
         if (keep)
             for (QuantIn &q : qin_)
                 if (q.valid && q.x == x && q.at == at && q.n_tok == n_tok && q.xs == xs && q.n == n) return q.buf.get();
-        DeviceBuffer<uint8_t> *buf = &xq_tmp_;
+        uint8_t *q = nullptr;
         if (keep) {
-            QuantIn *slot = &qin_[next_qin_++ % 4];
-            for (QuantIn &q : qin_)
-                if (!q.valid) slot = &q;
-            slot->x = x, slot->at = at, slot->n_tok = n_tok, slot->xs = xs, slot->n = n, slot->valid = true;
-            buf = &slot->buf;
+            q = claim(at, x, n_tok, xs, n, qrow);
+            // the producer of x quantises for this type from the next step on (norm_quant, attend)
+            const int p = x == XN_.get() ? prod_xn_ : x == qr_.get() ? prod_qr_ : prod_o_;
+            if (p >= 0 && n_tok == R_) hints_[p] |= at == gguf::Type::Q8_0 ? 1 : 2;
+        } else {
+            q = xq_tmp_.need((size_t)n_tok * *qrow);
         }
-        uint8_t *q = buf->need((size_t)n_tok * *qrow);
         quantize_act(s_, t, x, n_tok, xs, n, q, *qrow);
         return q;
+    }
+    // A kept slot for x's quantised form of activation type at (Q8_0 or Q8_K), marked valid:
+    // the caller fills it in this step's stream order.
+    uint8_t *claim(gguf::Type at, const float *x, int64_t n_tok, int64_t xs, int64_t n, uint64_t *qrow) {
+        // act_row_bytes takes a weight type: Q8_0 weights take Q8_0 activations, Q2_K ones Q8_K
+        *qrow = act_row_bytes(at == gguf::Type::Q8_0 ? gguf::Type::Q8_0 : gguf::Type::Q2_K, n);
+        QuantIn *slot = &qin_[next_qin_++ % kQuantIn];
+        for (QuantIn &q : qin_)
+            if (!q.valid) slot = &q;
+        slot->x = x, slot->at = at, slot->n_tok = n_tok, slot->xs = xs, slot->n = n, slot->valid = true;
+        return slot->buf.need((size_t)n_tok * *qrow);
+    }
+    // A producer of an activation that integer products read (a norm, the attention output):
+    // its index in the step, and what the products asked of its output the last time this
+    // index ran (bit 0: Q8_0, bit 1: Q8_K). The producer quantises that in its own launch; a
+    // hint that no longer holds costs a quantisation nobody reads, never a wrong one.
+    int producer(int &index) {
+        if (!fuse_ || f32_act_) return index = -1, 0;
+        index = producers_++;
+        if ((int)hints_.size() <= index) hints_.resize(index + 1, 0);
+        return hints_[index];
+    }
+    // rows of x normed by w into out (may alias x), with the quantised forms its products asked
+    // for last step made in the same launch.
+    void norm_quant(const float *x, const float *w, float *out, int64_t n, int &index) {
+        const int want = producer(index);
+        uint8_t *q0 = nullptr, *qk = nullptr;
+        uint64_t r0 = 0, rk = 0;
+        if ((want & 1) && n % 32 == 0) q0 = claim(gguf::Type::Q8_0, out, R_, n, n, &r0);
+        if ((want & 2) && n % 256 == 0) qk = claim(gguf::Type::Q8_K, out, R_, n, n, &rk);
+        if (q0 || qk) rmsnorm_quant_rows(s_, x, n, n, w, c_.rms_eps, out, n, q0, r0, qk, rk, R_);
+        else rmsnorm_rows(s_, x, n, nullptr, n, w, c_.rms_eps, out, n, R_);
     }
     // Drops the kept quantised forms of x (all of them for null).
     void forget(const float *x) {
@@ -748,6 +795,16 @@ private:
             mm(gate, in, m, D, g, F);
             mm(up, in, m, D, u, F);
         }
+        const gguf::Type dat = act_type(down.type);
+        const int qk = dat == gguf::Type::Q8_0 ? 32 : 256;
+        if (fuse_ && !f32_act_ && dat != gguf::Type::F32 && F % qk == 0) {
+            // SwiGLU and the down product's quantisation in one launch
+            const uint64_t hrow = act_row_bytes(down.type, F);
+            uint8_t *hq = xq_tmp_.need((size_t)m * hrow);
+            swiglu_quant(s_, qk, g, u, F, lim, hq, hrow, m);
+            mmq(down, hq, hrow, m, out, D, tensor_cores);
+            return;
+        }
         swiglu(s_, g, u, (int64_t)m * F, lim);
         mm(down, g, m, F, out, D, tensor_cores);
     }
@@ -777,7 +834,9 @@ private:
     HostStage stage_;
     StepLayout lay_;
     int R_ = 0, topk_ = 0;
-    bool f32_act_ = false, host_moe_ = false, ids_on_host_ = false;
+    bool f32_act_ = false, host_moe_ = false, ids_on_host_ = false, fuse_ = true;
+    std::vector<uint8_t> hints_;   // per producer index of a step: the quantised forms asked of it
+    int producers_ = 0, prod_xn_ = -1, prod_qr_ = -1, prod_o_ = -1;
     static constexpr int64_t kDeviceMoePairs = 512;   // rows x K grouped on the device at most
     DeviceBuffer<int> moe_n_used_, moe_used_, moe_off_, moe_prow_, moe_err_;
     DeviceBuffer<float> moe_pw_;
@@ -791,7 +850,8 @@ private:
         bool valid = false;
         DeviceBuffer<uint8_t> buf;
     };
-    QuantIn qin_[4];   // XN and QR, each for Q8_0 and Q8_K weights
+    static constexpr int kQuantIn = 6;
+    QuantIn qin_[kQuantIn];   // XN, QR and O, each for Q8_0 and Q8_K weights
     unsigned next_qin_ = 0;
     DeviceBuffer<uint8_t> xq_tmp_, ein_q_;
     DeviceBuffer<float> H_, X_, XN_, A_, post_, comb_, qr_, q_, o_, flat_, mix_, kvb_, p1_, p2_, iq_, iw_, scores_,

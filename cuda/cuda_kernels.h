@@ -86,6 +86,10 @@ void dequant_rows(cudaStream_t s, gguf::Type type, const void *w, uint64_t row_b
 // idx is given, x + idx[r]*xs); out may alias x.
 void rmsnorm_rows(cudaStream_t s, const float *x, int64_t xs, const int32_t *idx, int64_t n, const float *w, float eps,
                   float *out, int64_t os, int rows);
+// rmsnorm_rows (no gather) whose rows are also quantised as quantize_act quantises them, for
+// Q8_0 weights into q0 and / or for Q8_K weights into qk (null: not wanted): one launch.
+void rmsnorm_quant_rows(cudaStream_t s, const float *x, int64_t xs, int64_t n, const float *w, float eps, float *out, int64_t os,
+                        uint8_t *q0, uint64_t q0row, uint8_t *qk, uint64_t qkrow, int rows);
 // H[rows][hc][D] -> X, post, comb from the mixed projections mix[rows][(2+hc)*hc].
 void hc_pre_mix(cudaStream_t s, const float *mix, const float *base, const float *scale, const float *H, int hc, int D,
                 int iters, float eps, float *post, float *comb, float *X, int rows);
@@ -94,6 +98,10 @@ void hc_post(cudaStream_t s, float *H, const float *A, const float *post, const 
 // trailing 2*n_pairs channels at pos[row] (sign -1 rotates back).
 void norm_rope_heads(cudaStream_t s, float *x, int n_heads, int hd, bool norm, const float *w, float eps,
                      const int64_t *pos, const float *inv_freq, int n_pairs, float sign, int rows);
+// norm_rope_heads without the norm, each row (n_heads * hd) then quantised as quantize_act does,
+// in blocks of qk (32: Q8_0, 256: Q8_K) into q: one launch.
+void rope_heads_quant(cudaStream_t s, int qk, float *x, int n_heads, int hd, const int64_t *pos, const float *inv_freq, int n_pairs,
+                      float sign, uint8_t *q, uint64_t qrow, int rows);
 // norm_rope_heads of q (n_heads heads, no norm weight, sign +1) and of the rows' single kv
 // head (norm weight kv_w), then kv row r copied to kv_dst[r] (the cache ring): one launch.
 void norm_rope_q_kv(cudaStream_t s, float *q, int n_heads, float *kv, const float *kv_w, float *const *kv_dst, int hd, float eps,
@@ -134,6 +142,9 @@ void route(cudaStream_t s, const float *logits, int E, int K, const int32_t *tid
 void gather_rows(cudaStream_t s, const float *src, int width, const int *idx, float *dst, int rows);
 // g = silu(min(g, lim)) * clamp(u, -lim, lim)
 void swiglu(cudaStream_t s, float *g, const float *u, int64_t n, float lim);
+// swiglu over rows of F, each row also quantised as quantize_act does, in blocks of qk (32:
+// Q8_0, 256: Q8_K) into q: one launch.
+void swiglu_quant(cudaStream_t s, int qk, float *g, const float *u, int64_t F, float lim, uint8_t *q, uint64_t qrow, int rows);
 // dst[idx[r]] += w[r] * src[r]
 void scatter_add_rows(cudaStream_t s, const float *src, int width, const int *idx, const float *w, float *dst, int rows);
 void add(cudaStream_t s, float *y, const float *x, int64_t n);

@@ -10,6 +10,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_launch.cuh"
 #include "cuda/cuda_kernels.h"
+#include "cuda/cuda_quant_act.cuh"
 
 namespace ds4::cuda {
 
@@ -52,15 +53,10 @@ __device__ __forceinline__ void rope_pair(float *r, int i, const float *inv_freq
     r[2 * i + 1] = x1 * c + x0 * sn;
 }
 
-__global__ void rmsnorm_kernel(const float *x, int64_t xs, const int32_t *idx, int64_t n, const float *w, float eps,
-                               float *out, int64_t os) {
-    pdl_enter();
-    __shared__ double sh[kBlock / 32];
-    const int r = blockIdx.x;
-    const float *xr = x + (idx ? (int64_t)idx[r] : (int64_t)r) * xs;
-    // One block per row, so a decode step's norm runs on one SM: eight loads go out before
-    // the first add (the plain strided loop waited on each), and the adds keep the order of
-    // that loop, so the sum is the same to the bit.
+// 1 / rms of a row of n (one block per row). Eight loads go out before the first add (the
+// plain strided loop waited on each), and the adds keep the order of that loop, so the sum is
+// the same to the bit.
+__device__ __forceinline__ float row_rms_inv(const float *xr, int64_t n, float eps, double *sh) {
     const int64_t B = blockDim.x;
     double ss = 0;
     int64_t i = threadIdx.x;
@@ -73,9 +69,19 @@ __global__ void rmsnorm_kernel(const float *x, int64_t xs, const int32_t *idx, i
     }
     for (; i < n; i += B) ss += (double)xr[i] * xr[i];
     ss = block_sum(ss, sh);
-    const float inv = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
+    return (float)(1.0 / sqrt(ss / (double)n + (double)eps));
+}
+
+__global__ void rmsnorm_kernel(const float *x, int64_t xs, const int32_t *idx, int64_t n, const float *w, float eps,
+                               float *out, int64_t os) {
+    pdl_enter();
+    __shared__ double sh[kBlock / 32];
+    const int r = blockIdx.x;
+    const float *xr = x + (idx ? (int64_t)idx[r] : (int64_t)r) * xs;
+    const float inv = row_rms_inv(xr, n, eps, sh);
+    const int64_t B = blockDim.x;
     float *o = out + (int64_t)r * os;
-    i = threadIdx.x;
+    int64_t i = threadIdx.x;
     for (; i + 3 * B < n; i += 4 * B) {
         float v[4], g[4];
 #pragma unroll
@@ -84,6 +90,36 @@ __global__ void rmsnorm_kernel(const float *x, int64_t xs, const int32_t *idx, i
         for (int u = 0; u < 4; ++u) o[i + u * B] = w ? v[u] * inv * g[u] : v[u] * inv;
     }
     for (; i < n; i += B) o[i] = w ? xr[i] * inv * w[i] : xr[i] * inv;
+}
+
+// rmsnorm_kernel's row (the same sum and products), also quantised for Q8_0 weights (q0) and /
+// or Q8_K weights (qk) as quantize_kernel quantises it: a step's norms feed integer products
+// next, and this saves their quantise launches. Lane l of a warp takes chunk c0 + l of 8.
+__global__ void rmsnorm_quant_kernel(const float *x, int64_t xs, int64_t n, const float *w, float eps, float *out, int64_t os,
+                                     uint8_t *q0, uint64_t q0row, uint8_t *qk, uint64_t qkrow) {
+    pdl_enter();
+    __shared__ double sh[kBlock / 32];
+    const int r = blockIdx.x;
+    const float *xr = x + (int64_t)r * xs;
+    const float inv = row_rms_inv(xr, n, eps, sh);
+    float *o = out + (int64_t)r * os;
+    const int lane = threadIdx.x & 31;
+    const int64_t chunks = n / 8;
+    for (int64_t c0 = 0; c0 < chunks; c0 += blockDim.x) {   // uniform: every lane of a warp quantises
+        const int64_t c = c0 + threadIdx.x;
+        const bool in = c < chunks;
+        float v[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+            const int64_t e = 8 * c + u;
+            v[u] = in ? (w ? xr[e] * inv * w[e] : xr[e] * inv) : 0.f;
+        }
+        if (in)
+#pragma unroll
+            for (int u = 0; u < 8; ++u) o[8 * c + u] = v[u];
+        if (q0) quantize_chunk<32>(v, in, lane, c, n, q0 + (int64_t)r * q0row);
+        if (qk) quantize_chunk<256>(v, in, lane, c, n, qk + (int64_t)r * qkrow);
+    }
 }
 
 // Sinkhorn: columns, then (rows, columns) for the remaining iterations. A thread per element
@@ -885,6 +921,52 @@ __global__ void swiglu_kernel(float *g, const float *u, int64_t n, float lim) {
     g[i] = a / (1.f + expf(-a)) * b;
 }
 
+// swiglu_kernel over rows of F, each row then quantised as quantize_kernel does (the
+// shared expert's hidden row goes to its down product next).
+template <int QK>
+__global__ void __launch_bounds__(128) swiglu_quant_kernel(float *g, const float *u, int64_t F, float lim, uint8_t *q,
+                                                           uint64_t qrow) {
+    pdl_enter();
+    const int lane = threadIdx.x & 31;
+    const int64_t c = ((int64_t)blockIdx.x * 4 + (threadIdx.x >> 5)) * 32 + lane, t = blockIdx.y;
+    const bool in = 8 * c < F;
+    float *gr = g + t * F + 8 * c;
+    const float *ur = u + t * F + 8 * c;
+    float v[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        v[i] = 0.f;
+        if (!in) continue;
+        const float a = fminf(gr[i], lim), b = fminf(fmaxf(ur[i], -lim), lim);
+        v[i] = a / (1.f + expf(-a)) * b;
+        gr[i] = v[i];
+    }
+    quantize_chunk<QK>(v, in, lane, c, F, q + t * qrow);
+}
+
+// norm_rope_kernel without the norm (the attention output's inverse rope) for head h of row r,
+// then the head's elements quantised into row r of q as quantize_kernel quantises the whole row
+// (a head is a whole number of quantisation blocks).
+template <int QK>
+__global__ void __launch_bounds__(128) rope_quant_kernel(float *x, int n_heads, int hd, const int64_t *pos, const float *inv_freq,
+                                                         int n_pairs, float sign, uint8_t *q, uint64_t qrow) {
+    pdl_enter();
+    const int r = blockIdx.x / n_heads, h = blockIdx.x % n_heads;
+    float *v = x + ((int64_t)r * n_heads + h) * hd;
+    float *rp = v + hd - 2 * n_pairs;
+    for (int i = threadIdx.x; i < n_pairs; i += blockDim.x) rope_pair(rp, i, inv_freq, pos[r], sign);
+    __syncthreads();
+    const int lane = threadIdx.x & 31, chunks = hd / 8;
+    for (int c0 = 0; c0 < chunks; c0 += blockDim.x) {   // uniform: every lane of a warp quantises
+        const int c = c0 + threadIdx.x;
+        const bool in = c < chunks;
+        float e[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) e[i] = in ? v[8 * c + i] : 0.f;
+        quantize_chunk<QK>(e, in, lane, (int64_t)h * chunks + c, (int64_t)n_heads * hd, q + (int64_t)r * qrow);
+    }
+}
+
 __global__ void scatter_add_kernel(const float *src, int width, const int *idx, const float *w, float *dst) {
     pdl_enter();
     const int r = blockIdx.x;
@@ -942,6 +1024,14 @@ void rmsnorm_rows(cudaStream_t s, const float *x, int64_t xs, const int32_t *idx
                   float *out, int64_t os, int rows) {
     if (rows <= 0) return;
     launch_pdl(rmsnorm_kernel, rows, kBlock, 0, s, x, xs, idx, n, w, eps, out, os);
+    DS4_CUDA_LAUNCHED();
+}
+
+void rmsnorm_quant_rows(cudaStream_t s, const float *x, int64_t xs, int64_t n, const float *w, float eps, float *out, int64_t os,
+                        uint8_t *q0, uint64_t q0row, uint8_t *qk, uint64_t qkrow, int rows) {
+    if (rows <= 0) return;
+    if (n % 8 || (q0 && n % 32) || (qk && n % 256)) failf("rmsnorm_quant_rows: rows of %lld elements do not quantise", (long long)n);
+    launch_pdl(rmsnorm_quant_kernel, rows, kBlock, 0, s, x, xs, n, w, eps, out, os, q0, q0row, qk, qkrow);
     DS4_CUDA_LAUNCHED();
 }
 
@@ -1096,6 +1186,24 @@ void gather_rows(cudaStream_t s, const float *src, int width, const int *idx, fl
 void swiglu(cudaStream_t s, float *g, const float *u, int64_t n, float lim) {
     if (n <= 0) return;
     launch_pdl(swiglu_kernel, blocks_for(n, kBlock), kBlock, 0, s, g, u, n, lim);
+    DS4_CUDA_LAUNCHED();
+}
+
+void swiglu_quant(cudaStream_t s, int qk, float *g, const float *u, int64_t F, float lim, uint8_t *q, uint64_t qrow, int rows) {
+    if (rows <= 0) return;
+    if ((qk != 32 && qk != 256) || F % qk) failf("swiglu_quant: rows of %lld do not quantise in blocks of %d", (long long)F, qk);
+    const dim3 grid((unsigned)((F + 1023) / 1024), (unsigned)rows);
+    if (qk == 32) launch_pdl(swiglu_quant_kernel<32>, grid, 128, 0, s, g, u, F, lim, q, qrow);
+    else launch_pdl(swiglu_quant_kernel<256>, grid, 128, 0, s, g, u, F, lim, q, qrow);
+    DS4_CUDA_LAUNCHED();
+}
+
+void rope_heads_quant(cudaStream_t s, int qk, float *x, int n_heads, int hd, const int64_t *pos, const float *inv_freq, int n_pairs,
+                      float sign, uint8_t *q, uint64_t qrow, int rows) {
+    if (rows <= 0) return;
+    if ((qk != 32 && qk != 256) || hd % qk) failf("rope_heads_quant: heads of %d do not quantise in blocks of %d", hd, qk);
+    if (qk == 32) launch_pdl(rope_quant_kernel<32>, rows * n_heads, 128, 0, s, x, n_heads, hd, pos, inv_freq, n_pairs, sign, q, qrow);
+    else launch_pdl(rope_quant_kernel<256>, rows * n_heads, 128, 0, s, x, n_heads, hd, pos, inv_freq, n_pairs, sign, q, qrow);
     DS4_CUDA_LAUNCHED();
 }
 

@@ -22,6 +22,7 @@
 #include "cuda/cuda_launch.cuh"
 #include "cuda/cuda_kernels.h"
 #include "cuda/cuda_qblocks.cuh"
+#include "cuda/cuda_quant_act.cuh"
 #include "engine/common/error.h"
 #include "engine/quant/blocks.h"
 #include "engine/quant/iq2xxs_tables.h"
@@ -42,67 +43,15 @@ template <int QK>
 __global__ void __launch_bounds__(128) quantize_kernel(const float *__restrict__ x, int64_t xs, int64_t n,
                                                        uint8_t *__restrict__ q, uint64_t qrow) {
     pdl_enter();
-    constexpr int G = QK / 8;   // lanes per block
     const int lane = threadIdx.x & 31;
     const int64_t c = ((int64_t)blockIdx.x * 4 + (threadIdx.x >> 5)) * 32 + lane;   // chunk of 8
     const bool in = 8 * c < n;   // n is a multiple of QK, so a block's lanes agree
     const int64_t t = blockIdx.y;
     const float *xr = x + t * xs + 8 * c;
     float v[8];
-    float amax = 0.f;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        v[i] = in ? xr[i] : 0.f;
-        if (isfinite(v[i])) amax = fmaxf(amax, fabsf(v[i]));
-    }
-#pragma unroll
-    for (int off = 1; off < G; off <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-    uint8_t *row = q + t * qrow;
-    int8_t r[8];
-    if (QK == 32) {
-        // As quant_q8_0: d = amax / 127 (stored as f16), q = round(x * (1 / d)) half away from
-        // zero, non-finite x -> 0.
-        const float d = amax / 127.f;
-        const float id = d != 0.f ? 1.f / d : 0.f;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            float s = __fmul_rn(v[i], id);
-            if (!isfinite(v[i]) || !(s == s)) {
-                r[i] = 0;
-                continue;
-            }
-            s = roundf(s);
-            r[i] = (int8_t)(s > 127.f ? 127.f : (s < -127.f ? -127.f : s));
-        }
-        if (in && (lane % G) == 0)
-            reinterpret_cast<float *>(row + n)[c / G] = __half2float(__float2half_rn(d));
-    } else {
-        // As quant_q8_k: id = 127 / amax, d = amax / 127 (f32), q = nearbyint(x * id) (ties to
-        // even), a non-finite product -> 0; bsums over 16.
-        const float id = amax > 0.f ? 127.f / amax : 0.f;
-        const float d = amax / 127.f;
-        int s16 = 0;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            float s = __fmul_rn(v[i], id);
-            s = isfinite(s) ? rintf(s) : 0.f;
-            r[i] = (int8_t)(s > 127.f ? 127.f : (s < -127.f ? -127.f : s));
-            s16 += r[i];
-        }
-        s16 += __shfl_xor_sync(0xffffffffu, s16, 1);
-        if (in) {
-            if (lane == 0) reinterpret_cast<float *>(row + n)[c / G] = d;
-            if ((lane & 1) == 0) reinterpret_cast<int16_t *>(row + n + 4 * (n / QK))[c >> 1] = (int16_t)s16;
-        }
-    }
-    if (in) {
-        uint2 pk;
-        pk.x = (uint32_t)(uint8_t)r[0] | ((uint32_t)(uint8_t)r[1] << 8) | ((uint32_t)(uint8_t)r[2] << 16) |
-               ((uint32_t)(uint8_t)r[3] << 24);
-        pk.y = (uint32_t)(uint8_t)r[4] | ((uint32_t)(uint8_t)r[5] << 8) | ((uint32_t)(uint8_t)r[6] << 16) |
-               ((uint32_t)(uint8_t)r[7] << 24);
-        reinterpret_cast<uint2 *>(row)[c] = pk;
-    }
+    for (int i = 0; i < 8; ++i) v[i] = in ? xr[i] : 0.f;
+    quantize_chunk<QK>(v, in, lane, c, n, q + t * qrow);
 }
 
 constexpr int kWarps = 4;

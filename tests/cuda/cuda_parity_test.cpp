@@ -201,13 +201,16 @@ TEST_P(CudaTypes, DeviceGroupedExpertsEqualHostGrouped) {
 }
 
 // Steps of up to 16 rows run as CUDA graphs a layer at a time, kept between steps and
-// updated where a launch's arguments or grid changed (cuda/cuda_graph.h). Against every kernel
-// launched on the stream (DS4_CUDA_GRAPH=0) the logits must be equal bit for bit: decode
-// through compressor emits of ratio 4 and 8 (a layer's kernels differ between steps), a
-// segment of two layers, chunks of 7, speculative trial rows (journaled cache writes), and
-// batched steps of six sessions at different positions.
-std::vector<float> logits_graph(const std::string &path, const std::vector<int32_t> &toks, const char *graph) {
+// updated where a launch's arguments or grid changed (cuda/cuda_graph.h), and norms, SwiGLU
+// and the attention output's rope quantise their results in the same launch (DS4_CUDA_FUSE).
+// Against every kernel launched on the stream, unfused (DS4_CUDA_GRAPH=0 DS4_CUDA_FUSE=0),
+// the logits must be equal bit for bit: decode through compressor emits of ratio 4 and 8 (a
+// layer's kernels differ between steps), a segment of two layers, chunks of 7, speculative
+// trial rows (journaled cache writes), and batched steps of six sessions at different
+// positions.
+std::vector<float> logits_graph(const std::string &path, const std::vector<int32_t> &toks, const char *graph, const char *fuse) {
     setenv("DS4_CUDA_GRAPH", graph, 1);
+    setenv("DS4_CUDA_FUSE", fuse, 1);
     auto m = open(path, BackendKind::Cuda);
     std::vector<float> out = run_mode(*m, toks, "decode"), c7 = run_mode(*m, toks, "7");
     out.insert(out.end(), c7.begin(), c7.end());
@@ -234,10 +237,11 @@ std::vector<float> logits_graph(const std::string &path, const std::vector<int32
         for (auto &s : ss) out.insert(out.end(), s->logits().begin(), s->logits().end());
     }
     unsetenv("DS4_CUDA_GRAPH");
+    unsetenv("DS4_CUDA_FUSE");
     return out;
 }
 
-TEST_P(CudaTypes, GraphStepsEqualStreamLaunches) {
+TEST_P(CudaTypes, GraphStepsAndFusedLaunchesEqualPlainLaunches) {
     NEED_DEVICE();
     const std::string type = GetParam();
     const std::string t = type.substr(0, type.find(':')), et = type.substr(type.find(':') + 1);
@@ -249,13 +253,14 @@ TEST_P(CudaTypes, GraphStepsEqualStreamLaunches) {
     ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
     std::vector<int32_t> toks;
     for (int i = 0; i < 40; ++i) toks.push_back((i * 41 + 3) % 200);
-    const std::vector<float> stream = logits_graph(path, toks, "0");
-    for (const char *graph : {"1", "2"}) {
-        const std::vector<float> g = logits_graph(path, toks, graph);
-        ASSERT_EQ(g.size(), stream.size());
+    const std::vector<float> plain = logits_graph(path, toks, "0", "0");
+    for (auto [graph, fuse] : {std::pair{"1", "0"}, std::pair{"0", "1"}, std::pair{"1", "1"}, std::pair{"2", "1"}}) {
+        const std::vector<float> g = logits_graph(path, toks, graph, fuse);
+        ASSERT_EQ(g.size(), plain.size());
         size_t diff = 0;
-        for (size_t i = 0; i < g.size(); ++i) diff += std::memcmp(&g[i], &stream[i], sizeof(float)) != 0;
-        EXPECT_EQ(diff, 0u) << type << " DS4_CUDA_GRAPH=" << graph << ": " << diff << " of " << g.size() << " logits differ";
+        for (size_t i = 0; i < g.size(); ++i) diff += std::memcmp(&g[i], &plain[i], sizeof(float)) != 0;
+        EXPECT_EQ(diff, 0u) << type << " DS4_CUDA_GRAPH=" << graph << " DS4_CUDA_FUSE=" << fuse << ": " << diff << " of "
+                            << g.size() << " logits differ";
     }
     std::remove(path.c_str());
     rmdir(dir);
