@@ -1,6 +1,7 @@
-// A step's kernels replayed as CUDA graphs. A decode step is ~40 kernels a layer, and each
-// cudaLaunchKernelEx costs the host microseconds: with the device that fast, the host's
-// launching becomes what a token waits for. While a step records, launch_pdl() stores each
+// A step's kernels replayed as CUDA graphs. A decode step is ~35 kernels a layer, and each
+// cudaLaunchKernelEx costs the host microseconds; in graphs the host enqueues a one-row step in
+// a fifth of the time (4-layer file, H100: 401 -> 70 us), stays far ahead of the device, and
+// the device runs the step 2-4% faster. While a step records, launch_pdl() stores each
 // launch (kernel, grid, block, shared memory, argument bytes) instead of issuing it; at a cut
 // (the end of a layer, or before any stream operation that is not a kernel) the recorded
 // kernels run as one graph. Graphs are kept per (rows of the step, segment of the step,
@@ -47,7 +48,7 @@ public:
     bool enabled() const { return per_cut_ > 0; }
     // Starts recording a step of `rows` rows on stream s (nothing happens when disabled).
     void begin(cudaStream_t s, int rows);
-    // A layer ended: cut a segment every layers_per_cut layers.
+    // A layer ended: cut a segment every DS4_CUDA_GRAPH layers.
     void layer_done();
     // Issues what is recorded.
     void cut();
