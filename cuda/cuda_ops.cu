@@ -913,12 +913,18 @@ __global__ void gather_kernel(const float *src, int width, const int *idx, float
     for (int i = threadIdx.x; i < width; i += blockDim.x) dst[(int64_t)r * width + i] = src[(int64_t)idx[r] * width + i];
 }
 
+// silu(min(g, lim)) * clamp(u, -lim, lim): one expression for both kernels below, so the
+// fused one's values are swiglu_kernel's bit for bit.
+__device__ __forceinline__ float swiglu_clamped(float g, float u, float lim) {
+    const float a = fminf(g, lim), b = fminf(fmaxf(u, -lim), lim);
+    return a / (1.f + expf(-a)) * b;
+}
+
 __global__ void swiglu_kernel(float *g, const float *u, int64_t n, float lim) {
     pdl_enter();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    const float a = fminf(g[i], lim), b = fminf(fmaxf(u[i], -lim), lim);
-    g[i] = a / (1.f + expf(-a)) * b;
+    g[i] = swiglu_clamped(g[i], u[i], lim);
 }
 
 // swiglu_kernel over rows of F, each row then quantised as quantize_kernel does (the
@@ -935,11 +941,8 @@ __global__ void __launch_bounds__(128) swiglu_quant_kernel(float *g, const float
     float v[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-        v[i] = 0.f;
-        if (!in) continue;
-        const float a = fminf(gr[i], lim), b = fminf(fmaxf(ur[i], -lim), lim);
-        v[i] = a / (1.f + expf(-a)) * b;
-        gr[i] = v[i];
+        v[i] = in ? swiglu_clamped(gr[i], ur[i], lim) : 0.f;
+        if (in) gr[i] = v[i];
     }
     quantize_chunk<QK>(v, in, lane, c, F, q + t * qrow);
 }

@@ -108,16 +108,32 @@ std::string decode_to_f32(const std::string &path) {
 
 class CudaTypes : public ::testing::TestWithParam<std::string> {};
 
+// A tiny random model of "--type:--expert-type" (the CudaTypes parameter) in a new directory
+// under /tmp, removed with it; extra: more ds4-make-model flags.
+struct TinyModel {
+    std::string dir, path;
+    void make(const std::string &type, const std::string &extra = "") {
+        char d[] = "/tmp/ds4-cuda-types-XXXXXX";
+        ASSERT_TRUE(mkdtemp(d));
+        dir = d, path = dir + "/m.gguf";
+        const std::string t = type.substr(0, type.find(':')), et = type.substr(type.find(':') + 1);
+        const std::string cmd = std::string(DS4_MAKE_MODEL_BIN) + " --preset tiny --embd 256 --expert-ff 256 " + extra + " --type " +
+                                t + " --expert-type " + et + " --quiet " + path;
+        ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    }
+    ~TinyModel() {
+        if (!path.empty()) std::remove(path.c_str());
+        if (!dir.empty()) rmdir(dir.c_str());
+    }
+};
+
 TEST_P(CudaTypes, MatchesTheCpu) {
     NEED_DEVICE();
     const std::string type = GetParam();   // "--type:--expert-type"
     const std::string t = type.substr(0, type.find(':')), et = type.substr(type.find(':') + 1);
-    char dir[] = "/tmp/ds4-cuda-types-XXXXXX";
-    ASSERT_TRUE(mkdtemp(dir));
-    const std::string path = std::string(dir) + "/m.gguf";
-    const std::string cmd = std::string(DS4_MAKE_MODEL_BIN) + " --preset tiny --embd 256 --expert-ff 256 --type " + t +
-                            " --expert-type " + et + " --quiet " + path;
-    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    TinyModel tm;
+    ASSERT_NO_FATAL_FAILURE(tm.make(type));
+    const std::string &path = tm.path;
     const std::string plain = decode_to_f32(path);
     auto cpu = open(plain, BackendKind::Cpu), gpu = open(path, BackendKind::Cuda), cpu_q = open(path, BackendKind::Cpu);
     std::vector<int32_t> toks;
@@ -146,9 +162,7 @@ TEST_P(CudaTypes, MatchesTheCpu) {
                     eq, e);
         EXPECT_LE(eq, std::max(2 * e, 0.05)) << type << " 300-token prefill";
     }
-    std::remove(path.c_str());
     std::remove(plain.c_str());
-    rmdir(dir);
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, CudaTypes, ::testing::Values("f32:f32", "f16:f16", "bf16:bf16", "q8_0:q8_0", "f32:q4_k", "f32:q2_k",
@@ -179,14 +193,11 @@ std::vector<float> logits_with(const std::string &path, const std::vector<int32_
 TEST_P(CudaTypes, DeviceGroupedExpertsEqualHostGrouped) {
     NEED_DEVICE();
     const std::string type = GetParam();
-    const std::string t = type.substr(0, type.find(':')), et = type.substr(type.find(':') + 1);
+    const std::string et = type.substr(type.find(':') + 1);
     if (et == "f32" || et == "f16" || et == "bf16") GTEST_SKIP() << "f32-activation experts always group on the host";
-    char dir[] = "/tmp/ds4-cuda-moe-XXXXXX";
-    ASSERT_TRUE(mkdtemp(dir));
-    const std::string path = std::string(dir) + "/m.gguf";
-    const std::string cmd = std::string(DS4_MAKE_MODEL_BIN) + " --preset tiny --embd 256 --expert-ff 256 --type " + t +
-                            " --expert-type " + et + " --quiet " + path;
-    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    TinyModel tm;
+    ASSERT_NO_FATAL_FAILURE(tm.make(type));
+    const std::string &path = tm.path;
     std::vector<int32_t> toks;
     for (int i = 0; i < 40; ++i) toks.push_back((i * 53 + 7) % 200);
     for (const char *mode : {"prefill", "decode", "7"}) {   // "7": chunks of 7
@@ -196,8 +207,6 @@ TEST_P(CudaTypes, DeviceGroupedExpertsEqualHostGrouped) {
         for (size_t i = 0; i < dev.size(); ++i) diff += std::memcmp(&dev[i], &host[i], sizeof(float)) != 0;
         EXPECT_EQ(diff, 0u) << type << " " << mode << ": " << diff << " of " << dev.size() << " logits differ";
     }
-    std::remove(path.c_str());
-    rmdir(dir);
 }
 
 // Steps of up to 16 rows run as CUDA graphs a layer at a time, kept between steps and
@@ -244,13 +253,9 @@ std::vector<float> logits_graph(const std::string &path, const std::vector<int32
 TEST_P(CudaTypes, GraphStepsAndFusedLaunchesEqualPlainLaunches) {
     NEED_DEVICE();
     const std::string type = GetParam();
-    const std::string t = type.substr(0, type.find(':')), et = type.substr(type.find(':') + 1);
-    char dir[] = "/tmp/ds4-cuda-graph-XXXXXX";
-    ASSERT_TRUE(mkdtemp(dir));
-    const std::string path = std::string(dir) + "/m.gguf";
-    const std::string cmd = std::string(DS4_MAKE_MODEL_BIN) + " --preset tiny --embd 256 --expert-ff 256 --ratios 0,4,8,4 --type " +
-                            t + " --expert-type " + et + " --quiet " + path;
-    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    TinyModel tm;
+    ASSERT_NO_FATAL_FAILURE(tm.make(type, "--ratios 0,4,8,4"));
+    const std::string &path = tm.path;
     std::vector<int32_t> toks;
     for (int i = 0; i < 40; ++i) toks.push_back((i * 41 + 3) % 200);
     const std::vector<float> plain = logits_graph(path, toks, "0", "0");
@@ -262,8 +267,6 @@ TEST_P(CudaTypes, GraphStepsAndFusedLaunchesEqualPlainLaunches) {
         EXPECT_EQ(diff, 0u) << type << " DS4_CUDA_GRAPH=" << graph << " DS4_CUDA_FUSE=" << fuse << ": " << diff << " of "
                             << g.size() << " logits differ";
     }
-    std::remove(path.c_str());
-    rmdir(dir);
 }
 
 struct CudaSessions : ::testing::Test {
