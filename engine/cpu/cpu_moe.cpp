@@ -12,19 +12,6 @@
 
 namespace ds4 {
 
-namespace {
-
-// SwiGLU with the reference's clamping: silu(min(g, L)) * clamp(u, -L, L).
-void swiglu(float *g, const float *u, int64_t n, float lim) {
-    for (int64_t i = 0; i < n; ++i) {
-        const float a = std::min(g[i], lim);
-        const float b = std::clamp(u[i], -lim, lim);
-        g[i] = ops::silu(a) * b;
-    }
-}
-
-}  // namespace
-
 void CpuExecutor::route(int layer, const LayerWeights &L, bool hash_routed) {
     CpuOpTimer timer(prof_, CpuOp::Route, mm_.weight_bytes);
     const ModelConfig &c = c_;
@@ -73,7 +60,7 @@ void CpuExecutor::expert_ffn(ThreadPool &pool, MatmulCtx &mm, FfnScratch &s, con
     // The rows are contiguous: one elementwise pass over m * F values, split over the pool
     // (a serial pass cost ~9 ms of a 256-row flash-shape prefill step, for all experts).
     pool.parallel_for((int64_t)m * F, cpu_grain(24), [&](int64_t b, int64_t e, int) {
-        swiglu(s.g.data() + b, s.u.data() + b, e - b, lim);
+        ops::swiglu(s.g.data() + b, s.u.data() + b, e - b, lim);
     });
     matmul(mm, down, s.g.data(), m, F, out, D);
 }

@@ -116,8 +116,6 @@ void rope_apply(float *x, int64_t head_dim, int64_t n_pairs, const float *cos, c
     }
 }
 
-float silu(float x) { return x / (1.f + std::exp(-x)); }
-
 float softplus(float x) { return x > 20.f ? x : std::log1p(std::exp(x)); }
 
 }  // namespace ds4::ops

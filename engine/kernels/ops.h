@@ -37,7 +37,13 @@ float max_of(const float *x, int64_t n, float init);
 // by exp_shift's exp (a NaN gate is passed over by the max), both sums in double over k in
 // order. Channels go 16 (AVX-512) or 8 (AVX2) a step, the same bits on both.
 void softmax_pool(const float *const *gate, const float *const *val, int n, int64_t dim, float *out);
+// SwiGLU with the reference's clamping (swiglu.cpp): g[i] = silu(min(g[i], lim)) *
+// clamp(u[i], -lim, lim), in place over n values; the exp within 1 ulp of libm's (so a value
+// may differ from a libm silu by about that), the same bits on AVX-512 and AVX2.
+void swiglu(float *g, const float *u, int64_t n, float lim);
 namespace detail {
+void swiglu_avx2(float *g, const float *u, int64_t n, float lim);
+void swiglu_avx512(float *g, const float *u, int64_t n, float lim);   // where exp_shift_avx512_usable()
 double exp_shift_avx2(float *x, int64_t n, float m);
 double exp_shift_avx512(float *x, int64_t n, float m);   // where exp_shift_avx512_usable()
 void softmax_pool_avx2(const float *const *gate, const float *const *val, int n, int64_t dim, float *out);
@@ -58,7 +64,6 @@ void axpy(float a, const float *x, float *y, int64_t n);
 // (x0, x1) -> (x0 c - x1 s, x0 s + x1 c) with c, s per pair. sign = -1 rotates back.
 void rope_apply(float *x, int64_t head_dim, int64_t n_pairs, const float *cos, const float *sin, float sign);
 inline float sigmoid(float x) { return 1.f / (1.f + __builtin_expf(-x)); }
-float silu(float x);
 // torch.nn.functional.softplus (beta 1, threshold 20).
 float softplus(float x);
 
