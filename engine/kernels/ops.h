@@ -32,6 +32,9 @@ void indexer_score16(const float *q, const float *w, int heads, int dim, const f
 // same bits on AVX-512 and AVX2. max_of: the largest of init and x[0..n) (NaN if any is).
 double exp_shift(float *x, int64_t n, float m);
 float max_of(const float *x, int64_t n, float init);
+// std::max_element's index over x[0..n): the first of the largest values, NaNs passed over
+// unless x[0] is NaN (then 0); -1 for n <= 0.
+int64_t argmax_first(const float *x, int64_t n);
 // The compressors' pooling: per channel c < dim, a softmax over the n slots' gate[k][c]
 // weights val[k][c]: out[c] = sum_k e_k val[k][c] / sum_k e_k with e_k = exp(gate[k][c] - max)
 // by exp_shift's exp (a NaN gate is passed over by the max), both sums in double over k in

@@ -127,4 +127,27 @@ float max_of(const float *x, int64_t n, float init) {
     return m;
 }
 
+int64_t argmax_first(const float *x, int64_t n) {
+    if (n <= 0) return -1;
+    if (std::isnan(x[0])) return 0;   // std::max_element keeps a NaN first element
+    // The largest non-NaN value (max is exact; a NaN lane never wins: max_ps returns its
+    // second operand, the accumulator, when either is NaN), then the first index holding it.
+    __m256 acc = _mm256_set1_ps(x[0]);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) acc = _mm256_max_ps(_mm256_loadu_ps(x + i), acc);
+    alignas(32) float l[8];
+    _mm256_store_ps(l, acc);
+    float m = l[0];
+    for (int j = 1; j < 8; ++j) m = l[j] > m ? l[j] : m;
+    for (; i < n; ++i) m = x[i] > m ? x[i] : m;
+    const __m256 mv = _mm256_set1_ps(m);
+    for (i = 0; i + 8 <= n; i += 8) {
+        const int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), mv, _CMP_EQ_OQ));
+        if (hit) return i + __builtin_ctz(unsigned(hit));
+    }
+    for (; i < n; ++i)
+        if (x[i] == m) return i;
+    return 0;   // not reached: m is one of x
+}
+
 }  // namespace ds4::ops

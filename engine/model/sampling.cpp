@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "engine/common/error.h"
+#include "engine/kernels/ops.h"
 
 namespace ds4 {
 
@@ -16,7 +17,11 @@ static uint64_t next_rand(uint64_t *s) {
     return z ^ (z >> 31);
 }
 
-int argmax(const std::vector<float> &l) { return (int)(std::max_element(l.begin(), l.end()) - l.begin()); }
+int argmax(const std::vector<float> &l) {
+    // a vector scan: std::max_element's compare-and-branch per logit was ~2% of a decode
+    // step of the default model (8192 logits)
+    return l.empty() ? 0 : (int)ops::argmax_first(l.data(), (int64_t)l.size());
+}
 
 void check_sampling(const SamplingParams &p) {
     if (!(p.top_p > 0.f && p.top_p <= 1.f)) failf("sample: top_p %g must be in (0, 1]", p.top_p);

@@ -1,9 +1,11 @@
 // The softmax parts. exp_shift against exp in double: a dense sweep of [-86, 0] and samples
 // of (0, 88] within 1 ulp (Cephes measured 0.995 at worst), exactly 1 at t = 0, 0 below -86,
 // NaN kept; its sum in the stated order; AVX-512 and AVX2 the same bits, tails of every
-// length written and nothing past them. max_of against a plain loop, and NaN.
+// length written and nothing past them. max_of against a plain loop, and NaN; argmax_first
+// against std::max_element with ties, NaNs and the largest value in every position.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -142,6 +144,30 @@ TEST(MaxOf, LargestOfInitAndValuesAndNaN) {
             EXPECT_TRUE(std::isnan(max_of(x.data(), n, 0.f))) << "n " << n;
         }
     }
+}
+
+TEST(ArgmaxFirst, IsStdMaxElementWithTiesAndNaN) {
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    std::mt19937 rng(17);
+    std::uniform_int_distribution<int> small(-3, 3);   // few distinct values: many ties
+    for (int64_t n : {1, 2, 7, 8, 9, 15, 16, 17, 33, 70, 8192}) {
+        for (int round = 0; round < 20; ++round) {
+            std::vector<float> x(size_t(n) + 1, 1000.f);   // x[n] is past the end, and larger
+            for (int64_t i = 0; i < n; ++i) x[size_t(i)] = float(small(rng));
+            if (round % 4 == 1) x[size_t(rng() % n)] = nan;
+            if (round % 4 == 2) x[0] = nan;
+            if (round % 4 == 3) x[size_t(rng() % n)] = 7.f;   // one largest, anywhere
+            const int64_t want = std::max_element(x.begin(), x.begin() + n) - x.begin();
+            ASSERT_EQ(argmax_first(x.data(), n), want) << "n " << n << " round " << round;
+        }
+    }
+    for (int64_t n = 1; n <= 40; ++n)   // a single largest value in every position
+        for (int64_t at = 0; at < n; ++at) {
+            std::vector<float> x(size_t(n), -1.f);
+            x[size_t(at)] = 2.f;
+            ASSERT_EQ(argmax_first(x.data(), n), at) << "n " << n;
+        }
+    EXPECT_EQ(argmax_first(nullptr, 0), -1);
 }
 
 }  // namespace
