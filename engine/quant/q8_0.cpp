@@ -99,10 +99,12 @@ DS4_AVX512_Q8 void quant_q8_0_avx512(const float *src, void *dst, int64_t n) {
     const __m512 inf = _mm512_set1_ps(INFINITY), half = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.f),
                  lim = _mm512_set1_ps(127.f), nlim = _mm512_set1_ps(-127.f);
     const __m512i sign = _mm512_set1_epi32(int(0x80000000u));
-    int64_t b0 = 0;
-    for (; b0 + 16 <= nb; b0 += 16) {
-        alignas(64) float amax[16], idv[16];
-        for (int i = 0; i < 16; ++i) {
+    // A last group of fewer than sixteen blocks (and a whole row of fewer: the default
+    // model's rows are 8 and 6 blocks) takes the same steps, its missing blocks' amax 0.
+    for (int64_t b0 = 0; b0 < nb; b0 += 16) {
+        const int nblk = int(nb - b0 < 16 ? nb - b0 : 16);
+        alignas(64) float amax[16] = {}, idv[16];
+        for (int i = 0; i < nblk; ++i) {
             const float *x = src + (b0 + i) * kQK8_0;
             const __m512 a0 = _mm512_abs_ps(_mm512_loadu_ps(x)), a1 = _mm512_abs_ps(_mm512_loadu_ps(x + 16));
             // non-finite values count as 0
@@ -114,7 +116,7 @@ DS4_AVX512_Q8 void quant_q8_0_avx512(const float *src, void *dst, int64_t n) {
         _mm512_store_ps(idv, _mm512_maskz_div_ps(_mm512_cmp_ps_mask(d, _mm512_setzero_ps(), _CMP_NEQ_OQ), one, d));
         alignas(32) uint16_t dh[16];
         _mm256_store_si256(reinterpret_cast<__m256i *>(dh), _mm512_cvtps_ph(d, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-        for (int i = 0; i < 16; ++i) {
+        for (int i = 0; i < nblk; ++i) {
             const float *x = src + (b0 + i) * kQK8_0;
             BlockQ8_0 &o = y[b0 + i];
             o.d = dh[i];
@@ -134,7 +136,6 @@ DS4_AVX512_Q8 void quant_q8_0_avx512(const float *src, void *dst, int64_t n) {
             }
         }
     }
-    if (b0 < nb) quant_q8_0_avx2(src + b0 * kQK8_0, y + b0, (nb - b0) * kQK8_0);
 }
 #pragma GCC diagnostic pop
 

@@ -650,15 +650,16 @@ TEST(Quant, Q8_0QuantizerEqualsScalarDefinition) {
     ASSERT_EQ(n % 32, 0);
     std::vector<uint8_t> fast(size_t(n / 32) * sizeof(q::BlockQ8_0)), ref(fast.size());
     ds4::quant::detail::quant_q8_0_ref(x.data(), ref.data(), n);
-    // AVX-512 (sixteen blocks at a time, the rest by AVX2) where the CPU has it, and AVX2;
-    // the whole row and its last 16 + 3 blocks (a group and a remainder)
+    // AVX-512 (sixteen blocks at a time, the rest as a part-filled group) where the CPU has
+    // it, and AVX2; the whole row, its last 16 + 3 blocks (a group and a remainder) and its
+    // last 6 (a row shorter than a group, as the default model's expert rows)
     bool &on = ds4::quant::detail::avx512_enabled();
     const SwitchGuard restore(on);
     const bool have = on;
     for (bool wide : {false, true}) {
         if (wide && !have) continue;
         on = wide;
-        for (int64_t skip : {int64_t(0), n / 32 - 19}) {
+        for (int64_t skip : {int64_t(0), n / 32 - 19, n / 32 - 6}) {
             std::fill(fast.begin(), fast.end(), uint8_t(0xAA));
             const size_t off = size_t(skip) * sizeof(q::BlockQ8_0);
             ds4::quant::detail::quant_q8_0(x.data() + skip * 32, fast.data() + off, n - skip * 32);
