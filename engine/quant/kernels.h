@@ -22,6 +22,8 @@ using RowsFn = void (*)(const uint8_t *w, size_t w_row_stride, int64_t n_rows, c
 void dot_f32(const uint8_t *w, const void *const *x, int ncols, int64_t n, float *out);
 void dot_f16(const uint8_t *w, const void *const *x, int ncols, int64_t n, float *out);
 void dot_bf16(const uint8_t *w, const void *const *x, int ncols, int64_t n, float *out);
+// A RowsFn: on AVX-512 four rows a quarter apart a step (plain_kernels.cpp says why).
+void rows_f32(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const void *x, int64_t n, float *out);
 // F32 (0) / F16 (1) / BF16 (30) weight rows against many f32 activation rows, cut into
 // chunks (vec_dot_tile on plain types): out[c * out_col_stride + r], the bits of dot_f32/f16/bf16.
 void plain_tile(uint32_t type, const uint8_t *w, size_t w_row_stride, int64_t n_rows, const uint8_t *x,

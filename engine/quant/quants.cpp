@@ -34,7 +34,7 @@ void dequant_f32(const void *src, float *dst, int64_t n) { std::memcpy(dst, src,
 void quant_f32(const float *src, void *dst, int64_t n) { std::memcpy(dst, src, size_t(n) * 4); }
 
 const Format *format_of(Type t) {
-    static const Format kF32{"f32", 1, 4, Type::F32, dequant_f32, quant_f32, detail::dot_f32};
+    static const Format kF32{"f32", 1, 4, Type::F32, dequant_f32, quant_f32, detail::dot_f32, nullptr, detail::rows_f32};
     static const Format kF16{"f16", 1, 2, Type::F32, detail::dequant_f16, detail::quant_f16, detail::dot_f16};
     static const Format kBF16{"bf16", 1, 2, Type::F32, detail::dequant_bf16, detail::quant_bf16, detail::dot_bf16};
     static const Format kQ8_0{"q8_0", kQK8_0, sizeof(BlockQ8_0), Type::Q8_0, detail::dequant_q8_0, detail::quant_q8_0,
