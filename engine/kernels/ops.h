@@ -58,7 +58,8 @@ bool exp_shift_avx512_usable();
 // from 0 in index order and each entry divided by sum + eps. Every matrix gets exactly the
 // adds and divisions of the one-matrix loop, in its order, so the bits are the same; the
 // matrices sit in the lanes of a lane-major copy, so their ~32 * iters divisions each run
-// as vector divisions, n matrices at a time.
+// as vector divisions, n matrices at a time; fewer than kSinkhornLanes 4 x 4 matrices
+// instead sit in two registers each, the 16 divisions of a pass two vector ones.
 constexpr int kSinkhornLanes = 8;
 void sinkhorn(float *const *m, int n, int hc, int iters, float eps);
 // y += a * x
