@@ -103,6 +103,15 @@ private:
     std::vector<std::vector<int>> sel_;                         // indexer picks per row
     std::vector<IndexScore> iscore_;                            // indexer scores of a group of rows
     std::vector<int64_t> ioff_;                                 // each row's first score in iscore_
+    // Rows of one session whose entries' blocks of 16 are transposed once for all of them.
+    static constexpr int kKeyBlockRows = 16;
+    struct KeyChunk {
+        int t_begin, t_end;
+        int64_t items_end;   // (chunk, block) items before the next chunk's
+    };
+    std::vector<KeyChunk> key_chunks_;
+    void score_key_blocks(int layer, int t0, int t1, float qscale);
+    void score_rows(int layer, int t0, int t1, float qscale);
     std::vector<std::vector<std::pair<int, float>>> by_expert_; // (row, weight) per expert
     FfnScratch ffn_;
     std::vector<TaskScratch> tasks_;

@@ -88,12 +88,11 @@ float indexer_score(const float *q, const float *w, int heads, int dim, const fl
 // result has indexer_score's bits; the entries' rows are transposed 8 x 8 into kt first.
 void indexer_score8(const float *q, const float *w, int heads, int dim, const float *const *k, float qscale,
                     float *out) {
-    constexpr int kMaxDim = 512;
-    if (dim % 8 != 0 || dim > kMaxDim) {
+    if (dim % 8 != 0 || dim > kIndexerKeysMaxDim) {
         for (int e = 0; e < 8; ++e) out[e] = indexer_score(q, w, heads, dim, k[e], qscale);
         return;
     }
-    alignas(32) float kt[kMaxDim * 8];
+    alignas(32) float kt[kIndexerKeysMaxDim * 8];
     transpose_keys(k, dim, kt, 8);
     const __m256 qs = _mm256_set1_ps(qscale), zero = _mm256_setzero_ps();
     __m256 score = _mm256_setzero_ps();
@@ -129,15 +128,23 @@ bool indexer_score16_usable() {
 // indexer_score8 in the same order, so the bits are the same.
 DS4_AVX512 void indexer_score16(const float *q, const float *w, int heads, int dim, const float *const *k,
                                 float qscale, float *out) {
-    constexpr int kMaxDim = 512;
-    if (dim % 8 != 0 || dim > kMaxDim) {
+    if (dim % 8 != 0 || dim > kIndexerKeysMaxDim) {
         indexer_score8(q, w, heads, dim, k, qscale, out);
         indexer_score8(q, w, heads, dim, k + 8, qscale, out + 8);
         return;
     }
-    alignas(64) float kt[kMaxDim * 16];
+    alignas(64) float kt[kIndexerKeysMaxDim * 16];
+    indexer_keys16(k, dim, kt);
+    indexer_score16_kt(q, w, heads, dim, kt, qscale, out);
+}
+
+void indexer_keys16(const float *const *k, int dim, float *kt) {
     transpose_keys(k, dim, kt, 16);
     transpose_keys(k + 8, dim, kt + 8, 16);
+}
+
+DS4_AVX512 void indexer_score16_kt(const float *q, const float *w, int heads, int dim, const float *kt, float qscale,
+                                   float *out) {
     const __m512 qs = _mm512_set1_ps(qscale), zero = _mm512_setzero_ps();
     __m512 score = _mm512_setzero_ps();
     for (int h = 0; h < heads; ++h) {

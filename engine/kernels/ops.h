@@ -27,6 +27,13 @@ void indexer_score8(const float *q, const float *w, int heads, int dim, const fl
 bool indexer_score16_usable();
 void indexer_score16(const float *q, const float *w, int heads, int dim, const float *const *k, float qscale,
                      float *out);
+// indexer_score16 in its two halves, for many queries against the same sixteen entries (a
+// prefill's rows): indexer_keys16 lays k[0..15] out position-major in kt (16 * dim floats,
+// 64-byte aligned; dim % 8 == 0, dim <= kIndexerKeysMaxDim), indexer_score16_kt scores one
+// query against them (AVX-512, where indexer_score16_usable()), the same bits.
+constexpr int kIndexerKeysMaxDim = 512;
+void indexer_keys16(const float *const *k, int dim, float *kt);
+void indexer_score16_kt(const float *q, const float *w, int heads, int dim, const float *kt, float qscale, float *out);
 // Softmax parts (softmax_parts.cpp). exp_shift: x[i] = exp(x[i] - m) for x[i] - m <= 88,
 // within 1 ulp of exp, 0 below -86, returning their sum in double (8 lanes, then pairs); the
 // same bits on AVX-512 and AVX2. max_of: the largest of init and x[0..n) (NaN if any is).
