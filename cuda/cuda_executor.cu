@@ -133,6 +133,7 @@ public:
         forget(nullptr);
         profile_.step_begin(s_, R_);
         hc_posts_ = 0;
+        pend_ = {};
         producers_ = 0;
         prod_xn_ = prod_qr_ = prod_o_ = -1;
         if (!profile_.on()) graphs_.begin(s_, R_);
@@ -175,7 +176,12 @@ public:
 
     void hc_post() override {
         PROFILE("hc_post");
-        cuda::hc_post(s_, H_.get(), A_.get(), post_.get(), comb_.get(), c_.hc_mult, c_.n_embd, R_);
+        if (pend_.on) {   // the FFN's output, summed here
+            hc_post_moe(s_, H_.get(), pend_.y, pend_.P, pend_.g, pend_.shared, post_.get(), comb_.get(), c_.hc_mult, c_.n_embd, R_);
+            pend_ = {};
+        } else {
+            cuda::hc_post(s_, H_.get(), A_.get(), post_.get(), comb_.get(), c_.hc_mult, c_.n_embd, R_);
+        }
         if (++hc_posts_ % 2 == 0) graphs_.layer_done();   // attention's and the FFN's: a layer
     }
 
@@ -374,7 +380,8 @@ public:
         const uint8_t *hq = quantised(dv.type, h, P, F, F, &hrow);
         float *y = eout_.need((size_t)P * D);
         moe_down(s_, m, F, D, hq, hrow, g, max_used, R_ == 1, y);
-        moe_combine(s_, y, D, P, g, A_.get(), R_);
+        if (fuse_) pend_ = {true, y, P, g, nullptr};   // summed by hc_post, with the shared expert's output
+        else moe_combine(s_, y, D, P, g, A_.get(), R_);
         // bytes of the experts read: exact for one row, an upper bound when rows share experts
         stats_.weight_bytes += (uint64_t)max_used * (gv.bytes() + uv.bytes() + dv.bytes());
     }
@@ -605,9 +612,11 @@ public:
 
     void shared_expert(int layer, const LayerWeights &L) override {
         PROFILE("shared_expert");
-        float *eout = eout_.need((size_t)R_ * c_.n_embd);
+        // eout_ holds the routed experts' outputs while their sum waits for hc_post
+        float *eout = (pend_.on ? sh_out_ : eout_).need((size_t)R_ * c_.n_embd);
         ffn(L.gate_sh, L.up_sh, L.down_sh, XN_.get(), nullptr, 0, R_, eout, c_.swiglu_limit[layer]);
-        add(s_, A_.get(), eout, (int64_t)R_ * c_.n_embd);
+        if (pend_.on) pend_.shared = eout;
+        else add(s_, A_.get(), eout, (int64_t)R_ * c_.n_embd);
     }
 
     void head(const ModelWeights &w, std::span<const int> rows, float *logits) override {
@@ -643,12 +652,14 @@ public:
     void upload(Act a, const float *src, size_t n) override {
         if (n != act_width(c_, a) * R_) failf("upload: %zu floats given, the step holds %zu", n, act_width(c_, a) * R_);
         forget(nullptr);
+        sum_pending();
         settle(s_);
         DS4_CUDA_CHECK(cudaMemcpyAsync(act(a).get(), src, n * sizeof(float), cudaMemcpyHostToDevice, s_));
         DS4_CUDA_CHECK(cudaStreamSynchronize(s_));
     }
     void download(Act a, float *dst, size_t n) const override {
         if (n != act_width(c_, a) * R_) failf("download: %zu floats asked, the step holds %zu", n, act_width(c_, a) * R_);
+        const_cast<CudaExecutor *>(this)->sum_pending();
         settle(s_);
         DS4_CUDA_CHECK(cudaMemcpyAsync(dst, const_cast<CudaExecutor *>(this)->act(a).get(), n * sizeof(float),
                                        cudaMemcpyDeviceToHost, s_));
@@ -659,7 +670,7 @@ public:
         uint64_t b = 0;
         for (const DeviceBuffer<float> *v : {&H_, &X_, &XN_, &A_, &post_, &comb_, &qr_, &q_, &o_, &flat_, &mix_, &kvb_, &p1_,
                                              &p2_, &iq_, &iw_, &scores_, &attn_scratch_, &oa_, &router_, &wts_, &ein_, &eout_,
-                                             &g_, &u_, &head_, &logits_, &rw_buf_})
+                                             &sh_out_, &g_, &u_, &head_, &logits_, &rw_buf_})
             b += v->bytes();
         for (const QuantIn &q : qin_) b += q.buf.bytes();
         return b + xq_tmp_.bytes() + ein_q_.bytes() + hq_.bytes() + pred_lg_.bytes();
@@ -809,6 +820,14 @@ private:
         mm(down, g, m, F, out, D, tensor_cores);
     }
 
+    // A made now, where something other than hc_post reads it (a download, a test's op).
+    void sum_pending() {
+        if (!pend_.on) return;
+        moe_combine(s_, pend_.y, c_.n_embd, pend_.P, pend_.g, A_.get(), R_);
+        if (pend_.shared) add(s_, A_.get(), pend_.shared, (int64_t)R_ * c_.n_embd);
+        pend_ = {};
+    }
+
     DeviceBuffer<float> &act(Act a) {
         switch (a) {
         case Act::H: return H_;
@@ -837,6 +856,15 @@ private:
     bool f32_act_ = false, host_moe_ = false, ids_on_host_ = false, fuse_ = true;
     std::vector<uint8_t> hints_;   // per producer index of a step: the quantised forms asked of it
     int producers_ = 0, prod_xn_ = -1, prod_qr_ = -1, prod_o_ = -1;
+    // The FFN's output A as the routed experts left it on the device path: their outputs y and
+    // pairs g, and the shared expert's output once it ran; hc_post sums it (hc_post_moe).
+    struct PendingA {
+        bool on = false;
+        const float *y = nullptr;
+        int P = 0;
+        MoeGroups g{};
+        const float *shared = nullptr;
+    } pend_;
     static constexpr int64_t kDeviceMoePairs = 512;   // rows x K grouped on the device at most
     DeviceBuffer<int> moe_n_used_, moe_used_, moe_off_, moe_prow_, moe_err_;
     DeviceBuffer<float> moe_pw_;
@@ -855,7 +883,7 @@ private:
     unsigned next_qin_ = 0;
     DeviceBuffer<uint8_t> xq_tmp_, ein_q_;
     DeviceBuffer<float> H_, X_, XN_, A_, post_, comb_, qr_, q_, o_, flat_, mix_, kvb_, p1_, p2_, iq_, iw_, scores_,
-        attn_scratch_, oa_, router_, wts_, ein_, eout_, g_, u_, head_, logits_, rw_buf_;
+        attn_scratch_, oa_, router_, wts_, ein_, eout_, sh_out_, g_, u_, head_, logits_, rw_buf_;
     DeviceBuffer<int32_t> tokens_buf_, idx_buf_;
     DeviceBuffer<int64_t> pos_buf_;
     DeviceBuffer<int> nvis_buf_, sel_, nsel_, ids_, rows_buf_;

@@ -194,5 +194,9 @@ void matmul_q_mma_tiles(cudaStream_t s, gguf::Type type, const void *w, uint64_t
 void moe_combine_pos(cudaStream_t s, const float *y, int D, const int *pos, const float *pw, int K, float *A, int rows);
 // A[r] = sum of pw * y over row r's pairs, in pair order (overwrites A).
 void moe_combine(cudaStream_t s, const float *y, int D, int P, const MoeGroups &g, float *A, int rows);
+// hc_post whose sublayer output is moe_combine's sum of y plus, when not null, the shared
+// expert's output rows (as add() adds them): the same values, without materialising A.
+void hc_post_moe(cudaStream_t s, float *H, const float *y, int P, const MoeGroups &g, const float *shared, const float *post,
+                 const float *comb, int hc, int D, int rows);
 
 }  // namespace ds4::cuda

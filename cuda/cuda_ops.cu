@@ -228,21 +228,41 @@ __global__ void hc_pre_kernel(const float *mix, const float *base, const float *
     }
 }
 
-__global__ void hc_post_kernel(float *H, const float *A, const float *post, const float *comb, int hc, int D) {
-    pdl_enter();
-    const int t = blockIdx.y;
-    const int d = blockIdx.x * blockDim.x + threadIdx.x;
-    if (d >= D) return;
+// H's hc streams of row t at element d updated from the sublayer output o.
+__device__ __forceinline__ void hc_post_elem(float *H, float o, const float *post, const float *comb, int hc, int D, int t, int d) {
     float *h = H + (int64_t)t * hc * D;
     float old[16];
     for (int j = 0; j < hc; ++j) old[j] = h[(int64_t)j * D + d];
     const float *cb = comb + (int64_t)t * hc * hc;
-    const float o = A[(int64_t)t * D + d];
     for (int k = 0; k < hc; ++k) {
         float v = post[t * hc + k] * o;
         for (int j = 0; j < hc; ++j) v += cb[j * hc + k] * old[j];
         h[(int64_t)k * D + d] = v;
     }
+}
+
+__global__ void hc_post_kernel(float *H, const float *A, const float *post, const float *comb, int hc, int D) {
+    pdl_enter();
+    const int t = blockIdx.y;
+    const int d = blockIdx.x * blockDim.x + threadIdx.x;
+    if (d >= D) return;
+    hc_post_elem(H, A[(int64_t)t * D + d], post, comb, hc, D, t, d);
+}
+
+// hc_post_kernel with the FFN's output made on the fly: the routed experts' outputs y summed
+// per row as moe_combine_kernel sums them, plus the shared expert's output (null: none) as
+// add_kernel adds it -- the same float steps, so the same output, two launches fewer.
+__global__ void hc_post_moe_kernel(float *H, const float *__restrict__ y, int P, MoeGroups g, const float *__restrict__ shared,
+                                   const float *post, const float *comb, int hc, int D) {
+    pdl_enter();
+    const int t = blockIdx.y;
+    const int d = blockIdx.x * blockDim.x + threadIdx.x;
+    if (d >= D) return;
+    float acc = 0.f;
+    for (int p = 0; p < P; ++p)
+        if (g.prow[p] == t) acc += g.pw[p] * y[(int64_t)p * D + d];
+    if (shared) acc += shared[(int64_t)t * D + d];
+    hc_post_elem(H, acc, post, comb, hc, D, t, d);
 }
 
 // Blocks past rows * n_heads (when kv is given) take the rows' single kv head instead,
@@ -1045,6 +1065,13 @@ void hc_pre_mix(cudaStream_t s, const float *mix, const float *base, const float
     // blocks of 256 split D (two elements a thread); hc * hc <= 256 fits the general Sinkhorn
     launch_pdl(hc_pre_kernel, dim3((unsigned)rows, (unsigned)blocks_for(D, 2 * kBlock)), kBlock, 0, s, mix, base, scale, H, hc, D, iters,
                                                                                                eps, post, comb, X);
+    DS4_CUDA_LAUNCHED();
+}
+
+void hc_post_moe(cudaStream_t s, float *H, const float *y, int P, const MoeGroups &g, const float *shared, const float *post,
+                 const float *comb, int hc, int D, int rows) {
+    if (rows <= 0) return;
+    launch_pdl(hc_post_moe_kernel, dim3(blocks_for(D, kBlock), rows), kBlock, 0, s, H, y, P, g, shared, post, comb, hc, D);
     DS4_CUDA_LAUNCHED();
 }
 
