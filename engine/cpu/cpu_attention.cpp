@@ -153,9 +153,7 @@ void CpuExecutor::indexer_topk(int layer, const LayerWeights &L, const Rope &rop
             for (int64_t r = b; r < e; ++r) {
                 IndexScore *first = iscore_.data() + ioff_[r], *last = iscore_.data() + ioff_[r + 1];
                 const size_t k = std::min<size_t>(topk, last - first);
-                std::partial_sort(first, first + k, last, [](const IndexScore &a, const IndexScore &b) {
-                    return a.score > b.score || (a.score == b.score && a.idx < b.idx);
-                });
+                ops::top_k_scores(first, last, k);
                 std::vector<int> &out = sel_[t0 + r];
                 out.resize(k);
                 for (size_t i = 0; i < k; ++i) out[i] = first[i].idx;

@@ -11,14 +11,12 @@
 #include "engine/cpu/cpu_profile.h"
 #include "engine/cpu/cpu_state.h"
 #include "engine/kernels/matmul.h"
+#include "engine/kernels/ops.h"
 #include "engine/kernels/threadpool.h"
 
 namespace ds4 {
 
-struct IndexScore {
-    float score;
-    int idx;
-};
+using IndexScore = ops::IndexScore;
 
 // Scratch of one pool thread inside a parallel loop (indexed by the loop's thread index).
 struct TaskScratch {

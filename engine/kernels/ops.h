@@ -1,6 +1,7 @@
 // Small element-wise and reduction kernels of the forward pass (f32). Written as plain
 // loops that the compiler vectorises for AVX2; the heavy lifting is in matmul.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 
 namespace ds4::ops {
@@ -34,6 +35,16 @@ void indexer_score16(const float *q, const float *w, int heads, int dim, const f
 constexpr int kIndexerKeysMaxDim = 512;
 void indexer_keys16(const float *const *k, int dim, float *kt);
 void indexer_score16_kt(const float *q, const float *w, int heads, int dim, const float *kt, float qscale, float *out);
+// An indexer score: entry idx of a row scored `score`.
+struct IndexScore {
+    float score;
+    int idx;
+};
+// The indexer's pick (topk.cpp): [first, first + k) becomes the k best of [first, last) by
+// score descending, ties to the lower index, NaN below every number; that is
+// std::partial_sort's result under this order. The entries must come in increasing idx (as a
+// row's scores do); [first + k, last) is left in no particular state.
+void top_k_scores(IndexScore *first, IndexScore *last, size_t k);
 // Softmax parts (softmax_parts.cpp). exp_shift: x[i] = exp(x[i] - m) for x[i] - m <= 88,
 // within 1 ulp of exp, 0 below -86, returning their sum in double (8 lanes, then pairs); the
 // same bits on AVX-512 and AVX2. max_of: the largest of init and x[0..n) (NaN if any is).
