@@ -126,7 +126,10 @@ TEST(ThreadPool, GivesWayToOtherProcessesOnTheCores) {
         const pid_t p = fork();
         ASSERT_GE(p, 0);
         if (p == 0) {
-            for (volatile uint64_t x = 0;; x = x + 1) {
+            volatile uint64_t x = 0;
+            for (;;) {   // a busy core (volatile: the loop is not optimised away)
+                const uint64_t v = x;
+                x = v + 1;
             }
         }
         kids.push_back(p);
