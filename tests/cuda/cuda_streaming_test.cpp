@@ -83,7 +83,7 @@ void expect_streamed_equal(const std::string &path, const std::vector<int32_t> &
             EXPECT_GT(st.misses, 0u);
             EXPECT_LE(st.misses, st.acquired);
             EXPECT_GT(st.host_bytes_read, 0u);
-            if (!prefetch) EXPECT_EQ(st.prefetched, 0u);
+            if (!prefetch) { EXPECT_EQ(st.prefetched, 0u); }
             std::printf("[cuda streaming] %s cache %4llu prefetch %d: %llu acquired, %llu missed, %llu prefetched (%llu used), "
                         "%.1f MB uploaded, %.1f MB read by the RAM tier\n",
                         what, (unsigned long long)cap, prefetch, (unsigned long long)st.acquired, (unsigned long long)st.misses,

@@ -386,10 +386,11 @@ TEST_F(HardeningE2E, ConnectionsBeyondTheFileLimitAreRefusedNotReset) {
     // connections are then closed at once, by design, and the log must say so. What must
     // never happen is a silent reset.
     const std::string log = read_file(d.log);
-    if (!other.empty())
+    if (!other.empty()) {
         EXPECT_TRUE(contains(log, "closing new connections at once"))
             << "clients were reset and the log does not say why (" << held.size() << " served, " << refused
             << " refused):\n" << other << log;
+    }
     EXPECT_GT(held.size(), 0u);
     EXPECT_GT(refused, 0);
     EXPECT_TRUE(contains(log, "does not fit the open-file limit of 80")) << log;

@@ -77,7 +77,7 @@ protected:
                   "");
     }
     static void TearDownTestSuite() {
-        if (daemon) EXPECT_EQ(daemon->stop(SIGTERM), 0) << read_file(daemon->log);
+        if (daemon) { EXPECT_EQ(daemon->stop(SIGTERM), 0) << read_file(daemon->log); }
         delete daemon;
         delete model;
         delete dir;
@@ -163,7 +163,7 @@ protected:
         std::vector<Step> out;
         ds4::client::GenerateCallbacks cb;
         cb.on_chunk = [&](const ds4::client::Chunk &ch) {
-            if (r.logprobs) EXPECT_EQ(ch.logprobs.size(), ch.tokens.size());
+            if (r.logprobs) { EXPECT_EQ(ch.logprobs.size(), ch.tokens.size()); }
             for (size_t i = 0; i < ch.tokens.size(); ++i) {
                 Step s{ch.tokens[i], 0, {}};
                 if (i < ch.logprobs.size()) {

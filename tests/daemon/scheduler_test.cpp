@@ -138,9 +138,9 @@ TEST(StepPlanner, SpeculatingDecodersGetTheirDraftRowsAfterEveryDecoderHasOne) {
     EXPECT_EQ(total, 12u);
     // Room for everyone: every speculating decoder gets all its rows.
     for (const PlannedSegment &p : plan_step(c, StepLimits{16, 512, 256})) {
-        if (p.candidate < 4) EXPECT_EQ(p.rows, 5u);
-        if (p.candidate == 4) EXPECT_EQ(p.rows, 1u);
-        if (p.candidate == 5) EXPECT_EQ(p.rows, 100u);
+        if (p.candidate < 4) { EXPECT_EQ(p.rows, 5u); }
+        if (p.candidate == 4) { EXPECT_EQ(p.rows, 1u); }
+        if (p.candidate == 5) { EXPECT_EQ(p.rows, 100u); }
     }
     // Time slicing: the one request of the step gets its rows too.
     const auto one = plan_step({{true, 0, 256, 0, 5}}, StepLimits{1, 512, 256});

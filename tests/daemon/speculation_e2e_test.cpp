@@ -63,7 +63,7 @@ protected:
         ASSERT_EQ(err, "");
     }
     static void TearDownTestSuite() {
-        if (daemon) EXPECT_EQ(daemon->stop(SIGTERM), 0) << read_file(daemon->log);
+        if (daemon) { EXPECT_EQ(daemon->stop(SIGTERM), 0) << read_file(daemon->log); }
         delete daemon;
         delete model;
         delete dir;

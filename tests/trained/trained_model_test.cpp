@@ -82,8 +82,9 @@ TEST_F(TrainedModel, HeldOutSequenceMatchesHfArgmaxAndLoss) {
         const float *l = logits.data() + i * V;
         const int am = (int)(std::max_element(l, l + V) - l);
         agree += am == ref_arg[i];
-        if (margin[i] >= kClearMargin)
+        if (margin[i] >= kClearMargin) {
             EXPECT_EQ(am, ref_arg[i]) << "position " << i << ": HF's top-2 gap is " << margin[i];
+        }
         if (i + 1 < toks.size()) {
             double z = 0;
             for (int v = 0; v < V; ++v) z += std::exp((double)l[v] - l[am]);
