@@ -1,8 +1,8 @@
 // SwiGLU with the reference's clamping over many floats: g[i] = silu(min(g[i], L)) *
 // clamp(u[i], -L, L), silu(a) = a / (1 + exp(-a)).
 //
-// libm's expf, one call a value, was ~2% of a flash-shape prefill step (three values a
-// routed expert's row and 2048 of them). Here the exp is vec_math.h's (within 1 ulp of
+// libm's expf, one call a value, was ~2% of a flash-shape prefill step (2048 values for
+// every routed and shared expert row). Here the exp is vec_math.h's (within 1 ulp of
 // libm's); the min, the clamp, the add and the division are the scalar expression's IEEE
 // operations, so a result differs from the scalar one only where the two exps do. For
 // a < -88 the exp is taken at 88: silu(a) is then a / 1.7e38 instead of -0, both nothing
