@@ -388,12 +388,17 @@ TEST_F(StoreTest, EvictedSessionsLeaveABoundedTombstone) {
 
     // Many evictions: the latest kMaxTombstones are listed, most recent first.
     const size_t n = kMaxTombstones + 5;
-    for (size_t i = 0; i < n; ++i) ASSERT_TRUE(s->save("s" + std::to_string(i), b.data(), b.size()));
+    auto name = [](size_t i) {   // not "s" + to_string: GCC 12 warns (-Wrestrict) inside it
+        std::string r = "s";
+        r += std::to_string(i);
+        return r;
+    };
+    for (size_t i = 0; i < n; ++i) ASSERT_TRUE(s->save(name(i), b.data(), b.size()));
     std::vector<EvictedInfo> list;
     ASSERT_TRUE(s->list_evicted(&list));
     ASSERT_EQ(list.size(), kMaxTombstones);
     for (size_t i = 1; i < list.size(); ++i) EXPECT_GE(list[i - 1].evicted_ms, list[i].evicted_ms);
-    EXPECT_EQ(list.front().name, "s" + std::to_string(n - 2));
+    EXPECT_EQ(list.front().name, name(n - 2));
     EXPECT_EQ(list.back().name, "s4");
     EXPECT_EQ(s->evicted("a", &ev).code(), Code::kNotFound) << "the oldest tombstone was kept";
     EXPECT_EQ(s->evicted("s3", &ev).code(), Code::kNotFound) << "the oldest tombstone was kept";
