@@ -197,7 +197,7 @@ TEST_F(CliE2E, StatsDuringPrefillShowTheRequestRunning) {
                         {"--ctx", "4096", "--prefill-chunk", "8", "--max-batch", "1", "--step-tokens", "9"}),
               "");
     std::string prompt;
-    for (int i = 0; i < 800; ++i) prompt += "w" + std::to_string(i % 97) + " ";   // ~3,400 tokens
+    for (int i = 0; i < 800; ++i) prompt.append("w").append(std::to_string(i % 97)).append(" ");   // ~3,400 tokens
     pid_t pid = spawn({DS4_CLI_PATH, "--socket", own.socket, "run", "--raw", "--max-tokens", "1", prompt},
                       d.path + "/run.out", d.path + "/run.err");
     ASSERT_GT(pid, 0);

@@ -796,7 +796,7 @@ TEST_F(DaemonE2E, CliRunWithSessionAppendsToTheConversation) {
     RefOut w2 = ref_generate(r, t2, 5, false);
     auto ids = [](const std::vector<int32_t> &v) {
         std::string s;
-        for (size_t i = 0; i < v.size(); ++i) s += (i ? " " : "") + std::to_string(v[i]);
+        for (size_t i = 0; i < v.size(); ++i) s.append(i ? " " : "").append(std::to_string(v[i]));
         return s + "\n";
     };
     CmdResult a = run_cmd(cli({"--socket", sock(), "run", "--chat", "--session", "cli-conv", "--ids", "--max-tokens", "5", "one"}), dir->path);
