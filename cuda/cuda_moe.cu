@@ -15,6 +15,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_launch.cuh"
 #include "cuda/cuda_kernels.h"
+#include "cuda/cuda_moe_sum.cuh"
 #include "cuda/cuda_qblocks.cuh"
 #include "engine/common/error.h"
 
@@ -251,12 +252,8 @@ __global__ void __launch_bounds__(32 * kWarps, SG ? 8 : NT == 1 ? 6 : 4)
 __global__ void moe_combine_kernel(const float *__restrict__ y, int D, int P, MoeGroups g, float *__restrict__ A) {
     pdl_enter();
     const int r = blockIdx.y;
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < D; i += gridDim.x * blockDim.x) {
-        float acc = 0.f;
-        for (int p = 0; p < P; ++p)
-            if (g.prow[p] == r) acc += g.pw[p] * y[(int64_t)p * D + i];
-        A[(int64_t)r * D + i] = acc;
-    }
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < D; i += gridDim.x * blockDim.x)
+        A[(int64_t)r * D + i] = moe_row_sum(y, D, P, g, r, i);
 }
 
 __global__ void moe_combine_pos_kernel(const float *__restrict__ y, int D, const int *__restrict__ pos,

@@ -10,6 +10,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_launch.cuh"
 #include "cuda/cuda_kernels.h"
+#include "cuda/cuda_moe_sum.cuh"
 #include "cuda/cuda_quant_act.cuh"
 
 namespace ds4::cuda {
@@ -250,17 +251,16 @@ __global__ void hc_post_kernel(float *H, const float *A, const float *post, cons
 }
 
 // hc_post_kernel with the FFN's output made on the fly: the routed experts' outputs y summed
-// per row as moe_combine_kernel sums them, plus the shared expert's output (null: none) as
-// add_kernel adds it -- the same float steps, so the same output, two launches fewer.
+// per row by moe_combine_kernel's own loop (moe_row_sum), plus the shared expert's output
+// (null: none) as add_kernel adds it -- the same float steps, so the same output, two
+// launches fewer.
 __global__ void hc_post_moe_kernel(float *H, const float *__restrict__ y, int P, MoeGroups g, const float *__restrict__ shared,
                                    const float *post, const float *comb, int hc, int D) {
     pdl_enter();
     const int t = blockIdx.y;
     const int d = blockIdx.x * blockDim.x + threadIdx.x;
     if (d >= D) return;
-    float acc = 0.f;
-    for (int p = 0; p < P; ++p)
-        if (g.prow[p] == t) acc += g.pw[p] * y[(int64_t)p * D + d];
+    float acc = moe_row_sum(y, D, P, g, t, d);
     if (shared) acc += shared[(int64_t)t * D + d];
     hc_post_elem(H, acc, post, comb, hc, D, t, d);
 }
