@@ -20,11 +20,11 @@ using IndexScore = ops::IndexScore;
 
 // Scratch of one pool thread inside a parallel loop (indexed by the loop's thread index).
 struct TaskScratch {
-    std::vector<float> cos, sin;   // RoPE tables at one position
+    FloatVec cos, sin;             // RoPE tables at one position
     void need_rope(size_t n_pairs) {
         if (cos.size() < n_pairs) cos.resize(n_pairs), sin.resize(n_pairs);
     }
-    std::vector<float> f;          // one loop body's working floats
+    FloatVec f;                    // one loop body's working floats
     std::vector<const float *> rows;
 };
 
@@ -37,7 +37,7 @@ inline void grow(V &v, size_t n) {
 // up outputs.
 struct FfnScratch {
     std::vector<uint8_t> xq;
-    std::vector<float> g, u;
+    FloatVec g, u;
     size_t bytes() const { return xq.capacity() + (g.capacity() + u.capacity()) * sizeof(float); }
 };
 
@@ -48,7 +48,7 @@ struct ExpertLane {
     ThreadPool one{1, false};
     MatmulCtx mm;
     FfnScratch ffn;
-    std::vector<float> in;   // the expert's input rows
+    FloatVec in;             // the expert's input rows
 };
 
 class CpuExecutor final : public Executor {
@@ -76,7 +76,7 @@ public:
 
 private:
     CpuSessionState &state_of_row(int r) const { return *static_cast<CpuSessionState *>(lay_.segs[lay_.seg[r]].state); }
-    std::vector<float> &act(Act a);
+    FloatVec &act(Act a);
     static void expert_ffn(ThreadPool &pool, MatmulCtx &mm, FfnScratch &s, const WeightView &gate, const WeightView &up,
                            const WeightView &down, const float *in, int m, float *out, float lim);
     void experts_by_thread(size_t u0, size_t n, float lim);
@@ -90,13 +90,13 @@ private:
     int R_ = 0;   // rows of the current step
 
     // Activations (Act) and scratch.
-    std::vector<float> H_, X_, XN_, A_, post_, comb_, qr_, q_, o_;
-    std::vector<float> flat_, mix_, p1_, p2_, kvb_, iq_, iw_, oa_, head_, ein_, eout_, router_, expert_w_;
+    FloatVec H_, X_, XN_, A_, post_, comb_, qr_, q_, o_;
+    FloatVec flat_, mix_, p1_, p2_, kvb_, iq_, iw_, oa_, head_, ein_, eout_, router_, expert_w_;
     std::vector<int> expert_ids_, expert_order_, used_;
     std::vector<ExpertView> views_;
     std::vector<int> pred_ids_;
     std::vector<char> pred_mark_;
-    std::vector<float> pred_scores_;
+    FloatVec pred_scores_;
     void predict_next(int layer, ExpertSource &experts);
     std::vector<std::vector<int>> sel_;                         // indexer picks per row
     std::vector<IndexScore> iscore_;                            // indexer scores of a group of rows

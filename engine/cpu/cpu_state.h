@@ -5,13 +5,18 @@
 #include <vector>
 
 #include "engine/backend/session_state.h"
+#include "engine/quant/cache_aligned.h"
 
 namespace ds4 {
 
+// Host float arrays start on a cache line: from malloc (16 bytes past one) every other
+// 256-bit load and every 512-bit load of a row straddles two lines, and issues at half rate.
+using FloatVec = quant::CacheAlignedVector<float>;
+
 struct CpuComp {
     CompGeometry g;
-    std::vector<float> kv, gate;   // [cap][width]
-    std::vector<float> entries;    // [entry_capacity(closed entries)][dim], grown by need_entries
+    FloatVec kv, gate;             // [cap][width]
+    FloatVec entries;              // [entry_capacity(closed entries)][dim], grown by need_entries
     const float *kv_row(int64_t pos) const { return kv.data() + (pos % g.cap) * g.width; }
     const float *gate_row(int64_t pos) const { return gate.data() + (pos % g.cap) * g.width; }
     float *entry(int w) { return entries.data() + (size_t)w * g.dim; }
@@ -20,7 +25,7 @@ struct CpuComp {
 
 struct CpuLayer {
     int cap_kv = 0, hd = 0;
-    std::vector<float> kv;   // [cap_kv][head_dim]: normed, rotated K=V rows
+    FloatVec kv;             // [cap_kv][head_dim]: normed, rotated K=V rows
     CpuComp comp, icomp;
     const float *kv_row(int64_t pos) const { return kv.data() + (pos % cap_kv) * hd; }
 };
@@ -47,7 +52,7 @@ public:
     void journal_end() override;
 
 private:
-    float *ring_w(std::vector<float> &ring, int cap, int width, int64_t pos) {
+    float *ring_w(FloatVec &ring, int cap, int width, int64_t pos) {
         float *row = ring.data() + (pos % cap) * width;
         if (journaling_) record(row, width, pos);
         return row;

@@ -131,7 +131,9 @@ DS4_AVX512_PLAIN void plain_steps512(const uint8_t *const *w, const float *const
             wv[r][1] = L16::load16(w[r] + (i + 16) * L::kBytes);
         }
         for (int c = 0; c < C; ++c) {
-            const __m512 x0 = _mm512_loadu_ps(x[c] + i), x1 = _mm512_loadu_ps(x[c] + i + 16);
+            __m512 x0 = _mm512_loadu_ps(x[c] + i), x1 = _mm512_loadu_ps(x[c] + i + 16);
+            // in registers: folded into each row's FMA, every column's load was made R times
+            if constexpr (R > 1) __asm__("" : "+v"(x0), "+v"(x1));
             for (int r = 0; r < R; ++r) {
                 acc[r][c][0] = _mm512_fmadd_ps(wv[r][0], x0, acc[r][c][0]);
                 acc[r][c][1] = _mm512_fmadd_ps(wv[r][1], x1, acc[r][c][1]);
@@ -182,7 +184,7 @@ void plain_tile_chunked(const uint8_t *w, size_t w_row_stride, int64_t n_rows, c
     constexpr int64_t kChunk = 1024;
     const int64_t n32 = n / 32 * 32;
     thread_local CacheAlignedVector<float> chain_floats;   // 4 chains of 8 floats a (row, column)
-    thread_local std::vector<uint8_t> wc;
+    thread_local CacheAlignedVector<uint8_t> wc;   // on a cache line, as the rows' 512-bit loads want
     chain_floats.assign(size_t(n_rows * n_cols * 32), 0.f);
     __m256 *const chains_at = reinterpret_cast<__m256 *>(chain_floats.data());
     grow_to(wc, size_t(n_rows * kChunk * L::kBytes));
