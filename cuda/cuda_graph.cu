@@ -1,6 +1,8 @@
 #include "cuda/cuda_graph.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cstdio>
 #include <cstdlib>
 
 #include "cuda/cuda_check.h"
@@ -14,7 +16,17 @@ thread_local std::shared_ptr<Ctl> t_ctl;
 namespace {
 // Steps of more rows (prefill chunks) are device-bound and rarely repeat a shape.
 constexpr int kMaxRows = 16;
+std::atomic<int> g_fail_at{-1};   // builds left before one fails (fail_build_after)
 }  // namespace
+
+void StepGraphs::fail_build_after(int k) { g_fail_at = k; }
+
+// A CUDA call inside replay(): its error is returned, not thrown, so cut() can fall back.
+#define DS4_GRAPH_TRY(call)                          \
+    do {                                             \
+        const cudaError_t ds4_e_ = (call);           \
+        if (ds4_e_ != cudaSuccess) return ds4_e_;    \
+    } while (0)
 
 StepGraphs::StepGraphs() : ctl_(std::make_shared<graph_detail::Ctl>()) {
     const char *e = std::getenv("DS4_CUDA_GRAPH");
@@ -76,6 +88,11 @@ bool StepGraphs::same_launch(const Rec &a, const uint8_t *ab, const Rec &b, cons
 
 void StepGraphs::cut() {
     if (!ctl_->on || recs_.empty()) return;
+    if (const cudaError_t e = replay(); e != cudaSuccess) launch_on_stream(e);
+    recs_.clear(), blob_.clear(), offs_.clear();
+}
+
+cudaError_t StepGraphs::replay() {
     std::vector<std::vector<Variant>> &segs = kept_[rows_];
     if ((int)segs.size() <= seg_) segs.resize(seg_ + 1);
     std::vector<Variant> &vs = segs[seg_++];
@@ -100,7 +117,7 @@ void StepGraphs::cut() {
             ptrs_.resize(b.na);
             for (uint32_t j = 0; j < b.na; ++j) ptrs_[j] = v->blob.data() + v->offs[b.a0 + j];
             cudaKernelNodeParams p{const_cast<void *>(b.func), b.grid, b.block, b.shm, ptrs_.data(), nullptr};
-            DS4_CUDA_CHECK(cudaGraphExecKernelNodeSetParams(v->x, v->nodes[i], &p));
+            DS4_GRAPH_TRY(cudaGraphExecKernelNodeSetParams(v->x, v->nodes[i], &p));
             ++stats_.node_updates;
         }
     } else {
@@ -113,24 +130,59 @@ void StepGraphs::cut() {
         v = &vs.back();
         for (const Rec &r : recs_) v->funcs.push_back(r.func);
         v->recs = recs_, v->blob = blob_, v->offs = offs_;
-        build(*v);
+        if (const cudaError_t e = build(*v); e != cudaSuccess) {
+            drop(*v);
+            vs.pop_back();
+            return e;
+        }
     }
     v->used = ++clock_;
-    DS4_CUDA_CHECK(cudaGraphLaunch(v->x, s_));
+    DS4_GRAPH_TRY(cudaGraphLaunch(v->x, s_));
     ++stats_.replays;
     stats_.nodes += recs_.size();
-    recs_.clear(), blob_.clear(), offs_.clear();
+    return cudaSuccess;
 }
 
-void StepGraphs::build(Variant &v) {
-    DS4_CUDA_CHECK(cudaGraphCreate(&v.g, 0));
+// The recorded kernels issued one by one, as launch_pdl issues them outside a recording, and
+// graphs off for good.
+void StepGraphs::launch_on_stream(cudaError_t why) {
+    (void)cudaGetLastError();   // a failed build leaves no sticky error; a poisoned context fails below
+    std::fprintf(stderr, "ds4: CUDA graph failed (%s); kernels are launched on the stream from now on\n",
+                 cudaGetErrorString(why));
+    ++stats_.fallbacks;
+    for (const Rec &r : recs_) {
+        ptrs_.resize(r.na);
+        for (uint32_t j = 0; j < r.na; ++j) ptrs_[j] = blob_.data() + offs_[r.a0 + j];
+        cudaLaunchAttribute at[1];
+        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[0].val.programmaticStreamSerializationAllowed = 1;
+        cudaLaunchConfig_t cfg{};
+        cfg.gridDim = r.grid, cfg.blockDim = r.block, cfg.dynamicSmemBytes = r.shm, cfg.stream = s_;
+        cfg.attrs = at, cfg.numAttrs = r.pdl ? 1 : 0;
+        DS4_CUDA_CHECK(cudaLaunchKernelExC(&cfg, r.func, ptrs_.data()));
+    }
+    per_cut_ = 0;
+    ctl_->on = false;
+    if (graph_detail::t_ctl == ctl_) graph_detail::t_ctl.reset();
+    for (auto &[rows, segs] : kept_)
+        for (auto &vs : segs)
+            for (Variant &v : vs) drop(v);
+    kept_.clear();
+}
+
+cudaError_t StepGraphs::build(Variant &v) {
+    if (const int k = g_fail_at.load(); k >= 0) {
+        g_fail_at = k - 1;
+        if (k == 0) return cudaErrorMemoryAllocation;
+    }
+    DS4_GRAPH_TRY(cudaGraphCreate(&v.g, 0));
     v.nodes.resize(v.recs.size());
     for (size_t i = 0; i < v.recs.size(); ++i) {
         const Rec &r = v.recs[i];
         ptrs_.resize(r.na);
         for (uint32_t j = 0; j < r.na; ++j) ptrs_[j] = v.blob.data() + v.offs[r.a0 + j];
         cudaKernelNodeParams p{const_cast<void *>(r.func), r.grid, r.block, r.shm, ptrs_.data(), nullptr};
-        DS4_CUDA_CHECK(cudaGraphAddKernelNode(&v.nodes[i], v.g, nullptr, 0, &p));
+        DS4_GRAPH_TRY(cudaGraphAddKernelNode(&v.nodes[i], v.g, nullptr, 0, &p));
         if (i == 0) continue;
         // the stream's programmatic serialisation as an edge: the kernel may start once every
         // block of the one before has begun (launch_dependents) and waits for its completion
@@ -140,10 +192,11 @@ void StepGraphs::build(Variant &v) {
             e.from_port = cudaGraphKernelNodePortProgrammatic;
             e.type = cudaGraphDependencyTypeProgrammatic;
         }
-        DS4_CUDA_CHECK(cudaGraphAddDependencies(v.g, &v.nodes[i - 1], &v.nodes[i], &e, 1));
+        DS4_GRAPH_TRY(cudaGraphAddDependencies(v.g, &v.nodes[i - 1], &v.nodes[i], &e, 1));
     }
-    DS4_CUDA_CHECK(cudaGraphInstantiate(&v.x, v.g, 0));
+    DS4_GRAPH_TRY(cudaGraphInstantiate(&v.x, v.g, 0));
     ++stats_.built;
+    return cudaSuccess;
 }
 
 void StepGraphs::drop(Variant &v) {

@@ -10,6 +10,12 @@
 // launch. Consecutive kernels are joined by programmatic edges, as the stream's programmatic
 // serialisation joins them, so the kernels run exactly as launched on the stream would.
 //
+// A graph that cannot be built, updated or launched (out of device memory, a driver that
+// refuses a node) does not fail the step: the recorded kernels are launched on the stream as
+// they would have been without graphs, the kept graphs are freed, and this executor launches
+// on the stream from then on (one line on stderr says so). A fault that poisons the context fails
+// those launches too, and the step fails as before.
+//
 // Rules for code that touches the executor's stream: a stream operation other than a kernel
 // launch, a synchronisation, or freeing device memory first calls settle() (or
 // settle_thread()), so recorded kernels are issued before it.
@@ -60,9 +66,14 @@ public:
     void add(const void *func, dim3 grid, dim3 block, size_t shm, bool pdl, const void *const *args, const size_t *size, int n);
 
     struct Stats {
-        uint64_t replays = 0, built = 0, node_updates = 0, nodes = 0;
+        uint64_t replays = 0, built = 0, node_updates = 0, nodes = 0, fallbacks = 0;
     };
     const Stats &stats() const { return stats_; }
+
+    // Tests: after k more graph builds in this process the next one fails as an out-of-memory
+    // instantiation would (the fallback above is otherwise hard to reach on a healthy device);
+    // k < 0 disarms.
+    static void fail_build_after(int k);
 
 private:
     struct Rec {
@@ -84,7 +95,9 @@ private:
         uint64_t used = 0;
     };
     static constexpr size_t kVariants = 8;   // kept per segment; the least recently run goes
-    void build(Variant &v);
+    cudaError_t replay();
+    void launch_on_stream(cudaError_t why);
+    cudaError_t build(Variant &v);
     void drop(Variant &v);
     static bool same_launch(const Rec &a, const uint8_t *ab, const Rec &b, const uint8_t *bb);
 

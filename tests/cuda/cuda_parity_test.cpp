@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "cuda/cuda_backend.h"
+#include "cuda/cuda_graph.h"
 #include "tests/cuda/need_device.h"
 #include "engine/model/model.h"
 #include "engine/model/session.h"
@@ -266,6 +267,33 @@ TEST_P(CudaTypes, GraphStepsAndFusedLaunchesEqualPlainLaunches) {
         for (size_t i = 0; i < g.size(); ++i) diff += std::memcmp(&g[i], &plain[i], sizeof(float)) != 0;
         EXPECT_EQ(diff, 0u) << type << " DS4_CUDA_GRAPH=" << graph << " DS4_CUDA_FUSE=" << fuse << ": " << diff << " of "
                             << g.size() << " logits differ";
+    }
+}
+
+// A graph that fails to build (here on purpose: StepGraphs::fail_build_after) does not fail
+// the step: its kernels are launched on the stream instead and the executor stops using
+// graphs, so the logits are still those of plain launches, bit for bit, whether the failure
+// comes at the first build or after some segments already ran as graphs.
+TEST_P(CudaTypes, AGraphThatFailsToBuildFallsBackToStreamLaunches) {
+    NEED_DEVICE();
+    const std::string type = GetParam();
+    TinyModel tm;
+    ASSERT_NO_FATAL_FAILURE(tm.make(type, "--ratios 0,4,8,4"));
+    std::vector<int32_t> toks;
+    for (int i = 0; i < 40; ++i) toks.push_back((i * 41 + 3) % 200);
+    const std::vector<float> plain = logits_graph(tm.path, toks, "0", "1");
+    for (int after : {0, 3}) {
+        cuda::StepGraphs::fail_build_after(after);
+        ::testing::internal::CaptureStderr();
+        const std::vector<float> g = logits_graph(tm.path, toks, "1", "1");
+        const std::string err = ::testing::internal::GetCapturedStderr();
+        cuda::StepGraphs::fail_build_after(-1);
+        EXPECT_NE(err.find("CUDA graph failed"), std::string::npos) << "after " << after << ": no fallback reported";
+        ASSERT_EQ(g.size(), plain.size());
+        size_t diff = 0;
+        for (size_t i = 0; i < g.size(); ++i) diff += std::memcmp(&g[i], &plain[i], sizeof(float)) != 0;
+        EXPECT_EQ(diff, 0u) << type << " failure after " << after << " builds: " << diff << " of " << g.size()
+                            << " logits differ";
     }
 }
 
