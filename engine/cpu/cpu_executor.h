@@ -26,6 +26,7 @@ struct TaskScratch {
     }
     FloatVec f;                    // one loop body's working floats
     std::vector<const float *> rows;
+    std::vector<int> order;        // the router's ranking of the experts
 };
 
 template <class V>
@@ -92,7 +93,7 @@ private:
     // Activations (Act) and scratch.
     FloatVec H_, X_, XN_, A_, post_, comb_, qr_, q_, o_;
     FloatVec flat_, mix_, p1_, p2_, kvb_, iq_, iw_, oa_, head_, ein_, eout_, router_, expert_w_;
-    std::vector<int> expert_ids_, expert_order_, used_;
+    std::vector<int> expert_ids_, expert_order_, used_;   // expert_order_: predict_next's ranking
     std::vector<ExpertView> views_;
     std::vector<int> pred_ids_;
     std::vector<char> pred_mark_;
