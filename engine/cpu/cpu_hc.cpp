@@ -182,8 +182,8 @@ uint64_t CpuExecutor::scratch_bytes() const {
         b += l->mm.xq.capacity() + l->mm.xpack.capacity() + l->ffn.bytes() + l->in.capacity() * sizeof(float);
     b += token_rows_.capacity() * sizeof(token_rows_[0]) + (by_size_.capacity() + filled_.capacity()) * sizeof(int) +
          first_row_.capacity() * sizeof(size_t);
-    for (const FloatVec *v : {&H_, &X_, &XN_, &A_, &post_, &comb_, &qr_, &q_, &o_, &flat_, &mix_, &p1_, &p2_,
-                                        &kvb_, &iq_, &iw_, &oa_, &head_, &ein_, &eout_, &router_, &expert_w_})
+    for (const FloatVec *v : {&H_, &X_, &XN_, &A_, &post_, &comb_, &qr_, &q_, &o_, &flat_, &mix_, &p1_, &p2_, &kvb_,
+                              &iq_, &iw_, &oa_, &head_, &ein_, &eout_, &router_, &expert_w_})
         b += v->capacity() * sizeof(float);
     b += (expert_ids_.capacity() + expert_order_.capacity() + used_.capacity()) * sizeof(int);
     b += views_.capacity() * sizeof(ExpertView);
@@ -191,7 +191,7 @@ uint64_t CpuExecutor::scratch_bytes() const {
     for (const auto &v : by_expert_) b += v.capacity() * sizeof(std::pair<int, float>);
     for (const TaskScratch &t : tasks_)
         b += (t.cos.capacity() + t.sin.capacity() + t.f.capacity()) * sizeof(float) +
-             t.rows.capacity() * sizeof(const float *);
+             t.rows.capacity() * sizeof(const float *) + t.order.capacity() * sizeof(int);
     b += iscore_.capacity() * sizeof(IndexScore) + ioff_.capacity() * sizeof(int64_t);
     return b;
 }
