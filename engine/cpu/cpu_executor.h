@@ -95,7 +95,7 @@ private:
     FloatVec flat_, mix_, p1_, p2_, kvb_, iq_, iw_, oa_, head_, ein_, eout_, router_, expert_w_;
     std::vector<int> expert_ids_, expert_order_, used_;   // expert_order_: predict_next's ranking
     std::vector<ExpertView> views_;
-    std::vector<int> pred_ids_;
+    std::vector<int> pred_ids_, pred_top_;   // predict_next: the guessed experts, one token's top K
     std::vector<char> pred_mark_;
     FloatVec pred_scores_;
     void predict_next(int layer, ExpertSource &experts);

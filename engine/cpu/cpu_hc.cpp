@@ -186,6 +186,7 @@ uint64_t CpuExecutor::scratch_bytes() const {
                               &iq_, &iw_, &oa_, &head_, &ein_, &eout_, &router_, &expert_w_})
         b += v->capacity() * sizeof(float);
     b += (expert_ids_.capacity() + expert_order_.capacity() + used_.capacity()) * sizeof(int);
+    b += (pred_ids_.capacity() + pred_top_.capacity()) * sizeof(int) + pred_mark_.capacity() + pred_scores_.capacity() * sizeof(float);
     b += views_.capacity() * sizeof(ExpertView);
     for (const auto &v : sel_) b += v.capacity() * sizeof(int);
     for (const auto &v : by_expert_) b += v.capacity() * sizeof(std::pair<int, float>);

@@ -12,6 +12,19 @@
 
 namespace ds4 {
 
+namespace {
+// The K experts of highest score + bias, ties to the lower id, best first (order: scratch).
+void top_experts(const float *sc, const float *bias, int E, int K, std::vector<int> &order, int *id) {
+    grow(order, (size_t)E);
+    for (int e = 0; e < E; ++e) order[e] = e;
+    std::partial_sort(order.begin(), order.begin() + K, order.begin() + E, [&](int a, int b) {
+        const float sa = sc[a] + bias[a], sb = sc[b] + bias[b];
+        return sa > sb || (sa == sb && a < b);
+    });
+    for (int k = 0; k < K; ++k) id[k] = order[k];
+}
+}  // namespace
+
 void CpuExecutor::route(int layer, const LayerWeights &L, bool hash_routed) {
     CpuOpTimer timer(prof_, CpuOp::Route, mm_.weight_bytes);
     const ModelConfig &c = c_;
@@ -24,8 +37,6 @@ void CpuExecutor::route(int layer, const LayerWeights &L, bool hash_routed) {
     // Tokens split over the pool (each writes only its own rows): serial, the softplus and the
     // ranking of 256 experts were ~2 ms of a 256-row flash-shape prefill step.
     pool_.parallel_for(T, cpu_grain((int64_t)E * 64), [&](int64_t b, int64_t e_end, int th) {
-        std::vector<int> &order = tasks_[th].order;
-        grow(order, (size_t)E);
         for (int64_t t = b; t < e_end; ++t) {
             float *sc = router_.data() + (size_t)t * E;
             for (int e = 0; e < E; ++e) sc[e] = std::sqrt(ops::softplus(sc[e]));
@@ -33,12 +44,7 @@ void CpuExecutor::route(int layer, const LayerWeights &L, bool hash_routed) {
             if (hash_routed) {
                 for (int k = 0; k < K; ++k) id[k] = L.tid2eid[(size_t)lay_.tokens[t] * K + k];
             } else {
-                for (int e = 0; e < E; ++e) order[e] = e;
-                std::partial_sort(order.begin(), order.begin() + K, order.begin() + E, [&](int a, int b) {
-                    const float sa = sc[a] + L.probs_b[a], sb = sc[b] + L.probs_b[b];
-                    return sa > sb || (sa == sb && a < b);
-                });
-                for (int k = 0; k < K; ++k) id[k] = order[k];
+                top_experts(sc, L.probs_b.data(), E, K, tasks_[th].order, id);
             }
             double sum = 0;
             for (int k = 0; k < K; ++k) sum += sc[id[k]];
@@ -203,15 +209,12 @@ void CpuExecutor::predict_next(int layer, ExpertSource &experts) {
     } else {
         grow(pred_scores_, (size_t)T * E);
         matmul(mm_, N->gate_inp, XN_.data(), T, D, pred_scores_.data(), E);
-        std::vector<int> &order = expert_order_;
-        grow(order, (size_t)E);
+        grow(pred_top_, (size_t)K);
         for (int t = 0; t < T; ++t) {
             float *sc = pred_scores_.data() + (size_t)t * E;
-            for (int e = 0; e < E; ++e) sc[e] = std::sqrt(ops::softplus(sc[e])) + N->probs_b[e];
-            for (int e = 0; e < E; ++e) order[e] = e;
-            std::partial_sort(order.begin(), order.begin() + K, order.begin() + E,
-                              [&](int a, int b) { return sc[a] > sc[b] || (sc[a] == sc[b] && a < b); });
-            for (int k = 0; k < K; ++k) pred_mark_[order[k]] = 1;
+            for (int e = 0; e < E; ++e) sc[e] = std::sqrt(ops::softplus(sc[e]));
+            top_experts(sc, N->probs_b.data(), E, K, expert_order_, pred_top_.data());
+            for (int k = 0; k < K; ++k) pred_mark_[pred_top_[k]] = 1;
         }
     }
     for (int e = 0; e < E; ++e)
