@@ -1124,6 +1124,58 @@ TEST_P(BackendOps, RouteExperts) {
 }
 
 // ---------------------------------------------------------------------------------------
+// The streaming source's guess of a layer's experts (routed_experts asks the source for a
+// router and prefetches that router's top-k of the MoE input). A source that hands out the
+// routed layer's own router must be told exactly the experts route picked and the layer then
+// acquires: the guess ranks as route ranks (score + bias, ties to the lower index).
+
+// The model's resident experts, recording what each layer acquired and what was prefetched;
+// predictor(l) is layer l's own router.
+class RecordingExperts final : public ExpertSource {
+public:
+    RecordingExperts(ExpertSource &inner, const ModelWeights &w) : inner_(inner), w_(w) {}
+    void acquire(int layer, std::span<const int> ids, ExpertView *out) override {
+        acquired[layer].insert(acquired[layer].end(), ids.begin(), ids.end());
+        inner_.acquire(layer, ids, out);
+    }
+    void release() override { inner_.release(); }
+    void prefetch(int layer, std::span<const int> ids) override { predicted[layer].assign(ids.begin(), ids.end()); }
+    const LayerWeights *predictor(int layer) const override { return &w_.layers[layer]; }
+    ExpertSourceStats stats() const override { return inner_.stats(); }
+    std::map<int, std::vector<int>> acquired, predicted;
+
+private:
+    ExpertSource &inner_;
+    const ModelWeights &w_;
+};
+
+TEST_P(BackendOps, PredictedExpertsRankAsTheRouter) {
+    if (GetParam().backend != "cpu") GTEST_SKIP() << "the CUDA executor predicts only for its VRAM expert cache";
+    const ModelConfig &c = cfg();
+    const int D = c.n_embd;
+    const int l = 1;   // routed by score, and so is the layer after it
+    ASSERT_TRUE(!c.is_hash(l) && !c.is_hash(l + 1) && l + 1 < c.n_layer) << "the test model's layer kinds changed";
+    std::mt19937 rng(23);
+    for (const auto &segs : kLayouts) {
+        const LayerWeights &L = w().layers[l];
+        Step st(*backend_, c, segs, rng);
+        const std::vector<float> XN = randn(rng, (size_t)st.R * D);
+        RecordingExperts rec(m().experts(), w());
+        Executor *ex = ex_.get();
+        ex->begin(st.lay);
+        ex->upload(Act::XN, XN.data(), XN.size());
+        ex->route(l, L, false);
+        ex->routed_experts(l, L, rec);
+        std::vector<int> used = rec.acquired[l];
+        std::sort(used.begin(), used.end());
+        used.erase(std::unique(used.begin(), used.end()), used.end());
+        ASSERT_FALSE(used.empty());
+        ASSERT_EQ(rec.predicted.count(l + 1), 1u) << "no prediction for layer " << l + 1;
+        EXPECT_EQ(rec.predicted[l + 1], used) << st.R << " rows";
+    }
+}
+
+// ---------------------------------------------------------------------------------------
 // shared_expert: A += shared expert(XN).
 
 TEST_P(BackendOps, SharedExpert) {
