@@ -28,18 +28,13 @@
 #include "engine/quant/cache_aligned.h"
 #include "engine/quant/half.h"
 #include "engine/quant/kernels.h"
+#include "engine/quant/q8_0_panel.h"
 #include "engine/quant/simd.h"
 
 namespace ds4::quant::detail {
 
 namespace {
 
-// Per column group and block: 8 slices x 16 lanes x 4 bytes, the 16 f32 scales, then the
-// 16 corrections (-128 * the column's block sum).
-constexpr int64_t kSliceBytes = kPackCols * 4;
-constexpr int64_t kScaleOff = 8 * kSliceBytes;
-constexpr int64_t kCorrOff = kScaleOff + kPackCols * 4;
-constexpr int64_t kGroupBlockBytes = kCorrOff + kPackCols * 4;
 // Narrow layout, per block: 4 slice pairs x 16 lanes x 4 bytes, then the 8 scales and the 8
 // corrections, each twice, in the results' lane order (lane 2c + r: column c, row r of a pair).
 constexpr int kNarrowCols = 8;
@@ -318,16 +313,19 @@ void tile_wide(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const uint
 
 }  // namespace
 
-int64_t q8_0_pack_groups(int64_t n_cols) { return n_cols <= kNarrowCols ? 1 : (n_cols + kPackCols - 1) / kPackCols; }
+// The narrow layout is the VNNI tile's alone: the AVX2 tile takes any column count wide.
+static bool narrow(int64_t n_cols) { return n_cols <= kNarrowCols && vnni_enabled(); }
+
+int64_t q8_0_pack_groups(int64_t n_cols) { return narrow(n_cols) ? 1 : (n_cols + kPackCols - 1) / kPackCols; }
 
 uint64_t q8_0_pack_bytes(int64_t n, int64_t n_cols) {
     const uint64_t nb = uint64_t(n / kQK8_0);
-    return n_cols <= kNarrowCols ? nb * kNarrowBlockBytes : uint64_t(q8_0_pack_groups(n_cols)) * nb * kGroupBlockBytes;
+    return narrow(n_cols) ? nb * kNarrowBlockBytes : uint64_t(q8_0_pack_groups(n_cols)) * nb * kGroupBlockBytes;
 }
 
 void q8_0_pack(const void *x, size_t x_row_stride, int64_t n_cols, int64_t n, int64_t g0, int64_t g1, uint8_t *dst) {
     const uint8_t *xp = static_cast<const uint8_t *>(x);
-    if (n_cols <= kNarrowCols) {
+    if (narrow(n_cols)) {
         if (g0 < g1) pack_narrow(xp, x_row_stride, int(n_cols), n, dst);
         return;
     }
@@ -425,7 +423,7 @@ void tile_narrow(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const ui
 void q8_0_tile_packed(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const uint8_t *packed, int64_t n_cols,
                       int64_t n, float *out, size_t out_col_stride) {
     const int64_t nb = n / kQK8_0;
-    if (n_cols <= kNarrowCols) {
+    if (narrow(n_cols)) {
         tile_narrow(w, w_row_stride, n_rows, packed, int(n_cols), nb, out, out_col_stride);
         return;
     }
@@ -442,7 +440,10 @@ void q8_0_tile_packed(const uint8_t *w, size_t w_row_stride, int64_t n_rows, con
     if (staged.size() < ls * size_t(n_cols)) staged.resize(ls * size_t(n_cols));
     for (int64_t r0 = 0; r0 < n_rows; r0 += kStageRows) {
         const int64_t nr = std::min(kStageRows, n_rows - r0);
-        tile_wide(w + size_t(r0) * w_row_stride, w_row_stride, nr, packed, n_cols, nb, staged.data(), ls);
+        if (vnni_enabled())
+            tile_wide(w + size_t(r0) * w_row_stride, w_row_stride, nr, packed, n_cols, nb, staged.data(), ls);
+        else
+            q8_0_tile_wide_avx2(w + size_t(r0) * w_row_stride, w_row_stride, nr, packed, n_cols, nb, staged.data(), ls);
         for (int64_t c = 0; c < n_cols; ++c)
             std::memcpy(out + size_t(c) * out_col_stride + size_t(r0), staged.data() + size_t(c) * ls,
                         sizeof(float) * size_t(nr));

@@ -451,15 +451,15 @@ TEST(Quant, Q4_KVnniMatchesAvx2) {
     }
 }
 
-// The packed Q8_0 tile (columns in the lanes, AVX-512 VNNI) against the one-pair dot, bit
-// for bit: block counts with a tail of 1-3 blocks, every remainder of the 4-row steps,
-// column counts around the 16-column groups, padded activation rows, weights of -128, and
-// scales from tiny to huge. With VNNI off the packed path reports that it does not apply.
-TEST(Quant, Q8_0PackedTileEqualsDotBitForBit) {
-    if (!ds4::quant::detail::vnni_available()) GTEST_SKIP() << "no AVX-512 VNNI on this CPU (or DS4_NO_AVX512 set)";
+// The packed Q8_0 tile (columns in the lanes) against the one-pair dot, bit for bit, on
+// AVX-512 VNNI (where the CPU has it) and on AVX2 (VNNI turned off): block counts with a
+// tail of 1-3 blocks, every remainder of the 4-row steps, column counts around the
+// 8-column narrow panel, the AVX2 tile's 8-column units and the 16-column groups, padded
+// activation rows, weights of -128, and scales from tiny to huge.
+static void packed_q8_0_tile_equals_dot(bool vnni) {
     bool &on = ds4::quant::detail::vnni_enabled();
     const SwitchGuard restore(on);
-    on = true;
+    on = vnni;
     std::mt19937 rng(31);
     for (int64_t n : {32, 32 * 5, 32 * 7, 4096 + 32}) {
         const int64_t nrows = 11, ncols = 53;   // 53: three full groups (rows_xg) and a part-filled one
@@ -515,8 +515,29 @@ TEST(Quant, Q8_0PackedTileEqualsDotBitForBit) {
     EXPECT_THROW(q::vec_dot_tile_packed(Type::Q8_0, dummy.data(), 34, 1, dummy.data(), q::kTilePackMinCols - 1, 32,
                                        out.data(), 1),
                  std::exception);
+}
+
+TEST(Quant, Q8_0PackedTileEqualsDotBitForBitVnni) {
+    if (!ds4::quant::detail::vnni_available()) GTEST_SKIP() << "no AVX-512 VNNI on this CPU (or DS4_NO_AVX512 set)";
+    packed_q8_0_tile_equals_dot(true);
+}
+
+TEST(Quant, Q8_0PackedTileEqualsDotBitForBitAvx2) { packed_q8_0_tile_equals_dot(false); }
+
+// With VNNI on and off the packing's size follows the layout the tile reads: the narrow
+// panel (one group) up to 8 columns on VNNI only, 16-column groups otherwise.
+TEST(Quant, Q8_0PackLayoutFollowsThePath) {
+    bool &on = ds4::quant::detail::vnni_enabled();
+    const SwitchGuard restore(on);
     on = false;
-    EXPECT_EQ(q::tile_pack_bytes(Type::Q8_0, 4096, 64), 0u);
+    EXPECT_EQ(q::tile_pack_groups(Type::Q8_0, 8), 1);
+    EXPECT_EQ(q::tile_pack_groups(Type::Q8_0, 17), 2);
+    const uint64_t wide8 = q::tile_pack_bytes(Type::Q8_0, 4096, 8);
+    EXPECT_EQ(wide8, q::tile_pack_bytes(Type::Q8_0, 4096, 16));
+    if (!ds4::quant::detail::vnni_available()) return;
+    on = true;
+    EXPECT_LT(q::tile_pack_bytes(Type::Q8_0, 4096, 8), wide8);
+    EXPECT_EQ(q::tile_pack_bytes(Type::Q8_0, 4096, 16), wide8);
 }
 
 // IQ2_XXS with transposed activations (AVX-512 VBMI) against the one-pair dot with the

@@ -1,0 +1,22 @@
+// The wide packed panel of Q8_0 activations (q8_0_tile.cpp packs it; the AVX-512 VNNI tile
+// and the AVX2 tile read it): per group of kPackCols columns and block, 8 slices x 16 lanes
+// x 4 bytes (lane c: column c's bytes 4j..4j+3), the 16 f32 scales, then the 16 corrections
+// (-128 * the column's block sum, which only the VNNI tile uses).
+#pragma once
+#include <cstdint>
+
+#include "engine/quant/kernels.h"
+
+namespace ds4::quant::detail {
+
+constexpr int64_t kSliceBytes = kPackCols * 4;
+constexpr int64_t kScaleOff = 8 * kSliceBytes;
+constexpr int64_t kCorrOff = kScaleOff + kPackCols * 4;
+constexpr int64_t kGroupBlockBytes = kCorrOff + kPackCols * 4;
+
+// The AVX2 tile (q8_0_tile_avx2.cpp): n_rows weight rows against the n_cols columns of a
+// wide panel, out[c * out_col_stride + r], each result bit-identical to dot_q8_0.
+void q8_0_tile_wide_avx2(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const uint8_t *panel, int64_t n_cols,
+                         int64_t nb, float *out, size_t out_col_stride);
+
+}  // namespace ds4::quant::detail

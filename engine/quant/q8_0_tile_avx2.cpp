@@ -1,0 +1,160 @@
+// The packed Q8_0 tile on AVX2 (no VNNI): the wide panel's columns sit in the 8 lanes of a
+// register, so a broadcast 4-byte slice of a weight row meets the same slice of 8 columns
+// in one vpmaddubsw, and a block's 8 slices sum to 8 exact integer block dots with no
+// horizontal work. The float steps are dot_q8_0's lane for lane, so every result is
+// bit-identical to vec_dot.
+//
+// vpmaddubsw multiplies unsigned by signed bytes and adds pairs into 16 bits (saturating):
+// the unsigned side is |w| (the broadcast slice, made once per row and shared by every
+// column unit) and the signed side x with w's signs, so a pair is at most 2 * 128 * 127,
+// exact. (The VNNI tile's w + 128 would saturate here: 2 * 255 * 127.) vpmaddwd by ones then
+// widens the pairs to the 4-byte slice dot.
+//
+// Per (row, slice, unit of 8 columns) that is vpsignb, vpmaddubsw, vpmaddwd and vpaddd for
+// 32 multiply-adds, so the two multiplies cap this tile at half of the vpmaddubsw peak that
+// ds4-bench-quant reports. Before it, AVX2 prefill products ran q8_0_tile_cols (four
+// columns a pass, the block sums horizontal).
+#include <algorithm>
+#include <cstring>
+
+#include "engine/quant/blocks.h"
+#include "engine/quant/half.h"
+#include "engine/quant/q8_0_panel.h"
+
+namespace ds4::quant::detail {
+
+namespace {
+
+constexpr int kUnitCols = 8;   // columns a register holds
+
+inline uint32_t load_u32(const int8_t *p) {
+    uint32_t v;
+    std::memcpy(&v, p, 4);
+    return v;
+}
+
+// Pull [pf, pf_end) into L2 two lines at a time: the first column pass over a row block
+// finds its weights in memory, the later ones in L2.
+inline void prefetch_some(const uint8_t *&pf, const uint8_t *pf_end) {
+    for (int i = 0; i < 2 && pf < pf_end; ++i, pf += 64) _mm_prefetch(reinterpret_cast<const char *>(pf), _MM_HINT_T1);
+}
+
+// R weight rows against U units of 8 columns (unit u's bytes at x[u], its block b at
+// x[u] + b * kGroupBlockBytes). ch holds the 4 float chains of every (row, unit), chain k of
+// row r, unit u at (k * R + r) * U + u: in registers they would not fit beside the
+// integer sums, so they live in L1, and every float step is still dot_q8_0's.
+template <int R, int U>
+inline void rows_units(const BlockQ8_0 *const *w, const uint8_t *const *x, int64_t nb, const uint8_t *pf,
+                       const uint8_t *pf_end, __m256 *ch) {
+    for (int i = 0; i < 4 * R * U; ++i) ch[i] = _mm256_setzero_ps();
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int64_t b0 = 0; b0 < nb; b0 += 4) {
+        const int nt = int(std::min<int64_t>(4, nb - b0));
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; ++k) {
+            if (k >= nt) break;
+            const int64_t b = b0 + k;
+            const int64_t off = b * kGroupBlockBytes;
+            prefetch_some(pf, pf_end);
+            __m256i dot[R][U];
+            for (int r = 0; r < R; ++r)
+                for (int u = 0; u < U; ++u) dot[r][u] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; ++j) {
+                __m256i xv[U];
+                for (int u = 0; u < U; ++u)
+                    xv[u] = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(x[u] + off + j * kSliceBytes));
+                for (int r = 0; r < R; ++r) {
+                    const __m256i ws = _mm256_set1_epi32(int(load_u32(w[r][b].qs + 4 * j)));
+                    const __m256i wa = _mm256_abs_epi8(ws);
+                    for (int u = 0; u < U; ++u)
+                        dot[r][u] = _mm256_add_epi32(
+                            dot[r][u], _mm256_madd_epi16(_mm256_maddubs_epi16(wa, _mm256_sign_epi8(xv[u], ws)), ones));
+                }
+            }
+            __m256 dw[R];
+            for (int r = 0; r < R; ++r) dw[r] = _mm256_set1_ps(f16_to_f32_fast(w[r][b].d));
+            for (int u = 0; u < U; ++u) {
+                const __m256 dx = _mm256_loadu_ps(reinterpret_cast<const float *>(x[u] + off + kScaleOff));
+                for (int r = 0; r < R; ++r) {
+                    float *a = reinterpret_cast<float *>(ch + (k * R + r) * U + u);
+                    // kept in memory: without the barrier GCC holds every chain in registers and spills
+                    __asm__ volatile("" ::: "memory");
+                    _mm256_store_ps(a, _mm256_fmadd_ps(_mm256_mul_ps(dw[r], dx), _mm256_cvtepi32_ps(dot[r][u]),
+                                                       _mm256_load_ps(a)));
+                }
+            }
+        }
+    }
+}
+
+// Rows [r0, r0 + R) against U units from unit u0 on; nc: the columns left from unit u0.
+template <int R, int U>
+void rows_block(const uint8_t *w, size_t w_stride, int64_t r0, const uint8_t *panel, uint64_t group_bytes, int64_t u0,
+                int64_t nc, int64_t nb, float *out, size_t out_col_stride, const uint8_t *pf, const uint8_t *pf_end) {
+    const BlockQ8_0 *wr[R];
+    for (int r = 0; r < R; ++r) wr[r] = reinterpret_cast<const BlockQ8_0 *>(w + size_t(r0 + r) * w_stride);
+    const uint8_t *x[U];
+    for (int u = 0; u < U; ++u) {
+        const int64_t unit = u0 + u;
+        x[u] = panel + uint64_t(unit / 2) * group_bytes + uint64_t(unit % 2) * (kUnitCols * 4);
+    }
+    alignas(32) __m256 ch[4 * R * U];
+    rows_units<R, U>(wr, x, nb, pf, pf_end, ch);
+    for (int u = 0; u < U; ++u) {
+        const int cols = int(std::min<int64_t>(kUnitCols, nc - int64_t(u) * kUnitCols));
+        if (cols <= 0) break;
+        float *o = out + size_t((u0 + u) * kUnitCols) * out_col_stride + size_t(r0);
+        alignas(32) float v[R][kUnitCols];
+        for (int r = 0; r < R; ++r) {
+            const int i = r * U + u;   // chain k at ch[k * R * U + i]
+            _mm256_store_ps(v[r], _mm256_add_ps(_mm256_add_ps(ch[i], ch[2 * R * U + i]),
+                                                _mm256_add_ps(ch[R * U + i], ch[3 * R * U + i])));
+        }
+        for (int c = 0; c < cols; ++c)
+            for (int r = 0; r < R; ++r) o[size_t(c) * out_col_stride + size_t(r)] = v[r][c];
+    }
+}
+
+template <int U>
+void rows_any(int m, const uint8_t *w, size_t w_stride, int64_t r0, const uint8_t *panel, uint64_t group_bytes,
+              int64_t u0, int64_t nc, int64_t nb, float *out, size_t out_col_stride, const uint8_t *pf,
+              const uint8_t *pf_end) {
+    switch (m) {
+        case 4: rows_block<4, U>(w, w_stride, r0, panel, group_bytes, u0, nc, nb, out, out_col_stride, pf, pf_end); break;
+        case 3: rows_block<3, U>(w, w_stride, r0, panel, group_bytes, u0, nc, nb, out, out_col_stride, pf, pf_end); break;
+        case 2: rows_block<2, U>(w, w_stride, r0, panel, group_bytes, u0, nc, nb, out, out_col_stride, pf, pf_end); break;
+        default: rows_block<1, U>(w, w_stride, r0, panel, group_bytes, u0, nc, nb, out, out_col_stride, pf, pf_end); break;
+    }
+}
+
+}  // namespace
+
+void q8_0_tile_wide_avx2(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const uint8_t *panel, int64_t n_cols,
+                         int64_t nb, float *out, size_t out_col_stride) {
+    // Four rows and two units (16 columns) a step: from L2 on Zen 3, 47-49 G multiply-adds/s
+    // against 46-47 for two rows and two units (fewer spills, more broadcasts a column).
+    constexpr int kRows = 4, kUnits = 2;
+    const uint64_t group_bytes = uint64_t(nb) * kGroupBlockBytes;
+    const int64_t units = (n_cols + kUnitCols - 1) / kUnitCols;
+    for (int64_t u0 = 0; u0 < units; u0 += kUnits) {
+        const int nu = int(std::min<int64_t>(kUnits, units - u0));
+        const int64_t nc = n_cols - u0 * kUnitCols;
+        // The first pass pulls the next rows into L2 while it works.
+        const bool first = u0 == 0;
+        for (int64_t r = 0; r < n_rows; r += kRows) {
+            const int m = int(std::min<int64_t>(kRows, n_rows - r));
+            const uint8_t *pf = nullptr, *pf_end = nullptr;
+            if (first) {
+                pf = w + size_t(std::min<int64_t>(r + kRows, n_rows)) * w_row_stride;
+                pf_end = w + size_t(std::min<int64_t>(r + 2 * kRows, n_rows)) * w_row_stride;
+            }
+            if (nu == 2)
+                rows_any<2>(m, w, w_row_stride, r, panel, group_bytes, u0, nc, nb, out, out_col_stride, pf, pf_end);
+            else
+                rows_any<1>(m, w, w_row_stride, r, panel, group_bytes, u0, nc, nb, out, out_col_stride, pf, pf_end);
+        }
+    }
+}
+
+}  // namespace ds4::quant::detail
