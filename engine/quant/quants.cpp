@@ -186,7 +186,7 @@ void vec_dot_tile(Type t, const void *w, size_t w_row_stride, int64_t n_rows, co
 }
 
 uint64_t tile_pack_bytes(Type t, int64_t n, int64_t n_cols) {
-    if (t == Type::Q8_0 && n_cols >= kTilePackMinCols) {   // AVX-512 VNNI, else AVX2
+    if (t == Type::Q8_0 && n_cols >= (detail::vnni_enabled() ? kTilePackMinCols : kTilePackMinColsAvx2)) {
         need(t, n, "tile_pack_bytes");
         return detail::q8_0_pack_bytes(n, n_cols);
     }

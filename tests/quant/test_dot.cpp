@@ -460,6 +460,7 @@ static void packed_q8_0_tile_equals_dot(bool vnni) {
     bool &on = ds4::quant::detail::vnni_enabled();
     const SwitchGuard restore(on);
     on = vnni;
+    const int64_t min_cols = vnni ? q::kTilePackMinCols : q::kTilePackMinColsAvx2;
     std::mt19937 rng(31);
     for (int64_t n : {32, 32 * 5, 32 * 7, 4096 + 32}) {
         const int64_t nrows = 11, ncols = 53;   // 53: three full groups (rows_xg) and a part-filled one
@@ -468,6 +469,7 @@ static void packed_q8_0_tile_equals_dot(bool vnni) {
             const auto &w = op.w, &x = op.x;
             const size_t rb = op.rb, xb = op.xb;
             for (int64_t cols : {int64_t(q::kTilePackMinCols), int64_t(7), int64_t(8), int64_t(9), int64_t(15), int64_t(16), int64_t(17), int64_t(24), int64_t(32), int64_t(33), int64_t(48), ncols}) {
+                if (cols < min_cols) continue;
                 std::vector<uint8_t> packed(q::tile_pack_bytes(Type::Q8_0, n, cols));
                 ASSERT_FALSE(packed.empty());
                 const int64_t groups = q::tile_pack_groups(Type::Q8_0, cols);
@@ -508,11 +510,11 @@ static void packed_q8_0_tile_equals_dot(bool vnni) {
             }
         }
     }
-    EXPECT_EQ(q::tile_pack_bytes(Type::Q8_0, 4096, q::kTilePackMinCols - 1), 0u);
+    EXPECT_EQ(q::tile_pack_bytes(Type::Q8_0, 4096, min_cols - 1), 0u);
     EXPECT_EQ(q::tile_pack_bytes(Type::Q2_K, 4096, 64), 0u);
     std::vector<float> out(64);
     std::vector<uint8_t> dummy(64);
-    EXPECT_THROW(q::vec_dot_tile_packed(Type::Q8_0, dummy.data(), 34, 1, dummy.data(), q::kTilePackMinCols - 1, 32,
+    EXPECT_THROW(q::vec_dot_tile_packed(Type::Q8_0, dummy.data(), 34, 1, dummy.data(), min_cols - 1, 32,
                                        out.data(), 1),
                  std::exception);
 }
@@ -530,6 +532,7 @@ TEST(Quant, Q8_0PackLayoutFollowsThePath) {
     bool &on = ds4::quant::detail::vnni_enabled();
     const SwitchGuard restore(on);
     on = false;
+    EXPECT_EQ(q::tile_pack_bytes(Type::Q8_0, 4096, q::kTilePackMinColsAvx2 - 1), 0u);
     EXPECT_EQ(q::tile_pack_groups(Type::Q8_0, 8), 1);
     EXPECT_EQ(q::tile_pack_groups(Type::Q8_0, 17), 2);
     const uint64_t wide8 = q::tile_pack_bytes(Type::Q8_0, 4096, 8);
