@@ -14,13 +14,15 @@ namespace ds4::ops {
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 
-bool attend8_usable(int64_t hd) {
-    static const bool on = [] {
+bool &attend8_avx512() {
+    static bool on = [] {
         if (const char *e = std::getenv("DS4_NO_AVX512"); e && *e && *e != '0') return false;
         return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
     }();
-    return on && hd > 0 && hd % 16 == 0;
+    return on;
 }
+
+bool attend8_usable(int64_t hd) { return hd > 0 && hd % 16 == 0; }
 
 namespace {
 
@@ -36,7 +38,9 @@ DS4_AVX512 inline __m512 fold8(__m512 s) {
 
 }  // namespace
 
-DS4_AVX512 void attend8_scores(const float *q, const float *const *rows, int64_t nk, int64_t hd, float scale,
+namespace {
+
+DS4_AVX512 void scores_avx512(const float *q, const float *const *rows, int64_t nk, int64_t hd, float scale,
                                float *lg) {
     // Each 8 elements of a head's query twice over (a register's two keys take the same
     // query slice), laid out once a call: a 256-bit broadcast issues on a permute pipe on Zen
@@ -80,7 +84,7 @@ DS4_AVX512 void attend8_scores(const float *q, const float *const *rows, int64_t
     }
 }
 
-DS4_AVX512 void attend8_output(const float *w, const float *const *rows, int64_t nk, int64_t hd, float *o) {
+DS4_AVX512 void output_avx512(const float *w, const float *const *rows, int64_t nk, int64_t hd, float *o) {
     // 32 output elements a pass (two registers) for 8 heads: 16 accumulators; every key in
     // order, so each element is the same fma chain as ops::axpy's.
     for (int64_t c = 0; c < hd; c += 32) {
@@ -101,6 +105,70 @@ DS4_AVX512 void attend8_output(const float *w, const float *const *rows, int64_t
             if (two) _mm512_storeu_ps(o + h * hd + c + 16, acc[h][1]);
         }
     }
+}
+
+// AVX2: 16 registers hold 8 accumulators beside their operands, so a pass takes 4 heads and
+// two keys (scores) or two 8-element slices (output), and each key row is read twice for 8
+// heads, not 8 times. Lane j of a score accumulator is ops::dot's chain j, so the same fold
+// gives the same floats.
+inline float fold8_avx2(__m256 s) {
+    s = _mm256_add_ps(s, _mm256_permute_ps(s, 0xB1));   // s0 + s1 in lane 0, s2 + s3 in lane 2
+    s = _mm256_add_ps(s, _mm256_permute_ps(s, 0x4E));   // (s0 + s1) + (s2 + s3) in lane 0
+    return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1)));
+}
+
+void scores_avx2(const float *q, const float *const *rows, int64_t nk, int64_t hd, float scale, float *lg) {
+    for (int h0 = 0; h0 < 8; h0 += 4)
+        for (int64_t k0 = 0; k0 < nk; k0 += 2) {
+            const bool two = k0 + 1 < nk;
+            const float *r0 = rows[k0], *r1 = rows[two ? k0 + 1 : k0];
+            __m256 acc[4][2];
+            for (int h = 0; h < 4; ++h) acc[h][0] = acc[h][1] = _mm256_setzero_ps();
+            for (int64_t i = 0; i < hd; i += 8) {
+                const __m256 a = _mm256_loadu_ps(r0 + i), b = _mm256_loadu_ps(r1 + i);
+                for (int h = 0; h < 4; ++h) {
+                    const __m256 qv = _mm256_loadu_ps(q + (h0 + h) * hd + i);
+                    acc[h][0] = _mm256_fmadd_ps(qv, a, acc[h][0]);
+                    acc[h][1] = _mm256_fmadd_ps(qv, b, acc[h][1]);
+                }
+            }
+            for (int h = 0; h < 4; ++h) {
+                lg[(h0 + h) * nk + k0] = fold8_avx2(acc[h][0]) * scale;
+                if (two) lg[(h0 + h) * nk + k0 + 1] = fold8_avx2(acc[h][1]) * scale;
+            }
+        }
+}
+
+void output_avx2(const float *w, const float *const *rows, int64_t nk, int64_t hd, float *o) {
+    for (int h0 = 0; h0 < 8; h0 += 4)
+        for (int64_t c = 0; c < hd; c += 16) {
+            __m256 acc[4][2];
+            for (int h = 0; h < 4; ++h) acc[h][0] = acc[h][1] = _mm256_setzero_ps();
+            for (int64_t k = 0; k < nk; ++k) {
+                const __m256 x0 = _mm256_loadu_ps(rows[k] + c), x1 = _mm256_loadu_ps(rows[k] + c + 8);
+                for (int h = 0; h < 4; ++h) {
+                    const __m256 wv = _mm256_broadcast_ss(w + (h0 + h) * nk + k);
+                    acc[h][0] = _mm256_fmadd_ps(wv, x0, acc[h][0]);
+                    acc[h][1] = _mm256_fmadd_ps(wv, x1, acc[h][1]);
+                }
+            }
+            for (int h = 0; h < 4; ++h) {
+                _mm256_storeu_ps(o + (h0 + h) * hd + c, acc[h][0]);
+                _mm256_storeu_ps(o + (h0 + h) * hd + c + 8, acc[h][1]);
+            }
+        }
+}
+
+}  // namespace
+
+void attend8_scores(const float *q, const float *const *rows, int64_t nk, int64_t hd, float scale, float *lg) {
+    if (attend8_avx512()) scores_avx512(q, rows, nk, hd, scale, lg);
+    else scores_avx2(q, rows, nk, hd, scale, lg);
+}
+
+void attend8_output(const float *w, const float *const *rows, int64_t nk, int64_t hd, float *o) {
+    if (attend8_avx512()) output_avx512(w, rows, nk, hd, o);
+    else output_avx2(w, rows, nk, hd, o);
 }
 
 }  // namespace ds4::ops

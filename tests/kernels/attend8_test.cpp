@@ -1,6 +1,7 @@
 // The 8-head attention kernels against the per-head loop they replace (ops::dot for the
-// scores, ops::axpy for the output), bit for bit: key counts that are not a multiple of
-// the kernel's 4-key step, head sizes that are and are not a multiple of its 32-element step.
+// scores, ops::axpy for the output), bit for bit, on AVX-512 and on AVX2: key counts that
+// are not a multiple of the kernels' 4- and 2-key steps, head sizes that are and are not a
+// multiple of the AVX-512 output's 32-element step.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -13,8 +14,8 @@
 namespace ds4::ops {
 namespace {
 
-TEST(Attend8, ScoresAndOutputEqualThePerHeadLoop) {
-    if (!attend8_usable(64)) GTEST_SKIP() << "no AVX-512 on this CPU (or DS4_NO_AVX512 set)";
+// Both kernels (AVX-512 where the CPU has it, AVX2 always) against the per-head loop.
+void scores_and_output_equal_the_per_head_loop() {
     std::mt19937 rng(7);
     std::normal_distribution<float> g(0, 1);
     for (int64_t hd : {16, 48, 64, 512}) {
@@ -42,6 +43,27 @@ TEST(Attend8, ScoresAndOutputEqualThePerHeadLoop) {
             }
         }
     }
+}
+
+TEST(Attend8, ScoresAndOutputEqualThePerHeadLoop) {
+    if (!attend8_avx512()) GTEST_SKIP() << "no AVX-512 on this CPU (or DS4_NO_AVX512 set)";
+    scores_and_output_equal_the_per_head_loop();
+}
+
+TEST(Attend8, Avx2ScoresAndOutputEqualThePerHeadLoop) {
+    struct Restore {
+        bool &flag, was;
+        ~Restore() { flag = was; }
+    } restore{attend8_avx512(), attend8_avx512()};
+    restore.flag = false;
+    scores_and_output_equal_the_per_head_loop();
+}
+
+TEST(Attend8, UsableForWholeSixteens) {
+    EXPECT_TRUE(attend8_usable(16));
+    EXPECT_TRUE(attend8_usable(512));
+    EXPECT_FALSE(attend8_usable(8));
+    EXPECT_FALSE(attend8_usable(0));
 }
 
 }  // namespace
