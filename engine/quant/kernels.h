@@ -51,9 +51,9 @@ bool &avx512_enabled();
 bool vnni_available();
 bool &vnni_enabled();
 
-// Packed column tile for Q8_0 on AVX-512 VNNI (q8_0_tile.cpp): activation rows are packed
-// kPackCols to a group; results are bit-identical to dot_q8_0.
-// Up to 8 columns take one narrow group, more take groups of kPackCols.
+// Packed column tile for Q8_0 (q8_0_tile.cpp on AVX-512 VNNI, q8_0_tile_avx2.cpp without):
+// activation rows are packed kPackCols to a group; results are bit-identical to dot_q8_0.
+// With VNNI up to 8 columns take one narrow group; otherwise groups of kPackCols.
 constexpr int kPackCols = 16;
 int64_t q8_0_pack_groups(int64_t n_cols);
 uint64_t q8_0_pack_bytes(int64_t n, int64_t n_cols);
