@@ -11,9 +11,10 @@
 // widens the pairs to the 4-byte slice dot.
 //
 // Per (row, slice, unit of 8 columns) that is vpsignb, vpmaddubsw, vpmaddwd and vpaddd for
-// 32 multiply-adds, so the two multiplies cap this tile at half of the vpmaddubsw peak that
-// ds4-bench-quant reports. Before it, AVX2 prefill products ran q8_0_tile_cols (four
-// columns a pass, the block sums horizontal).
+// 32 multiply-adds. On Zen 3 a vpmaddwd issues about one a cycle (a vpmaddubsw ~1.7), which
+// bounds the tile: from L2 46-49 G multiply-adds/s a core at 16-64 columns, a quarter to a
+// third of the vpmaddubsw peak ds4-bench-quant reports. Before it, AVX2 prefill products ran
+// q8_0_tile_cols (four columns a pass, the block sums horizontal): 25-27.
 #include <algorithm>
 #include <cstring>
 
