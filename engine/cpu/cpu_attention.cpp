@@ -144,7 +144,7 @@ void CpuExecutor::indexer_topk(int layer, const LayerWeights &L, const Rope &rop
             ioff_[++t1 - t0] = total;
         }
         grow(iscore_, (size_t)total);
-        if (ops::indexer_score16_usable() && Id % 8 == 0 && Id <= ops::kIndexerKeysMaxDim && t1 - t0 >= kKeyBlockRows) {
+        if (Id % 8 == 0 && Id <= ops::kIndexerKeysMaxDim && t1 - t0 >= kKeyBlockRows) {
             score_key_blocks(layer, t0, t1, qscale);
         } else {
             score_rows(layer, t0, t1, qscale);
@@ -167,7 +167,6 @@ void CpuExecutor::indexer_topk(int layer, const LayerWeights &L, const Rope &rop
 // entries, not by rows: a decode step has one row and, at long context, thousands of entries.
 void CpuExecutor::score_rows(int layer, int t0, int t1, float qscale) {
     const int IH = c_.indexer_heads, Id = c_.indexer_dim;
-    const bool wide16 = ops::indexer_score16_usable();
     pool_.parallel_for(ioff_[t1 - t0], cpu_grain((int64_t)IH * Id * 2), [&](int64_t b, int64_t e, int) {
         int r = (int)(std::upper_bound(ioff_.begin(), ioff_.begin() + (t1 - t0) + 1, b) - ioff_.begin()) - 1;
         for (int64_t i = b; i < e;) {
@@ -175,9 +174,9 @@ void CpuExecutor::score_rows(int layer, int t0, int t1, float qscale) {
             const int t = t0 + r, s = (int)(i - ioff_[r]);
             const float *q = iq_.data() + (size_t)t * IH * Id, *w = iw_.data() + (size_t)t * IH;
             const CpuComp &ic = state_of_row(t).layers[layer].icomp;
-            // Runs of sixteen (AVX-512) or eight entries of one row: the same bits as one by one.
+            // Runs of sixteen or eight entries of one row: the same bits as one by one.
             const int64_t row_end = std::min<int64_t>(e, ioff_[r + 1]);
-            const int run = wide16 && i + 16 <= row_end ? 16 : i + 8 <= row_end ? 8 : 0;
+            const int run = i + 16 <= row_end ? 16 : i + 8 <= row_end ? 8 : 0;
             if (run) {
                 const float *k[16];
                 float sc[16];

@@ -115,19 +115,78 @@ void indexer_score8(const float *q, const float *w, int heads, int dim, const fl
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 
-bool indexer_score16_usable() {
-    static const bool on = [] {
+bool &indexer_score16_avx512() {
+    static bool on = [] {
         if (const char *e = std::getenv("DS4_NO_AVX512"); e && *e && *e != '0') return false;
         return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
     }();
     return on;
 }
 
+namespace {
+
 // indexer_score8 with 16 lanes: each broadcast q element feeds sixteen entries' fma (on AMD
 // Zen 5 the 8-wide kernel waits on its two loads a fma). Lane e runs entry e's operations of
 // indexer_score8 in the same order, so the bits are the same.
-DS4_AVX512 void indexer_score16(const float *q, const float *w, int heads, int dim, const float *const *k,
-                                float qscale, float *out) {
+DS4_AVX512 void score16_kt_avx512(const float *q, const float *w, int heads, int dim, const float *kt, float qscale,
+                                  float *out) {
+    const __m512 qs = _mm512_set1_ps(qscale), zero = _mm512_setzero_ps();
+    __m512 score = _mm512_setzero_ps();
+    for (int h = 0; h < heads; ++h) {
+        const float *qh = q + (size_t)h * dim;
+        __m512 l[8];
+        for (int j = 0; j < 8; ++j) l[j] = _mm512_mul_ps(_mm512_set1_ps(qh[j]), _mm512_load_ps(kt + j * 16));
+        for (int i = 8; i < dim; i += 8)
+            for (int j = 0; j < 8; ++j)
+                l[j] = _mm512_fmadd_ps(_mm512_set1_ps(qh[i + j]), _mm512_load_ps(kt + (size_t)(i + j) * 16), l[j]);
+        const __m512 d = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(l[0], l[1]), _mm512_add_ps(l[2], l[3])),
+                                       _mm512_add_ps(_mm512_add_ps(l[4], l[5]), _mm512_add_ps(l[6], l[7])));
+        score = _mm512_fmadd_ps(_mm512_max_ps(_mm512_mul_ps(d, qs), zero), _mm512_set1_ps(w[h]), score);
+    }
+    _mm512_storeu_ps(out, score);
+}
+
+// The same on AVX2, the sixteen entries in two registers. All eight chains of both halves
+// with their operands would not fit 16 registers, so a head's chains go four at a time
+// (each chain's mul and fmas in the same order; the two quads' sums kept), and each
+// broadcast q element feeds two fmas: 1.5 loads a fma, where indexer_score8 takes 2.
+void score16_kt_avx2(const float *q, const float *w, int heads, int dim, const float *kt, float qscale, float *out) {
+    const __m256 qs = _mm256_set1_ps(qscale), zero = _mm256_setzero_ps();
+    __m256 score[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int h = 0; h < heads; ++h) {
+        const float *qh = q + (size_t)h * dim;
+        __m256 quad[2][2];   // [(l0 + l1) + (l2 + l3), (l4 + l5) + (l6 + l7)] of each half
+        for (int j0 = 0; j0 < 8; j0 += 4) {
+            __m256 l[4][2];
+            for (int j = 0; j < 4; ++j) {
+                const __m256 b = _mm256_broadcast_ss(qh + j0 + j);
+                l[j][0] = _mm256_mul_ps(b, _mm256_load_ps(kt + (j0 + j) * 16));
+                l[j][1] = _mm256_mul_ps(b, _mm256_load_ps(kt + (j0 + j) * 16 + 8));
+            }
+            for (int i = 8; i < dim; i += 8)
+                for (int j = 0; j < 4; ++j) {
+                    const __m256 b = _mm256_broadcast_ss(qh + i + j0 + j);
+                    const float *k = kt + (size_t)(i + j0 + j) * 16;
+                    l[j][0] = _mm256_fmadd_ps(b, _mm256_load_ps(k), l[j][0]);
+                    l[j][1] = _mm256_fmadd_ps(b, _mm256_load_ps(k + 8), l[j][1]);
+                }
+            for (int e = 0; e < 2; ++e)
+                quad[j0 / 4][e] = _mm256_add_ps(_mm256_add_ps(l[0][e], l[1][e]), _mm256_add_ps(l[2][e], l[3][e]));
+        }
+        const __m256 wh = _mm256_set1_ps(w[h]);
+        for (int e = 0; e < 2; ++e) {
+            const __m256 d = _mm256_add_ps(quad[0][e], quad[1][e]);
+            score[e] = _mm256_fmadd_ps(_mm256_max_ps(_mm256_mul_ps(d, qs), zero), wh, score[e]);
+        }
+    }
+    _mm256_storeu_ps(out, score[0]);
+    _mm256_storeu_ps(out + 8, score[1]);
+}
+
+}  // namespace
+
+void indexer_score16(const float *q, const float *w, int heads, int dim, const float *const *k, float qscale,
+                     float *out) {
     if (dim % 8 != 0 || dim > kIndexerKeysMaxDim) {
         indexer_score8(q, w, heads, dim, k, qscale, out);
         indexer_score8(q, w, heads, dim, k + 8, qscale, out + 8);
@@ -143,22 +202,10 @@ void indexer_keys16(const float *const *k, int dim, float *kt) {
     transpose_keys(k + 8, dim, kt + 8, 16);
 }
 
-DS4_AVX512 void indexer_score16_kt(const float *q, const float *w, int heads, int dim, const float *kt, float qscale,
-                                   float *out) {
-    const __m512 qs = _mm512_set1_ps(qscale), zero = _mm512_setzero_ps();
-    __m512 score = _mm512_setzero_ps();
-    for (int h = 0; h < heads; ++h) {
-        const float *qh = q + (size_t)h * dim;
-        __m512 l[8];
-        for (int j = 0; j < 8; ++j) l[j] = _mm512_mul_ps(_mm512_set1_ps(qh[j]), _mm512_load_ps(kt + j * 16));
-        for (int i = 8; i < dim; i += 8)
-            for (int j = 0; j < 8; ++j)
-                l[j] = _mm512_fmadd_ps(_mm512_set1_ps(qh[i + j]), _mm512_load_ps(kt + (size_t)(i + j) * 16), l[j]);
-        const __m512 d = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(l[0], l[1]), _mm512_add_ps(l[2], l[3])),
-                                       _mm512_add_ps(_mm512_add_ps(l[4], l[5]), _mm512_add_ps(l[6], l[7])));
-        score = _mm512_fmadd_ps(_mm512_max_ps(_mm512_mul_ps(d, qs), zero), _mm512_set1_ps(w[h]), score);
-    }
-    _mm512_storeu_ps(out, score);
+void indexer_score16_kt(const float *q, const float *w, int heads, int dim, const float *kt, float qscale,
+                        float *out) {
+    if (indexer_score16_avx512()) score16_kt_avx512(q, w, heads, dim, kt, qscale, out);
+    else score16_kt_avx2(q, w, heads, dim, kt, qscale, out);
 }
 
 }  // namespace ds4::ops

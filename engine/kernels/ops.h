@@ -23,15 +23,16 @@ float indexer_score(const float *q, const float *w, int heads, int dim, const fl
 // evaluation of the definition is entry e (decode scores thousands of entries per row).
 void indexer_score8(const float *q, const float *w, int heads, int dim, const float *const *k, float qscale,
                     float *out);
-// The same for sixteen entries on AVX-512 F/DQ (where indexer_score16_usable(); env
-// DS4_NO_AVX512=1 turns it off), bit for bit.
-bool indexer_score16_usable();
+// The same for sixteen entries, bit for bit: in one AVX-512 register where the CPU has
+// AVX-512 F/DQ and DS4_NO_AVX512=1 is not set (indexer_score16_avx512(); tests flip it),
+// else in two AVX2 registers.
+bool &indexer_score16_avx512();
 void indexer_score16(const float *q, const float *w, int heads, int dim, const float *const *k, float qscale,
                      float *out);
 // indexer_score16 in its two halves, for many queries against the same sixteen entries (a
 // prefill's rows): indexer_keys16 lays k[0..15] out position-major in kt (16 * dim floats,
 // 64-byte aligned; dim % 8 == 0, dim <= kIndexerKeysMaxDim), indexer_score16_kt scores one
-// query against them (AVX-512, where indexer_score16_usable()), the same bits.
+// query against them, the same bits.
 constexpr int kIndexerKeysMaxDim = 512;
 void indexer_keys16(const float *const *k, int dim, float *kt);
 void indexer_score16_kt(const float *q, const float *w, int heads, int dim, const float *kt, float qscale, float *out);

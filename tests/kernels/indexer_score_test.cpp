@@ -92,9 +92,19 @@ void check_batch(BatchFn fn, int width, unsigned seed) {
 // Eight entries per call (decode's path).
 TEST(IndexerScore, EightEntriesEqualOneByOne) { check_batch(ops::indexer_score8, 8, 5); }
 
-// Sixteen entries per call (AVX-512).
+// Sixteen entries per call, in one AVX-512 register (where the CPU has it) and in two AVX2
+// registers (always).
 TEST(IndexerScore, SixteenEntriesEqualOneByOne) {
-    if (!ops::indexer_score16_usable()) GTEST_SKIP() << "no AVX-512 F/DQ on this CPU (or DS4_NO_AVX512 set)";
+    if (!ops::indexer_score16_avx512()) GTEST_SKIP() << "no AVX-512 F/DQ on this CPU (or DS4_NO_AVX512 set)";
+    check_batch(ops::indexer_score16, 16, 9);
+}
+
+TEST(IndexerScore, SixteenEntriesOnAvx2EqualOneByOne) {
+    struct Restore {
+        bool &flag, was;
+        ~Restore() { flag = was; }
+    } restore{ops::indexer_score16_avx512(), ops::indexer_score16_avx512()};
+    restore.flag = false;
     check_batch(ops::indexer_score16, 16, 9);
 }
 
