@@ -286,13 +286,20 @@ void dot_cols(const uint8_t *wv, const void *const *xv, int64_t n, float *out) {
                        acc[0][b & 3]);
             continue;
         }
-        // per 32-group (in natural order): grid magnitudes, sign multipliers (+-1), scale
-        __m256i g[8], sm[8], sc[8];
+        // Each 32-group decoded (grid magnitudes, sign multipliers +-1, scale) and used by every
+        // column before the next: decoded for the whole block first, the 24 registers of it
+        // spilled. The block's integer sums are exact, so their order does not matter.
+        __m256i sum[C];
+        for (int c = 0; c < C; ++c) sum[c] = _mm256_setzero_si256();
         auto group = [&](int ib, __m256i sgv, __m256i scale, int slot) {
-            g[ib] = _mm256_set_epi64x(grid[idx[8 * ib + 3]], grid[idx[8 * ib + 2]], grid[idx[8 * ib + 1]], grid[idx[8 * ib]]);
+            const __m256i g =
+                _mm256_set_epi64x(grid[idx[8 * ib + 3]], grid[idx[8 * ib + 2]], grid[idx[8 * ib + 1]], grid[idx[8 * ib]]);
             const __m256i sb = _mm256_shuffle_epi8(sgv, load32(kExpand.c[slot]));
-            sm[ib] = _mm256_or_si256(_mm256_cmpeq_epi8(_mm256_and_si256(sb, bit), bit), one8);
-            sc[ib] = scale;
+            const __m256i sm = _mm256_or_si256(_mm256_cmpeq_epi8(_mm256_and_si256(sb, bit), bit), one8);
+            for (int c = 0; c < C; ++c) {
+                const __m256i p = _mm256_maddubs_epi16(g, _mm256_sign_epi8(simd::loadu(x[c][b].qs + 32 * ib), sm));
+                sum[c] = _mm256_add_epi32(sum[c], _mm256_madd_epi16(p, scale));
+            }
         };
         group(0, sg_lo, _mm256_shuffle_epi32(sc_lo, 0x00), 0);
         group(1, sg_lo, _mm256_shuffle_epi32(sc_lo, 0x55), 1);
@@ -303,17 +310,8 @@ void dot_cols(const uint8_t *wv, const void *const *xv, int64_t n, float *out) {
         group(6, sg_hi, _mm256_shuffle_epi32(sc_hi, 0xaa), 2);
         group(7, sg_hi, _mm256_shuffle_epi32(sc_hi, 0xff), 3);
         const float dw = f16_to_f32_fast(wb.d);
-        for (int c = 0; c < C; ++c) {
-            const int8_t *xq = x[c][b].qs;
-            __m256i sum0 = _mm256_setzero_si256(), sum1 = sum0;
-            for (int ib = 0; ib < 8; ib += 2) {
-                const __m256i p0 = _mm256_maddubs_epi16(g[ib], _mm256_sign_epi8(simd::loadu(xq + 32 * ib), sm[ib]));
-                const __m256i p1 = _mm256_maddubs_epi16(g[ib + 1], _mm256_sign_epi8(simd::loadu(xq + 32 * ib + 32), sm[ib + 1]));
-                sum0 = _mm256_add_epi32(sum0, _mm256_madd_epi16(p0, sc[ib]));
-                sum1 = _mm256_add_epi32(sum1, _mm256_madd_epi16(p1, sc[ib + 1]));
-            }
-            block_step(0.125f * x[c][b].d * dw, simd::hsum_i32(_mm256_add_epi32(sum0, sum1)), acc[c][b & 3]);
-        }
+        for (int c = 0; c < C; ++c)
+            block_step(0.125f * x[c][b].d * dw, simd::hsum_i32(sum[c]), acc[c][b & 3]);
     }
     for (int c = 0; c < C; ++c) out[c] = block_sum(acc[c]);
 }

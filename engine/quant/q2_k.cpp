@@ -136,30 +136,30 @@ void dot_cols(const uint8_t *wv, const void *const *xv, int64_t n, float *out) {
             acc[0] = _mm256_fmadd_ps(_mm256_set1_ps(xb.d * dw), _mm256_cvtepi32_ps(_mm256_add_epi32(sum0, sum1)), acc[0]);
             continue;
         }
-        // decoded once: 2-bit quants and the sub-block scale vectors, in dot order
-        __m256i q2[8], sc[8];
+        // Each 32-element chunk's quants and scale vector decoded and used by every column
+        // before the next: decoded for the whole block first, their 16 registers spilled. The
+        // integer sums are exact, so their order does not matter.
+        for (int c = 0; c < C; ++c) {
+            const BlockQ8_K &xb = x[c][b];
+            const __m256i pm = _mm256_madd_epi16(mins, simd::loadu(xb.bsums));
+            accm[c] = _mm256_fmadd_ps(_mm256_set1_ps(xb.d * dminw), _mm256_cvtepi32_ps(pm), accm[c]);
+        }
+        __m256i sum[C];
+        for (int c = 0; c < C; ++c) sum[c] = _mm256_setzero_si256();
         for (int h = 0; h < 2; ++h) {
             const __m256i s = h == 0 ? _mm256_permute2x128_si256(sc16, sc16, 0x00)
                                      : _mm256_permute2x128_si256(sc16, sc16, 0x11);
             const __m256i q = simd::loadu(wb.qs + 32 * h);
             for (int k = 0; k < 4; ++k) {
-                q2[4 * h + k] = _mm256_and_si256(_mm256_srli_epi16(q, 2 * k), m3);
-                sc[4 * h + k] = _mm256_shuffle_epi8(s, shuf[k]);
+                const __m256i q2 = _mm256_and_si256(_mm256_srli_epi16(q, 2 * k), m3);
+                const __m256i sc = _mm256_shuffle_epi8(s, shuf[k]);
+                for (int c = 0; c < C; ++c)
+                    sum[c] = _mm256_add_epi32(
+                        sum[c], _mm256_madd_epi16(_mm256_maddubs_epi16(q2, simd::loadu(x[c][b].qs + 128 * h + 32 * k)), sc));
             }
         }
-        for (int c = 0; c < C; ++c) {
-            const BlockQ8_K &xb = x[c][b];
-            const __m256i pm = _mm256_madd_epi16(mins, simd::loadu(xb.bsums));
-            accm[c] = _mm256_fmadd_ps(_mm256_set1_ps(xb.d * dminw), _mm256_cvtepi32_ps(pm), accm[c]);
-            __m256i sum0 = _mm256_setzero_si256(), sum1 = sum0;
-            for (int j = 0; j < 8; j += 2) {
-                const __m256i p0 = _mm256_maddubs_epi16(q2[j], simd::loadu(xb.qs + 32 * j));
-                const __m256i p1 = _mm256_maddubs_epi16(q2[j + 1], simd::loadu(xb.qs + 32 * j + 32));
-                sum0 = _mm256_add_epi32(sum0, _mm256_madd_epi16(p0, sc[j]));
-                sum1 = _mm256_add_epi32(sum1, _mm256_madd_epi16(p1, sc[j + 1]));
-            }
-            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(xb.d * dw), _mm256_cvtepi32_ps(_mm256_add_epi32(sum0, sum1)), acc[c]);
-        }
+        for (int c = 0; c < C; ++c)
+            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(x[c][b].d * dw), _mm256_cvtepi32_ps(sum[c]), acc[c]);
     }
     for (int c = 0; c < C; ++c) out[c] = simd::hsum(acc[c]) - simd::hsum(accm[c]);
 }
