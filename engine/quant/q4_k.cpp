@@ -142,27 +142,29 @@ void dot_cols(const uint8_t *wv, const void *const *xv, int64_t n, float *out) {
         const __m256i sm16 = _mm256_cvtepu8_epi16(_mm_load_si128(reinterpret_cast<const __m128i *>(sm)));
         const __m128i mins = _mm256_extracti128_si256(sm16, 1);
         const __m256i scales = _mm256_permute2x128_si256(sm16, sm16, 0x00);
-        __m256i q4[8], sc[8];
+        // sums over the 32-element sub-blocks
+        for (int c = 0; c < C; ++c)
+            accm[c] += x[c][b].d * dminw * float(simd::hsum_i32(_mm_madd_epi16(mins, sub_block_sums(x[c][b]))));
+        // Each 32-byte slice's two sub-blocks decoded and used by every column before the next:
+        // decoded for the whole block first, their 16 registers spilled. The integer sums are
+        // exact, so their order does not matter.
+        __m256i sum[C][2];
+        for (int c = 0; c < C; ++c) sum[c][0] = sum[c][1] = _mm256_setzero_si256();
         for (int k = 0; k < 4; ++k) {
             const __m256i q = simd::loadu(wb.qs + 32 * k);
-            q4[2 * k] = _mm256_and_si256(q, m4);
-            q4[2 * k + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-        }
-        for (int j = 0; j < 8; ++j)
-            sc[j] = _mm256_shuffle_epi8(scales, _mm256_load_si256(reinterpret_cast<const __m256i *>(kBcast16.c[j])));
-        for (int c = 0; c < C; ++c) {
-            const BlockQ8_K &xb = x[c][b];
-            // sums over the 32-element sub-blocks
-            accm[c] += xb.d * dminw * float(simd::hsum_i32(_mm_madd_epi16(mins, sub_block_sums(xb))));
-            __m256i sum0 = _mm256_setzero_si256(), sum1 = sum0;
-            for (int j = 0; j < 8; j += 2) {
-                const __m256i pl = _mm256_maddubs_epi16(q4[j], simd::loadu(xb.qs + 32 * j));
-                const __m256i ph = _mm256_maddubs_epi16(q4[j + 1], simd::loadu(xb.qs + 32 * j + 32));
-                sum0 = _mm256_add_epi32(sum0, _mm256_madd_epi16(pl, sc[j]));
-                sum1 = _mm256_add_epi32(sum1, _mm256_madd_epi16(ph, sc[j + 1]));
+            const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            const __m256i sl = _mm256_shuffle_epi8(scales, _mm256_load_si256(reinterpret_cast<const __m256i *>(kBcast16.c[2 * k])));
+            const __m256i sh =
+                _mm256_shuffle_epi8(scales, _mm256_load_si256(reinterpret_cast<const __m256i *>(kBcast16.c[2 * k + 1])));
+            for (int c = 0; c < C; ++c) {
+                const int8_t *xq = x[c][b].qs + 64 * k;
+                sum[c][0] = _mm256_add_epi32(sum[c][0], _mm256_madd_epi16(_mm256_maddubs_epi16(lo, simd::loadu(xq)), sl));
+                sum[c][1] = _mm256_add_epi32(sum[c][1], _mm256_madd_epi16(_mm256_maddubs_epi16(hi, simd::loadu(xq + 32)), sh));
             }
-            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(xb.d * dw), _mm256_cvtepi32_ps(_mm256_add_epi32(sum0, sum1)), acc[c]);
         }
+        for (int c = 0; c < C; ++c)
+            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(x[c][b].d * dw), _mm256_cvtepi32_ps(_mm256_add_epi32(sum[c][0], sum[c][1])),
+                                     acc[c]);
     }
     for (int c = 0; c < C; ++c) out[c] = simd::hsum(acc[c]) - accm[c];
 }
