@@ -395,8 +395,10 @@ void dot_iq2_xxs(const uint8_t *w, const void *const *x, int ncols, int64_t n, f
     if (avx512_enabled()) {
         DS4_QUANT_COLS_DISPATCH(dot_cols_avx512, w, x, n, out)
     } else {
-        DS4_QUANT_COLS_DISPATCH(dot_cols, w, x, n, out)
+        DS4_QUANT_WIDE_COLS_DISPATCH(dot_cols, w, x, n, out)
     }
 }
+
+int iq2_xxs_max_cols() { return avx512_enabled() ? kMaxCols : kWideCols; }
 
 }  // namespace ds4::quant::detail

@@ -79,6 +79,15 @@ void iq2_xxs_pack(const void *x, size_t x_row_stride, int64_t n, int64_t c0, int
 void iq2_xxs_tile_packed(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const uint8_t *packed, int64_t n_cols,
                          int64_t n, float *out, size_t out_col_stride);
 
+// The AVX2 IQ2_XXS dot takes up to kWideCols columns: it decodes a 32-element chunk and
+// uses it for every column, and eight columns' sums fit the registers beside it, so its
+// costly decode is spread over twice the columns (tile from L2 on Zen 3: medians ~21 -> ~24
+// G weight-dots/s; the Q2_K dot, whose float accumulators are vectors a column, measured
+// ~7% slower at eight). iq2_xxs_max_cols: kWideCols on the AVX2 path, kMaxCols where an
+// AVX-512 kernel runs.
+constexpr int kWideCols = 8;
+int iq2_xxs_max_cols();
+
 // Instantiates F<1..kMaxCols> behind a runtime column count.
 #define DS4_QUANT_COLS_DISPATCH(F, ...)          \
     switch (ncols) {                             \
@@ -86,6 +95,18 @@ void iq2_xxs_tile_packed(const uint8_t *w, size_t w_row_stride, int64_t n_rows, 
         case 2: F<2>(__VA_ARGS__); break;        \
         case 3: F<3>(__VA_ARGS__); break;        \
         default: F<4>(__VA_ARGS__); break;       \
+    }
+// The same for F<1..kWideCols>.
+#define DS4_QUANT_WIDE_COLS_DISPATCH(F, ...)     \
+    switch (ncols) {                             \
+        case 1: F<1>(__VA_ARGS__); break;        \
+        case 2: F<2>(__VA_ARGS__); break;        \
+        case 3: F<3>(__VA_ARGS__); break;        \
+        case 4: F<4>(__VA_ARGS__); break;        \
+        case 5: F<5>(__VA_ARGS__); break;        \
+        case 6: F<6>(__VA_ARGS__); break;        \
+        case 7: F<7>(__VA_ARGS__); break;        \
+        default: F<8>(__VA_ARGS__); break;       \
     }
 
 void dequant_f16(const void *src, float *dst, int64_t n);

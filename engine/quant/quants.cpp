@@ -25,9 +25,10 @@ struct Format {
     Type dot_type;   // activation format for vec_dot
     DequantFn dequant;
     QuantFn quant;
-    detail::DotFn dot;   // one weight row x up to kMaxCols activation rows
+    detail::DotFn dot;   // one weight row x up to max_cols() (else kMaxCols) activation rows
     detail::TileColsFn tile_cols = nullptr;   // many weight rows x the same: vec_dot_tile, where it has one
     detail::RowsFn rows = nullptr;            // many weight rows x one: vec_dot_rows, where it has one
+    int (*max_cols)() = nullptr;              // the dot's column limit on this CPU, where not kMaxCols
 };
 
 void dequant_f32(const void *src, float *dst, int64_t n) { std::memcpy(dst, src, size_t(n) * 4); }
@@ -46,7 +47,7 @@ const Format *format_of(Type t) {
     static const Format kQ4_K{"q4_K", kQK_K, sizeof(BlockQ4_K), Type::Q8_K, detail::dequant_q4_k, detail::quant_q4_k,
                               detail::dot_q4_k, detail::q4_k_tile_cols, detail::rows_q4_k};
     static const Format kIQ2_XXS{"iq2_xxs", kQK_K, sizeof(BlockIQ2_XXS), Type::Q8_K, detail::dequant_iq2_xxs,
-                                 detail::quant_iq2_xxs, detail::dot_iq2_xxs};
+                                 detail::quant_iq2_xxs, detail::dot_iq2_xxs, nullptr, nullptr, detail::iq2_xxs_max_cols};
     switch (t) {
         case Type::F32: return &kF32;
         case Type::F16: return &kF16;
@@ -167,9 +168,10 @@ void vec_dot_tile(Type t, const void *w, size_t w_row_stride, int64_t n_rows, co
     }
     // Column groups outer: a group's activations stay in L1 while the weight rows stream
     // past (from L2 when the caller's row block fits there).
-    for (int64_t c0 = 0; c0 < n_cols; c0 += detail::kMaxCols) {
-        const int nc = int(std::min<int64_t>(detail::kMaxCols, n_cols - c0));
-        const void *xs[detail::kMaxCols];
+    const int group = f.max_cols ? f.max_cols() : detail::kMaxCols;
+    for (int64_t c0 = 0; c0 < n_cols; c0 += group) {
+        const int nc = int(std::min<int64_t>(group, n_cols - c0));
+        const void *xs[detail::kWideCols];
         for (int c = 0; c < nc; ++c) xs[c] = xp + size_t(c0 + c) * x_row_stride;
         if (f.tile_cols) {
             float *o[detail::kMaxCols];
@@ -178,7 +180,7 @@ void vec_dot_tile(Type t, const void *w, size_t w_row_stride, int64_t n_rows, co
             continue;
         }
         for (int64_t r = 0; r < n_rows; ++r) {
-            float res[detail::kMaxCols];
+            float res[detail::kWideCols];
             f.dot(wp + size_t(r) * w_row_stride, xs, nc, n, res);
             for (int c = 0; c < nc; ++c) out[size_t(c0 + c) * out_col_stride + size_t(r)] = res[c];
         }

@@ -146,7 +146,7 @@ TEST_P(FormatTest, TileEqualsPairwiseDots) {
         const auto packed = random_weights(t, nrows, n, Scale::Mixed, rng);
         std::vector<uint8_t> w(wstride * nrows);
         for (int64_t r = 0; r < nrows; ++r) std::memcpy(&w[r * wstride], &packed[r * rb], rb);
-        for (int64_t ncols : {1, 2, 3, 4, 5, 8, 9}) {
+        for (int64_t ncols : {1, 2, 3, 4, 5, 6, 7, 8, 9, 17}) {
             const size_t xb = q::vec_dot_row_bytes(t, n), xstride = xb + 8;
             std::vector<uint8_t> x(xstride * ncols);
             for (int64_t c = 0; c < ncols; ++c) {
