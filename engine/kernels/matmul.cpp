@@ -45,8 +45,9 @@ void matmul_q(MatmulCtx &ctx, const WeightView &w, const uint8_t *xq, int64_t n_
             quant::vec_dot_rows(w.type, w.data, w.row_bytes, w.out, xq + t * xq_row, w.in, y + t * y_stride);
         return;
     }
-    // Where the weight type has a packed kernel on this CPU (Q8_0 tiles on AVX-512 VNNI,
-    // IQ2_XXS on VBMI), the activations are repacked once here, not once per row block.
+    // Where the weight type has a packed kernel on this CPU (Q8_0 tiles on AVX-512 VNNI, or
+    // on AVX2 from 8 rows; IQ2_XXS on VBMI), the activations are repacked once here, not once
+    // per row block.
     const uint64_t pack_bytes = quant::tile_pack_bytes(w.type, w.in, n_tok);
     if (pack_bytes) {
         if (ctx.xpack.size() < pack_bytes) ctx.xpack.resize(pack_bytes);
