@@ -475,7 +475,7 @@ static void packed_q8_0_tile_equals_dot(bool vnni) {
                 const int64_t groups = q::tile_pack_groups(Type::Q8_0, cols);
                 q::tile_pack(Type::Q8_0, x.data(), xb, cols, n, 0, groups / 2, packed.data());   // in two parts,
                 q::tile_pack(Type::Q8_0, x.data(), xb, cols, n, groups / 2, groups, packed.data());   // as threads do
-                for (int64_t rows = 1; rows <= nrows; rows += (rows < 5 ? 1 : 6)) {
+                for (int64_t rows = 1; rows <= nrows; rows += (rows < 8 ? 1 : 3)) {
                     const size_t ostride = size_t(rows) + 3;
                     std::vector<float> a(ostride * size_t(cols), -1.f);
                     q::vec_dot_tile_packed(Type::Q8_0, w.data(), rb, rows, packed.data(), cols, n, a.data(), ostride);
