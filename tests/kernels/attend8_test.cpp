@@ -10,6 +10,7 @@
 
 #include "engine/kernels/attend8.h"
 #include "engine/kernels/ops.h"
+#include "tests/common/switch_guard.h"
 
 namespace ds4::ops {
 namespace {
@@ -51,10 +52,7 @@ TEST(Attend8, ScoresAndOutputEqualThePerHeadLoop) {
 }
 
 TEST(Attend8, Avx2ScoresAndOutputEqualThePerHeadLoop) {
-    struct Restore {
-        bool &flag, was;
-        ~Restore() { flag = was; }
-    } restore{attend8_avx512(), attend8_avx512()};
+    const ds4::test::SwitchGuard restore(attend8_avx512());
     restore.flag = false;
     scores_and_output_equal_the_per_head_loop();
 }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine/kernels/ops.h"
+#include "tests/common/switch_guard.h"
 
 namespace ds4 {
 namespace {
@@ -100,10 +101,7 @@ TEST(IndexerScore, SixteenEntriesEqualOneByOne) {
 }
 
 TEST(IndexerScore, SixteenEntriesOnAvx2EqualOneByOne) {
-    struct Restore {
-        bool &flag, was;
-        ~Restore() { flag = was; }
-    } restore{ops::indexer_score16_avx512(), ops::indexer_score16_avx512()};
+    const ds4::test::SwitchGuard restore(ops::indexer_score16_avx512());
     restore.flag = false;
     check_batch(ops::indexer_score16, 16, 9);
 }

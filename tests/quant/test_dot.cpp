@@ -13,6 +13,7 @@
 #include "engine/common/error.h"
 #include "engine/quant/kernels.h"
 #include "quant_test_util.h"
+#include "tests/common/switch_guard.h"
 
 using namespace qtest;
 using ds4::quant::Type;
@@ -293,13 +294,7 @@ struct Q8Operands {
     }
 };
 
-// A kernel switch set for one test and put back after it.
-struct SwitchGuard {
-    bool &flag;
-    const bool was;
-    explicit SwitchGuard(bool &f) : flag(f), was(f) {}
-    ~SwitchGuard() { flag = was; }
-};
+using ds4::test::SwitchGuard;
 
 // The chunked tile of plain weights (few long rows against many columns: the mixes) against
 // the one-pair dot, bit for bit, on AVX-512 and AVX2: rows spanning one to three chunks with
