@@ -182,15 +182,25 @@ inline __m128 scales4(const BlockQ8_0 *b, int nt) {
     return _mm_cvtph_ps(_mm_cvtsi64_si128(int64_t(h)));
 }
 
+// The int8 instruction of a kernel: vpmaddubsw + vpmaddwd (AVX2), vpdpbusd on 256-bit
+// registers in its EVEX form (AVX-512 VNNI) or its VEX form (AVX-VNNI: Intel clients from
+// Alder Lake on, which have no AVX-512; the EVEX form would fault there, and the VEX one on
+// AVX-512 VNNI cores without AVX-VNNI such as Ice Lake and Zen 4).
+enum class Isa { Avx2, Vnni512, AvxVnni };
+
 // Four-byte sums of |w| x sign(x, w) = w x. |w| x sign(x, w) pairs stay within 127 * 127 * 2,
 // so maddubs never saturates and vpdpbusd (VNNI) gives the same integers. vpdpbusd is
-// written as inline assembly so one template serves both paths (an intrinsic would need
-// the AVX-512 target on the whole function); the caller checks the CPU has it.
-template <bool kVnni>
+// written as inline assembly so one template serves every path (an intrinsic would need
+// the AVX-512 or AVX-VNNI target on the whole function); the caller checks the CPU has it.
+template <Isa kIsa>
 inline __m256i dot4(__m256i aw, __m256i sx) {
-    if constexpr (kVnni) {
+    if constexpr (kIsa == Isa::Vnni512) {
         __m256i acc = _mm256_setzero_si256();
-        __asm__("vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(aw), "x"(sx));
+        __asm__("%{evex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(aw), "x"(sx));
+        return acc;
+    } else if constexpr (kIsa == Isa::AvxVnni) {
+        __m256i acc = _mm256_setzero_si256();
+        __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(aw), "x"(sx));
         return acc;
     } else {
         return _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), _mm256_set1_epi16(1));
@@ -201,7 +211,7 @@ inline __m256i dot4(__m256i aw, __m256i sx) {
 // the rows' steps in turn; out[r * C + c]. xd: null, or the activation rows' block scales as
 // f32 (xd[c][b], zero past the last block), worked out once for many weight rows (see
 // q8_0_tile_cols).
-template <int R, int C, bool kVnni>
+template <int R, int C, Isa kIsa>
 void dot_rows_cols(const uint8_t *const *wv, const void *const *xv, int64_t n, float *out,
                    const float *const *xd = nullptr) {
     const BlockQ8_0 *x[C];
@@ -226,7 +236,7 @@ void dot_rows_cols(const uint8_t *const *wv, const void *const *xv, int64_t n, f
         for (int c = 0; c < C; ++c) {
             __m256i p[4];
             for (int k = 0; k < 4; ++k)
-                p[k] = k < nt ? dot4<kVnni>(aq[k], _mm256_sign_epi8(simd::loadu(x[c][b + k].qs), q[k]))
+                p[k] = k < nt ? dot4<kIsa>(aq[k], _mm256_sign_epi8(simd::loadu(x[c][b + k].qs), q[k]))
                               : _mm256_setzero_si256();
             const __m128 s = _mm_mul_ps(dw, xd ? _mm_loadu_ps(xd[c] + b) : scales4(x[c] + b, nt));
             a[c] = _mm_fmadd_ps(s, _mm_cvtepi32_ps(simd::sum4_i32(p[0], p[1], p[2], p[3])), a[c]);
@@ -247,18 +257,22 @@ void dot_rows_cols(const uint8_t *const *wv, const void *const *xv, int64_t n, f
         }
 }
 
-template <int C, bool kVnni>
+template <int C, Isa kIsa>
 void dot_cols(const uint8_t *wv, const void *const *xv, int64_t n, float *out, const float *const *xd = nullptr) {
-    dot_rows_cols<1, C, kVnni>(&wv, xv, n, out, xd);
+    dot_rows_cols<1, C, kIsa>(&wv, xv, n, out, xd);
 }
 
 template <int C>
 void dot_cols_vnni(const uint8_t *w, const void *const *x, int64_t n, float *out) {
-    dot_cols<C, true>(w, x, n, out);
+    dot_cols<C, Isa::Vnni512>(w, x, n, out);
+}
+template <int C>
+void dot_cols_avxvnni(const uint8_t *w, const void *const *x, int64_t n, float *out) {
+    dot_cols<C, Isa::AvxVnni>(w, x, n, out);
 }
 template <int C>
 void dot_cols_avx2(const uint8_t *w, const void *const *x, int64_t n, float *out) {
-    dot_cols<C, false>(w, x, n, out);
+    dot_cols<C, Isa::Avx2>(w, x, n, out);
 }
 
 // Rows r, r + q, ..., r + (S - 1)q (q = n_rows / S) a step of each in turn, out[c][row]:
@@ -267,7 +281,7 @@ void dot_cols_avx2(const uint8_t *w, const void *const *x, int64_t n, float *out
 // Zen 5, one core, one stream read 70-75% of a plain read, two 80-85%, four 97-100%, six
 // 80-96%, eight 71-80% (from cache 41 / 48 / 54 / 44-49 / 44 GB/s). 2-4 columns take two:
 // four measured slower there (55-59 against 57-63 G weight-dots/s from memory).
-template <int S, int C, bool kVnni>
+template <int S, int C, Isa kIsa>
 void tile_cols(const uint8_t *w, size_t w_stride, int64_t n_rows, const void *const *x, const float *const *xd,
                int64_t n, float *const *out) {
     const int64_t part = n_rows / S;
@@ -275,12 +289,12 @@ void tile_cols(const uint8_t *w, size_t w_stride, int64_t n_rows, const void *co
     for (int64_t r = 0; r < part; ++r) {
         const uint8_t *wr[S];
         for (int s = 0; s < S; ++s) wr[s] = w + size_t(r + s * part) * w_stride;
-        dot_rows_cols<S, C, kVnni>(wr, x, n, res, xd);
+        dot_rows_cols<S, C, kIsa>(wr, x, n, res, xd);
         for (int s = 0; s < S; ++s)
             for (int c = 0; c < C; ++c) out[c][r + s * part] = res[s * C + c];
     }
     for (int64_t r = S * part; r < n_rows; ++r) {
-        dot_cols<C, kVnni>(w + size_t(r) * w_stride, x, n, res, xd);
+        dot_cols<C, kIsa>(w + size_t(r) * w_stride, x, n, res, xd);
         for (int c = 0; c < C; ++c) out[c][r] = res[c];
     }
 }
@@ -288,12 +302,17 @@ void tile_cols(const uint8_t *w, size_t w_stride, int64_t n_rows, const void *co
 template <int C>
 void tile_cols_vnni(const uint8_t *w, size_t w_stride, int64_t n_rows, const void *const *x, const float *const *xd,
                     int64_t n, float *const *out) {
-    tile_cols<2, C, true>(w, w_stride, n_rows, x, xd, n, out);
+    tile_cols<2, C, Isa::Vnni512>(w, w_stride, n_rows, x, xd, n, out);
+}
+template <int C>
+void tile_cols_avxvnni(const uint8_t *w, size_t w_stride, int64_t n_rows, const void *const *x,
+                       const float *const *xd, int64_t n, float *const *out) {
+    tile_cols<2, C, Isa::AvxVnni>(w, w_stride, n_rows, x, xd, n, out);
 }
 template <int C>
 void tile_cols_avx2(const uint8_t *w, size_t w_stride, int64_t n_rows, const void *const *x, const float *const *xd,
                     int64_t n, float *const *out) {
-    tile_cols<2, C, false>(w, w_stride, n_rows, x, xd, n, out);
+    tile_cols<2, C, Isa::Avx2>(w, w_stride, n_rows, x, xd, n, out);
 }
 
 }  // namespace
@@ -315,6 +334,8 @@ void q8_0_tile_cols(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const
     }
     if (vnni_enabled()) {
         DS4_QUANT_COLS_DISPATCH(tile_cols_vnni, w, w_row_stride, n_rows, x, xd, n, out)
+    } else if (avxvnni_enabled()) {
+        DS4_QUANT_COLS_DISPATCH(tile_cols_avxvnni, w, w_row_stride, n_rows, x, xd, n, out)
     } else {
         DS4_QUANT_COLS_DISPATCH(tile_cols_avx2, w, w_row_stride, n_rows, x, xd, n, out)
     }
@@ -323,14 +344,18 @@ void q8_0_tile_cols(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const
 void rows_q8_0(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const void *x, int64_t n, float *out) {
     float *const o[1] = {out};
     if (vnni_enabled())
-        tile_cols<4, 1, true>(w, w_row_stride, n_rows, &x, nullptr, n, o);
+        tile_cols<4, 1, Isa::Vnni512>(w, w_row_stride, n_rows, &x, nullptr, n, o);
+    else if (avxvnni_enabled())
+        tile_cols<4, 1, Isa::AvxVnni>(w, w_row_stride, n_rows, &x, nullptr, n, o);
     else
-        tile_cols<4, 1, false>(w, w_row_stride, n_rows, &x, nullptr, n, o);
+        tile_cols<4, 1, Isa::Avx2>(w, w_row_stride, n_rows, &x, nullptr, n, o);
 }
 
 void dot_q8_0(const uint8_t *w, const void *const *x, int ncols, int64_t n, float *out) {
     if (vnni_enabled()) {
         DS4_QUANT_COLS_DISPATCH(dot_cols_vnni, w, x, n, out)
+    } else if (avxvnni_enabled()) {
+        DS4_QUANT_COLS_DISPATCH(dot_cols_avxvnni, w, x, n, out)
     } else {
         DS4_QUANT_COLS_DISPATCH(dot_cols_avx2, w, x, n, out)
     }

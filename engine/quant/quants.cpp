@@ -89,6 +89,14 @@ bool &vnni_enabled() {
     }();
     return on;
 }
+bool avxvnni_available() { return __builtin_cpu_supports("avxvnni"); }
+bool &avxvnni_enabled() {
+    static bool on = [] {
+        if (const char *e = std::getenv("DS4_NO_AVXVNNI"); e && *e && *e != '0') return false;
+        return avxvnni_available();
+    }();
+    return on;
+}
 }  // namespace detail
 
 void dequantize_row(Type t, const void *src, float *dst, int64_t n) {
@@ -185,6 +193,10 @@ void vec_dot_tile(Type t, const void *w, size_t w_row_stride, int64_t n_rows, co
             for (int c = 0; c < nc; ++c) out[size_t(c0 + c) * out_col_stride + size_t(r)] = res[c];
         }
     }
+}
+
+const char *q8_0_tile_isa() {
+    return detail::vnni_enabled() ? "avx512-vnni" : detail::avxvnni_enabled() ? "avx-vnni" : "avx2";
 }
 
 uint64_t tile_pack_bytes(Type t, int64_t n, int64_t n_cols) {

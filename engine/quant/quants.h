@@ -74,6 +74,9 @@ constexpr int64_t kTilePackMinCols = 4;
 // on Zen 3 four columns ran ~30% slower packed than by q8_0_tile_cols, six level, eight
 // 25-45% faster.
 constexpr int64_t kTilePackMinColsAvx2 = 8;
+// The int8 instruction the packed Q8_0 tile runs on this CPU now: "avx512-vnni" (512-bit
+// registers' vpdpbusd), "avx-vnni" (the VEX vpdpbusd) or "avx2" (vpmaddubsw + vpmaddwd).
+const char *q8_0_tile_isa();
 uint64_t tile_pack_bytes(Type t, int64_t n, int64_t n_cols);
 int64_t tile_pack_groups(Type t, int64_t n_cols);
 void tile_pack(Type t, const void *x, size_t x_row_stride, int64_t n_cols, int64_t n, int64_t g0, int64_t g1,

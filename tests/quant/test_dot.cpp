@@ -396,6 +396,45 @@ TEST(Quant, Q8_0VnniMatchesAvx2) {
     }
 }
 
+// The Q8_0 dots on AVX-VNNI (the VEX vpdpbusd, AVX-512 VNNI off) against AVX2, bit for bit:
+// the one-pair dot, the 2-4-column tile (vec_dot_tile) and the four-stream rows kernel
+// (vec_dot_rows, decode), an odd block count, weights of -128.
+TEST(Quant, Q8_0AvxVnniMatchesAvx2) {
+    if (!ds4::quant::detail::avxvnni_available()) GTEST_SKIP() << "no AVX-VNNI on this CPU";
+    bool &vnni = ds4::quant::detail::vnni_enabled(), &on = ds4::quant::detail::avxvnni_enabled();
+    const SwitchGuard restore_vnni(vnni), restore(on);
+    vnni = false;
+    std::mt19937 rng(29);
+    for (int64_t n : {32, 64, 32 * 7, 4096 + 32}) {
+        const int64_t nrows = 9, ncols = 9;
+        for (Scale s : {Scale::Normal, Scale::Mixed, Scale::Huge}) {
+            const Q8Operands op(n, nrows, ncols, s, rng);
+            const auto &w = op.w, &x = op.x;
+            const size_t rb = op.rb, xb = op.xb;
+            for (int64_t cols : {int64_t(1), int64_t(2), int64_t(3), int64_t(4), ncols}) {
+                std::vector<float> a(nrows * cols), b(nrows * cols);
+                on = false;
+                q::vec_dot_tile(Type::Q8_0, w.data(), rb, nrows, x.data(), xb, cols, n, a.data(), nrows);
+                on = true;
+                q::vec_dot_tile(Type::Q8_0, w.data(), rb, nrows, x.data(), xb, cols, n, b.data(), nrows);
+                for (size_t i = 0; i < a.size(); ++i)
+                    ASSERT_EQ(std::memcmp(&a[i], &b[i], 4), 0) << "n " << n << " cols " << cols << " i " << i << ": " << a[i] << " vs " << b[i];
+            }
+            for (int64_t rows : {int64_t(1), int64_t(4), int64_t(5), nrows}) {
+                std::vector<float> a(rows), b(rows);
+                on = false;
+                q::vec_dot_rows(Type::Q8_0, w.data(), rb, rows, x.data(), n, a.data());
+                on = true;
+                q::vec_dot_rows(Type::Q8_0, w.data(), rb, rows, x.data(), n, b.data());
+                for (int64_t i = 0; i < rows; ++i)
+                    ASSERT_EQ(std::memcmp(&a[i], &b[i], 4), 0) << "n " << n << " rows " << rows << " r " << i << ": " << a[i] << " vs " << b[i];
+                const float d = q::vec_dot(Type::Q8_0, w.data(), x.data(), n);   // the one-pair dot
+                ASSERT_EQ(std::memcmp(&b[0], &d, 4), 0) << "n " << n;
+            }
+        }
+    }
+}
+
 // The Q4_K AVX-512 VNNI dot and rows kernel against the AVX2 one, bit for bit: 1-4 columns,
 // every remainder of the rows kernel's four streams, and blocks of random bytes (every
 // 6-bit scale and min, every nibble) beside quantized ones.
@@ -451,10 +490,13 @@ TEST(Quant, Q4_KVnniMatchesAvx2) {
 // tail of 1-3 blocks, every remainder of the 4-row steps, column counts around the
 // 8-column narrow panel, the AVX2 tile's 8-column units and the 16-column groups, padded
 // activation rows, weights of -128, and scales from tiny to huge.
-static void packed_q8_0_tile_equals_dot(bool vnni) {
+// avxvnni: the AVX2 tile's VEX vpdpbusd (only where vnni is off).
+static void packed_q8_0_tile_equals_dot(bool vnni, bool avxvnni = false) {
     bool &on = ds4::quant::detail::vnni_enabled();
-    const SwitchGuard restore(on);
+    bool &avx_on = ds4::quant::detail::avxvnni_enabled();
+    const SwitchGuard restore(on), restore_avx(avx_on);
     on = vnni;
+    avx_on = avxvnni;
     const int64_t min_cols = vnni ? q::kTilePackMinCols : q::kTilePackMinColsAvx2;
     std::mt19937 rng(31);
     for (int64_t n : {32, 32 * 5, 32 * 7, 4096 + 32}) {
@@ -517,6 +559,11 @@ static void packed_q8_0_tile_equals_dot(bool vnni) {
 TEST(Quant, Q8_0PackedTileEqualsDotBitForBitVnni) {
     if (!ds4::quant::detail::vnni_available()) GTEST_SKIP() << "no AVX-512 VNNI on this CPU (or DS4_NO_AVX512 set)";
     packed_q8_0_tile_equals_dot(true);
+}
+
+TEST(Quant, Q8_0PackedTileEqualsDotBitForBitAvxVnni) {
+    if (!ds4::quant::detail::avxvnni_available()) GTEST_SKIP() << "no AVX-VNNI on this CPU";
+    packed_q8_0_tile_equals_dot(false, true);
 }
 
 TEST(Quant, Q8_0PackedTileEqualsDotBitForBitAvx2) { packed_q8_0_tile_equals_dot(false); }
