@@ -14,6 +14,7 @@
 #include "engine/kernels/matmul.h"
 #include "engine/model/model.h"
 #include "engine/model/session.h"
+#include "engine/quant/quants.h"
 #include "tools/backend_option.h"
 #include "tools/bench/membw.h"
 #include "ds4_version.h"
@@ -215,7 +216,12 @@ int main(int argc, char **argv) {
                         dev_bw > 0 ? achieved / dev_bw : 0.0);
         } else {
             std::printf("model            %s\n                 %s\n", model.c_str(), c.summary().c_str());
-            std::printf("backend          %s\n", m->backend().name().c_str());
+            const std::string bname = m->backend().name();
+            // the CPU's int8 instruction for Q8_0 products (quant::q8_0_tile_isa)
+            if (bname == "cpu")
+                std::printf("backend          cpu (Q8_0 int8: %s)\n", ds4::quant::q8_0_tile_isa());
+            else
+                std::printf("backend          %s\n", bname.c_str());
             std::printf("threads          %d\n", n_threads);
             std::printf("open + prewarm   %.2f s\n", open_s);
             std::printf("prefill          %d tokens in %.3f s = %.2f tok/s\n", prompt, prefill_s, prompt / prefill_s);
