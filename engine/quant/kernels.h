@@ -50,8 +50,8 @@ bool &avx512_enabled();
 // flip this where vnni_available().
 bool vnni_available();
 bool &vnni_enabled();
-// Without AVX-512 VNNI, the AVX2 packed Q8_0 tile takes AVX-VNNI (the VEX vpdpbusd on 256-bit
-// registers: Intel cores from Alder Lake on, AMD Zen 5) where the CPU has it (same results
+// Without AVX-512 VNNI, the Q8_0 kernels (dots, rows, tiles) take AVX-VNNI (the VEX vpdpbusd
+// on 256-bit registers: Intel cores from Alder Lake on) where the CPU has it (same results
 // bit for bit; env DS4_NO_AVXVNNI=1 disables it). Tests flip this where avxvnni_available().
 bool avxvnni_available();
 bool &avxvnni_enabled();

@@ -7,6 +7,7 @@
 
 #include "engine/quant/blocks.h"
 #include "engine/quant/half.h"
+#include "engine/quant/int8_dot.h"
 #include "engine/quant/kernels.h"
 #include "engine/quant/simd.h"
 
@@ -182,29 +183,11 @@ inline __m128 scales4(const BlockQ8_0 *b, int nt) {
     return _mm_cvtph_ps(_mm_cvtsi64_si128(int64_t(h)));
 }
 
-// The int8 instruction of a kernel: vpmaddubsw + vpmaddwd (AVX2), vpdpbusd on 256-bit
-// registers in its EVEX form (AVX-512 VNNI) or its VEX form (AVX-VNNI: Intel clients from
-// Alder Lake on, which have no AVX-512; the EVEX form would fault there, and the VEX one on
-// AVX-512 VNNI cores without AVX-VNNI such as Ice Lake and Zen 4).
-enum class Isa { Avx2, Vnni512, AvxVnni };
-
-// Four-byte sums of |w| x sign(x, w) = w x. |w| x sign(x, w) pairs stay within 127 * 127 * 2,
-// so maddubs never saturates and vpdpbusd (VNNI) gives the same integers. vpdpbusd is
-// written as inline assembly so one template serves every path (an intrinsic would need
-// the AVX-512 or AVX-VNNI target on the whole function); the caller checks the CPU has it.
+// Four-byte sums of |w| x sign(x, w) = w x (int8_dot.h).
 template <Isa kIsa>
 inline __m256i dot4(__m256i aw, __m256i sx) {
-    if constexpr (kIsa == Isa::Vnni512) {
-        __m256i acc = _mm256_setzero_si256();
-        __asm__("%{evex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(aw), "x"(sx));
-        return acc;
-    } else if constexpr (kIsa == Isa::AvxVnni) {
-        __m256i acc = _mm256_setzero_si256();
-        __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(aw), "x"(sx));
-        return acc;
-    } else {
-        return _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), _mm256_set1_epi16(1));
-    }
+    if constexpr (kIsa == Isa::Avx2) return _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), _mm256_set1_epi16(1));
+    else return dot4_add<kIsa>(_mm256_setzero_si256(), aw, sx);
 }
 
 // R weight rows (wv[r]) against C activation rows, four blocks a step (nt < 4 at the tail),

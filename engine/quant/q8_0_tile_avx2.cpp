@@ -25,6 +25,7 @@
 
 #include "engine/quant/blocks.h"
 #include "engine/quant/half.h"
+#include "engine/quant/int8_dot.h"
 #include "engine/quant/q8_0_panel.h"
 
 namespace ds4::quant::detail {
@@ -45,28 +46,14 @@ inline void prefetch_some(const uint8_t *&pf, const uint8_t *pf_end) {
     for (int i = 0; i < 2 && pf < pf_end; ++i, pf += 64) _mm_prefetch(reinterpret_cast<const char *>(pf), _MM_HINT_T1);
 }
 
-// acc + the 4-byte dot of unsigned u and signed s in each 32-bit lane. The VEX vpdpbusd is
-// written as asm: with the intrinsic every function that inlines this would need the avxvnni
-// target, and the AVX2 instantiation could then pick up VNNI code from the compiler.
-template <bool Vnni>
-inline __m256i slice_dot(__m256i acc, __m256i u, __m256i s, __m256i ones) {
-    if constexpr (Vnni) {
-        __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(u), "x"(s));
-        return acc;
-    } else {
-        return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), ones));
-    }
-}
-
 // R weight rows against U units of 8 columns (unit u's bytes at x[u], its block b at
 // x[u] + b * kGroupBlockBytes). ch holds the 4 float chains of every (row, unit), chain k of
 // row r, unit u at (k * R + r) * U + u: in registers they would not fit beside the
 // integer sums, so they live in L1, and every float step is still dot_q8_0's.
-template <bool Vnni, int R, int U>
+template <Isa kIsa, int R, int U>
 inline void rows_units(const BlockQ8_0 *const *w, const uint8_t *const *x, int64_t nb, const uint8_t *pf,
                        const uint8_t *pf_end, __m256 *ch) {
     for (int i = 0; i < 4 * R * U; ++i) ch[i] = _mm256_setzero_ps();
-    const __m256i ones = _mm256_set1_epi16(1);
     for (int64_t b0 = 0; b0 < nb; b0 += 4) {
         const int nt = int(std::min<int64_t>(4, nb - b0));
 #pragma GCC unroll 4
@@ -86,7 +73,7 @@ inline void rows_units(const BlockQ8_0 *const *w, const uint8_t *const *x, int64
                 for (int r = 0; r < R; ++r) {
                     const __m256i ws = _mm256_set1_epi32(int(load_u32(w[r][b].qs + 4 * j)));
                     const __m256i wa = _mm256_abs_epi8(ws);
-                    for (int u = 0; u < U; ++u) dot[r][u] = slice_dot<Vnni>(dot[r][u], wa, _mm256_sign_epi8(xv[u], ws), ones);
+                    for (int u = 0; u < U; ++u) dot[r][u] = dot4_add<kIsa>(dot[r][u], wa, _mm256_sign_epi8(xv[u], ws));
                 }
             }
             __m256 dw[R];
@@ -106,7 +93,7 @@ inline void rows_units(const BlockQ8_0 *const *w, const uint8_t *const *x, int64
 }
 
 // Rows [r0, r0 + R) against U units from unit u0 on; nc: the columns left from unit u0.
-template <bool Vnni, int R, int U>
+template <Isa kIsa, int R, int U>
 void rows_block(const uint8_t *w, size_t w_stride, int64_t r0, const uint8_t *panel, uint64_t group_bytes, int64_t u0,
                 int64_t nc, int64_t nb, float *out, size_t out_col_stride, const uint8_t *pf, const uint8_t *pf_end) {
     const BlockQ8_0 *wr[R];
@@ -117,7 +104,7 @@ void rows_block(const uint8_t *w, size_t w_stride, int64_t r0, const uint8_t *pa
         x[u] = panel + uint64_t(unit / 2) * group_bytes + uint64_t(unit % 2) * (kUnitCols * 4);
     }
     alignas(32) __m256 ch[4 * R * U];
-    rows_units<Vnni, R, U>(wr, x, nb, pf, pf_end, ch);
+    rows_units<kIsa, R, U>(wr, x, nb, pf, pf_end, ch);
     for (int u = 0; u < U; ++u) {
         const int cols = int(std::min<int64_t>(kUnitCols, nc - int64_t(u) * kUnitCols));
         if (cols <= 0) break;
@@ -133,19 +120,19 @@ void rows_block(const uint8_t *w, size_t w_stride, int64_t r0, const uint8_t *pa
     }
 }
 
-template <bool Vnni, int U>
+template <Isa kIsa, int U>
 void rows_any(int m, const uint8_t *w, size_t w_stride, int64_t r0, const uint8_t *panel, uint64_t group_bytes,
               int64_t u0, int64_t nc, int64_t nb, float *out, size_t out_col_stride, const uint8_t *pf,
               const uint8_t *pf_end) {
     switch (m) {
-        case 4: rows_block<Vnni, 4, U>(w, w_stride, r0, panel, group_bytes, u0, nc, nb, out, out_col_stride, pf, pf_end); break;
-        case 3: rows_block<Vnni, 3, U>(w, w_stride, r0, panel, group_bytes, u0, nc, nb, out, out_col_stride, pf, pf_end); break;
-        case 2: rows_block<Vnni, 2, U>(w, w_stride, r0, panel, group_bytes, u0, nc, nb, out, out_col_stride, pf, pf_end); break;
-        default: rows_block<Vnni, 1, U>(w, w_stride, r0, panel, group_bytes, u0, nc, nb, out, out_col_stride, pf, pf_end); break;
+        case 4: rows_block<kIsa, 4, U>(w, w_stride, r0, panel, group_bytes, u0, nc, nb, out, out_col_stride, pf, pf_end); break;
+        case 3: rows_block<kIsa, 3, U>(w, w_stride, r0, panel, group_bytes, u0, nc, nb, out, out_col_stride, pf, pf_end); break;
+        case 2: rows_block<kIsa, 2, U>(w, w_stride, r0, panel, group_bytes, u0, nc, nb, out, out_col_stride, pf, pf_end); break;
+        default: rows_block<kIsa, 1, U>(w, w_stride, r0, panel, group_bytes, u0, nc, nb, out, out_col_stride, pf, pf_end); break;
     }
 }
 
-template <bool Vnni>
+template <Isa kIsa>
 void tile_wide(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const uint8_t *panel, int64_t n_cols, int64_t nb,
                float *out, size_t out_col_stride) {
     // Four rows and two units (16 columns) a step: from L2 on Zen 3, 47-49 G multiply-adds/s
@@ -166,9 +153,9 @@ void tile_wide(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const uint
                 pf_end = w + size_t(std::min<int64_t>(r + 2 * kRows, n_rows)) * w_row_stride;
             }
             if (nu == 2)
-                rows_any<Vnni, 2>(m, w, w_row_stride, r, panel, group_bytes, u0, nc, nb, out, out_col_stride, pf, pf_end);
+                rows_any<kIsa, 2>(m, w, w_row_stride, r, panel, group_bytes, u0, nc, nb, out, out_col_stride, pf, pf_end);
             else
-                rows_any<Vnni, 1>(m, w, w_row_stride, r, panel, group_bytes, u0, nc, nb, out, out_col_stride, pf, pf_end);
+                rows_any<kIsa, 1>(m, w, w_row_stride, r, panel, group_bytes, u0, nc, nb, out, out_col_stride, pf, pf_end);
         }
     }
 }
@@ -178,9 +165,9 @@ void tile_wide(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const uint
 void q8_0_tile_wide_avx2(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const uint8_t *panel, int64_t n_cols,
                          int64_t nb, float *out, size_t out_col_stride) {
     if (avxvnni_enabled())
-        tile_wide<true>(w, w_row_stride, n_rows, panel, n_cols, nb, out, out_col_stride);
+        tile_wide<Isa::AvxVnni>(w, w_row_stride, n_rows, panel, n_cols, nb, out, out_col_stride);
     else
-        tile_wide<false>(w, w_row_stride, n_rows, panel, n_cols, nb, out, out_col_stride);
+        tile_wide<Isa::Avx2>(w, w_row_stride, n_rows, panel, n_cols, nb, out, out_col_stride);
 }
 
 }  // namespace ds4::quant::detail
