@@ -25,10 +25,12 @@
 namespace {
 
 const char *kUsage =
-    "usage: ds4-bench -m MODEL.gguf [--prompt-tokens N] [--gen-tokens N] [--threads N] [--backend auto|cpu|cuda] [--json]\n"
+    "usage: ds4-bench -m MODEL.gguf [--prompt-tokens N] [--prefill-chunk N] [--gen-tokens N] [--threads N] [--backend auto|cpu|cuda] [--json]\n"
     "                 [--ssd-streaming [--expert-cache-bytes N | --expert-cache-experts N] [--cold]\n"
     "                  [--expert-store DIR] [--no-prefetch] [--raw-bytes N] [--hit-curve] [--prompt-seed S]]\n"
     "  --prompt-tokens N   tokens prefilled before decoding (default 128)\n"
+    "  --prefill-chunk N   tokens per prefill step (default: the backend's, 256 on the CPU,\n"
+    "                      2048 on a GPU)\n"
     "  --gen-tokens N      tokens decoded greedily after the prompt (default 32)\n"
     "  --threads N         engine threads (default: all cores)\n"
     "  --backend B         auto (default: CUDA when a usable GPU is present), cpu or cuda;\n"
@@ -66,7 +68,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     std::string model;
-    int prompt = 128, gen = 32, threads = 0;
+    int prompt = 128, gen = 32, threads = 0, chunk = 0;
     bool json = false;
     ds4::BackendKind backend = ds4::BackendKind::Auto;
     ds4::ExpertStreamingOptions so;
@@ -86,6 +88,7 @@ int main(int argc, char **argv) {
         if (a == "-m" || a == "--model") model = val();
         else if (a == "--prompt-tokens") prompt = std::atoi(val());
         else if (a == "--gen-tokens") gen = std::atoi(val());
+        else if (a == "--prefill-chunk") chunk = std::atoi(val());
         else if (a == "--threads") threads = std::atoi(val());
         else if (a == "--json") json = true;
         else if (a == "--ssd-streaming") so.enabled = true;
@@ -108,7 +111,7 @@ int main(int argc, char **argv) {
         }
     }
     if (model.empty() && std::getenv("DS4_MODEL")) model = std::getenv("DS4_MODEL");  // --model default
-    if (model.empty() || prompt < 1 || gen < 1) {
+    if (model.empty() || prompt < 1 || gen < 1 || chunk < 0) {
         std::fputs(kUsage, stderr);
         return 2;
     }
@@ -166,7 +169,7 @@ int main(int argc, char **argv) {
             r ^= r << 13, r ^= r >> 7, r ^= r << 17;
             t = (int32_t)(r % (uint64_t)c.n_vocab);
         }
-        ds4::Session s(*m, prompt + gen + 1);
+        ds4::Session s(*m, prompt + gen + 1, chunk);
         const double t0 = now();
         s.sync(toks);
         const double prefill_s = now() - t0;
@@ -224,7 +227,8 @@ int main(int argc, char **argv) {
                 std::printf("backend          %s\n", bname.c_str());
             std::printf("threads          %d\n", n_threads);
             std::printf("open + prewarm   %.2f s\n", open_s);
-            std::printf("prefill          %d tokens in %.3f s = %.2f tok/s\n", prompt, prefill_s, prompt / prefill_s);
+            std::printf("prefill          %d tokens in %.3f s = %.2f tok/s (steps of %d)\n", prompt, prefill_s, prompt / prefill_s,
+                        s.prefill_cap());
             std::printf("decode           %d tokens in %.3f s = %.2f tok/s\n", n_dec, decode_s, dec_tps);
             std::printf("weights/token    %.3f GB\n", bytes_per_tok / 1e9);
             std::printf("achieved         %.2f GB/s\n", achieved / 1e9);
