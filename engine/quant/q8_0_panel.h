@@ -1,7 +1,8 @@
 // The wide packed panel of Q8_0 activations (q8_0_tile.cpp packs it; the AVX-512 VNNI tile
 // and the AVX2 tile read it): per group of kPackCols columns and block, 8 slices x 16 lanes
-// x 4 bytes (lane c: column c's bytes 4j..4j+3), the 16 f32 scales, then the 16 corrections
-// (-128 * the column's block sum, which only the VNNI tile uses).
+// x 4 bytes (lane c: column c's bytes 4j..4j+3), then the 16 f32 scales. For the VNNI tile
+// the bytes are stored as x + 128 (x ^ 0x80), the unsigned side of vpdpbusd; for the AVX2
+// tile as they are.
 #pragma once
 #include <cstdint>
 
@@ -11,8 +12,7 @@ namespace ds4::quant::detail {
 
 constexpr int64_t kSliceBytes = kPackCols * 4;
 constexpr int64_t kScaleOff = 8 * kSliceBytes;
-constexpr int64_t kCorrOff = kScaleOff + kPackCols * 4;
-constexpr int64_t kGroupBlockBytes = kCorrOff + kPackCols * 4;
+constexpr int64_t kGroupBlockBytes = kScaleOff + kPackCols * 4;
 
 // The AVX2 tile (q8_0_tile_avx2.cpp): n_rows weight rows against the n_cols columns of a
 // wide panel, out[c * out_col_stride + r], each result bit-identical to dot_q8_0.
