@@ -1,8 +1,8 @@
 // The wide packed panel of Q8_0 activations (q8_0_tile.cpp packs it; the AVX-512 VNNI tile
 // and the AVX2 tile read it): per group of kPackCols columns and block, 8 slices x 16 lanes
-// x 4 bytes (lane c: column c's bytes 4j..4j+3), then the 16 f32 scales. For the VNNI tile
-// the bytes are stored as x + 128 (x ^ 0x80), the unsigned side of vpdpbusd; for the AVX2
-// tile as they are.
+// x 4 bytes (lane c: column c's bytes 4j..4j+3), then the 16 f32 scales. Where the tile has
+// vpdpbusd (AVX-512 VNNI, AVX-VNNI) the bytes are stored as x + 128 (x ^ 0x80), its unsigned
+// side; for the AVX2 tile (vpmaddubsw) as they are.
 #pragma once
 #include <cstdint>
 
@@ -13,6 +13,16 @@ namespace ds4::quant::detail {
 constexpr int64_t kSliceBytes = kPackCols * 4;
 constexpr int64_t kScaleOff = 8 * kSliceBytes;
 constexpr int64_t kGroupBlockBytes = kScaleOff + kPackCols * 4;
+
+// What the tiles on an offset panel need of four weight rows for one block: minus 128 times
+// the sum of each row's bytes (their accumulators' start), and each row's scale as f32.
+struct alignas(32) RowSide {
+    int32_t corr[4];
+    float dw[4];
+};
+
+// Whether q8_0_pack stores the wide panel offset (x + 128): for the tiles with vpdpbusd.
+bool q8_0_panel_offset();
 
 // The AVX2 tile (q8_0_tile_avx2.cpp): n_rows weight rows against the n_cols columns of a
 // wide panel, out[c * out_col_stride + r], each result bit-identical to dot_q8_0.

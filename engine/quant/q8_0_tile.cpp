@@ -93,13 +93,6 @@ DS4_VNNI512 inline void for_blocks(int64_t nb, F &&block) {
     }
 }
 
-// What the wide kernels need of four weight rows for one block: minus 128 times the sum of
-// each row's bytes (their accumulators' start), and each row's scale as f32.
-struct alignas(32) RowSide {
-    int32_t corr[4];
-    float dw[4];
-};
-
 // Rows w[0..3] over nb blocks to side[0..nb). The byte sums: one vpdpbusd against bytes of
 // 128 puts 128 times each 4-byte slice sum of two rows' blocks into the 16 lanes; pairs of
 // lanes are added across two permutes, then within each 128-bit lane (one a row).
@@ -350,6 +343,8 @@ void tile_wide(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const uint
 // The narrow layout is the VNNI tile's alone: the AVX2 tile takes any column count wide.
 static bool narrow(int64_t n_cols) { return n_cols <= kNarrowCols && vnni_enabled(); }
 
+bool q8_0_panel_offset() { return vnni_enabled() || avxvnni_enabled(); }
+
 int64_t q8_0_pack_groups(int64_t n_cols) { return narrow(n_cols) ? 1 : (n_cols + kPackCols - 1) / kPackCols; }
 
 uint64_t q8_0_pack_bytes(int64_t n, int64_t n_cols) {
@@ -367,7 +362,7 @@ void q8_0_pack(const void *x, size_t x_row_stride, int64_t n_cols, int64_t n, in
     for (int64_t g = g0; g < g1; ++g) {
         const int64_t c0 = g * kPackCols;
         pack_wide(xp + size_t(c0) * x_row_stride, x_row_stride, int(std::min<int64_t>(kPackCols, n_cols - c0)), n,
-                  vnni_enabled(), dst + uint64_t(g) * gb);
+                  q8_0_panel_offset(), dst + uint64_t(g) * gb);
     }
 }
 
@@ -395,7 +390,7 @@ inline void transpose8x8(const __m256i *r, __m256i *out) {
 
 // Sixteen columns' blocks to the group layout: two 8 x 8 transposes of 4-byte slices a block
 // (a slice at a time this took ~2.5% of a flash-shape prefill step); flip: stored as x + 128
-// (the VNNI tile's unsigned side).
+// (vpdpbusd's unsigned side).
 void pack_wide(const void *x, size_t x_row_stride, int nc, int64_t n, bool flip, uint8_t *dst) {
     const int64_t nb = n / kQK8_0;
     const uint8_t *xp = static_cast<const uint8_t *>(x);

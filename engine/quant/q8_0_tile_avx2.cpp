@@ -17,16 +17,20 @@
 // q8_0_tile_cols (four columns a pass, the block sums horizontal): 25-27.
 //
 // Where the CPU has AVX-VNNI (no AVX-512: Intel clients from Alder Lake on; AMD Zen 5 takes
-// the AVX-512 tile) one VEX vpdpbusd does the vpmaddubsw, vpmaddwd and vpaddd: the same four
-// products of the same operands summed into the same lane, exactly (no 16-bit stage), so the
-// bits do not change.
+// the AVX-512 tile) the panel is packed offset, x + 128, and one VEX vpdpbusd takes it as the
+// unsigned side against the weight slice as it is (the AVX-512 tile's scheme): no vpsignb and
+// no abs, one instruction per 32 multiply-adds. Each four rows' -128 * sum(w) per block, the
+// accumulators' start, and their f32 scales come from row_side on the first column pass.
+// The integers are the exact block dots either way, so the bits do not change.
 #include <algorithm>
 #include <cstring>
 
 #include "engine/quant/blocks.h"
+#include "engine/quant/cache_aligned.h"
 #include "engine/quant/half.h"
 #include "engine/quant/int8_dot.h"
 #include "engine/quant/q8_0_panel.h"
+#include "engine/quant/simd.h"
 
 namespace ds4::quant::detail {
 
@@ -46,13 +50,31 @@ inline void prefetch_some(const uint8_t *&pf, const uint8_t *pf_end) {
     for (int i = 0; i < 2 && pf < pf_end; ++i, pf += 64) _mm_prefetch(reinterpret_cast<const char *>(pf), _MM_HINT_T1);
 }
 
+// Rows w[0..3] over nb blocks to side[0..nb) (AVX-VNNI): per row one vpdpbusd against bytes
+// of 128 gives 128 times the block's eight slice sums, which three hadds and an add total.
+void row_side(const BlockQ8_0 *const *w, int64_t nb, RowSide *side) {
+    const __m256i c128 = _mm256_set1_epi8(char(0x80));
+    for (int64_t b = 0; b < nb; ++b) {
+        __m256i s[4];
+        for (int q = 0; q < 4; ++q) s[q] = dot4_add<Isa::AvxVnni>(_mm256_setzero_si256(), c128, simd::loadu(w[q][b].qs));
+        // lane q of each half: row q's sums of slices 0-3 (low half) and 4-7 (high)
+        const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
+        const __m128i t = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+        _mm_store_si128(reinterpret_cast<__m128i *>(side[b].corr), _mm_sub_epi32(_mm_setzero_si128(), t));
+        const uint64_t d4 = uint64_t(w[0][b].d) | uint64_t(w[1][b].d) << 16 | uint64_t(w[2][b].d) << 32 |
+                            uint64_t(w[3][b].d) << 48;
+        _mm_store_ps(side[b].dw, _mm_cvtph_ps(_mm_cvtsi64_si128(int64_t(d4))));
+    }
+}
+
 // R weight rows against U units of 8 columns (unit u's bytes at x[u], its block b at
-// x[u] + b * kGroupBlockBytes). ch holds the 4 float chains of every (row, unit), chain k of
+// x[u] + b * kGroupBlockBytes; side: the rows' sums and scales, AVX-VNNI only). ch holds the 4 float chains of every (row, unit), chain k of
 // row r, unit u at (k * R + r) * U + u: in registers they would not fit beside the
 // integer sums, so they live in L1, and every float step is still dot_q8_0's.
 template <Isa kIsa, int R, int U>
-inline void rows_units(const BlockQ8_0 *const *w, const uint8_t *const *x, int64_t nb, const uint8_t *pf,
-                       const uint8_t *pf_end, __m256 *ch) {
+inline void rows_units(const BlockQ8_0 *const *w, const RowSide *side, const uint8_t *const *x, int64_t nb,
+                       const uint8_t *pf, const uint8_t *pf_end, __m256 *ch) {
+    constexpr bool kOffset = kIsa == Isa::AvxVnni;   // the panel holds x + 128
     for (int i = 0; i < 4 * R * U; ++i) ch[i] = _mm256_setzero_ps();
     for (int64_t b0 = 0; b0 < nb; b0 += 4) {
         const int nt = int(std::min<int64_t>(4, nb - b0));
@@ -63,8 +85,10 @@ inline void rows_units(const BlockQ8_0 *const *w, const uint8_t *const *x, int64
             const int64_t off = b * kGroupBlockBytes;
             prefetch_some(pf, pf_end);
             __m256i dot[R][U];
-            for (int r = 0; r < R; ++r)
-                for (int u = 0; u < U; ++u) dot[r][u] = _mm256_setzero_si256();
+            for (int r = 0; r < R; ++r) {
+                const __m256i c = kOffset ? _mm256_set1_epi32(side[b].corr[r]) : _mm256_setzero_si256();
+                for (int u = 0; u < U; ++u) dot[r][u] = c;
+            }
 #pragma GCC unroll 8
             for (int j = 0; j < 8; ++j) {
                 __m256i xv[U];
@@ -72,12 +96,16 @@ inline void rows_units(const BlockQ8_0 *const *w, const uint8_t *const *x, int64
                     xv[u] = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(x[u] + off + j * kSliceBytes));
                 for (int r = 0; r < R; ++r) {
                     const __m256i ws = _mm256_set1_epi32(int(load_u32(w[r][b].qs + 4 * j)));
-                    const __m256i wa = _mm256_abs_epi8(ws);
-                    for (int u = 0; u < U; ++u) dot[r][u] = dot4_add<kIsa>(dot[r][u], wa, _mm256_sign_epi8(xv[u], ws));
+                    if constexpr (kOffset) {
+                        for (int u = 0; u < U; ++u) dot[r][u] = dot4_add<kIsa>(dot[r][u], xv[u], ws);
+                    } else {
+                        const __m256i wa = _mm256_abs_epi8(ws);
+                        for (int u = 0; u < U; ++u) dot[r][u] = dot4_add<kIsa>(dot[r][u], wa, _mm256_sign_epi8(xv[u], ws));
+                    }
                 }
             }
             __m256 dw[R];
-            for (int r = 0; r < R; ++r) dw[r] = _mm256_set1_ps(f16_to_f32_fast(w[r][b].d));
+            for (int r = 0; r < R; ++r) dw[r] = _mm256_set1_ps(kOffset ? side[b].dw[r] : f16_to_f32_fast(w[r][b].d));
             for (int u = 0; u < U; ++u) {
                 const __m256 dx = _mm256_loadu_ps(reinterpret_cast<const float *>(x[u] + off + kScaleOff));
                 for (int r = 0; r < R; ++r) {
@@ -94,8 +122,9 @@ inline void rows_units(const BlockQ8_0 *const *w, const uint8_t *const *x, int64
 
 // Rows [r0, r0 + R) against U units from unit u0 on; nc: the columns left from unit u0.
 template <Isa kIsa, int R, int U>
-void rows_block(const uint8_t *w, size_t w_stride, int64_t r0, const uint8_t *panel, uint64_t group_bytes, int64_t u0,
-                int64_t nc, int64_t nb, float *out, size_t out_col_stride, const uint8_t *pf, const uint8_t *pf_end) {
+void rows_block(const uint8_t *w, size_t w_stride, int64_t r0, const RowSide *side, const uint8_t *panel,
+                uint64_t group_bytes, int64_t u0, int64_t nc, int64_t nb, float *out, size_t out_col_stride,
+                const uint8_t *pf, const uint8_t *pf_end) {
     const BlockQ8_0 *wr[R];
     for (int r = 0; r < R; ++r) wr[r] = reinterpret_cast<const BlockQ8_0 *>(w + size_t(r0 + r) * w_stride);
     const uint8_t *x[U];
@@ -104,7 +133,7 @@ void rows_block(const uint8_t *w, size_t w_stride, int64_t r0, const uint8_t *pa
         x[u] = panel + uint64_t(unit / 2) * group_bytes + uint64_t(unit % 2) * (kUnitCols * 4);
     }
     alignas(32) __m256 ch[4 * R * U];
-    rows_units<kIsa, R, U>(wr, x, nb, pf, pf_end, ch);
+    rows_units<kIsa, R, U>(wr, side, x, nb, pf, pf_end, ch);
     for (int u = 0; u < U; ++u) {
         const int cols = int(std::min<int64_t>(kUnitCols, nc - int64_t(u) * kUnitCols));
         if (cols <= 0) break;
@@ -121,14 +150,14 @@ void rows_block(const uint8_t *w, size_t w_stride, int64_t r0, const uint8_t *pa
 }
 
 template <Isa kIsa, int U>
-void rows_any(int m, const uint8_t *w, size_t w_stride, int64_t r0, const uint8_t *panel, uint64_t group_bytes,
-              int64_t u0, int64_t nc, int64_t nb, float *out, size_t out_col_stride, const uint8_t *pf,
-              const uint8_t *pf_end) {
+void rows_any(int m, const uint8_t *w, size_t w_stride, int64_t r0, const RowSide *side, const uint8_t *panel,
+              uint64_t group_bytes, int64_t u0, int64_t nc, int64_t nb, float *out, size_t out_col_stride,
+              const uint8_t *pf, const uint8_t *pf_end) {
     switch (m) {
-        case 4: rows_block<kIsa, 4, U>(w, w_stride, r0, panel, group_bytes, u0, nc, nb, out, out_col_stride, pf, pf_end); break;
-        case 3: rows_block<kIsa, 3, U>(w, w_stride, r0, panel, group_bytes, u0, nc, nb, out, out_col_stride, pf, pf_end); break;
-        case 2: rows_block<kIsa, 2, U>(w, w_stride, r0, panel, group_bytes, u0, nc, nb, out, out_col_stride, pf, pf_end); break;
-        default: rows_block<kIsa, 1, U>(w, w_stride, r0, panel, group_bytes, u0, nc, nb, out, out_col_stride, pf, pf_end); break;
+        case 4: rows_block<kIsa, 4, U>(w, w_stride, r0, side, panel, group_bytes, u0, nc, nb, out, out_col_stride, pf, pf_end); break;
+        case 3: rows_block<kIsa, 3, U>(w, w_stride, r0, side, panel, group_bytes, u0, nc, nb, out, out_col_stride, pf, pf_end); break;
+        case 2: rows_block<kIsa, 2, U>(w, w_stride, r0, side, panel, group_bytes, u0, nc, nb, out, out_col_stride, pf, pf_end); break;
+        default: rows_block<kIsa, 1, U>(w, w_stride, r0, side, panel, group_bytes, u0, nc, nb, out, out_col_stride, pf, pf_end); break;
     }
 }
 
@@ -140,6 +169,9 @@ void tile_wide(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const uint
     constexpr int kRows = 4, kUnits = 2;
     const uint64_t group_bytes = uint64_t(nb) * kGroupBlockBytes;
     const int64_t units = (n_cols + kUnitCols - 1) / kUnitCols;
+    thread_local CacheAlignedVector<RowSide> side;   // AVX-VNNI: made on the first column pass
+    if (kIsa == Isa::AvxVnni && side.size() < size_t((n_rows + kRows - 1) / kRows) * size_t(nb))
+        side.resize(size_t((n_rows + kRows - 1) / kRows) * size_t(nb));
     for (int64_t u0 = 0; u0 < units; u0 += kUnits) {
         const int nu = int(std::min<int64_t>(kUnits, units - u0));
         const int64_t nc = n_cols - u0 * kUnitCols;
@@ -147,15 +179,22 @@ void tile_wide(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const uint
         const bool first = u0 == 0;
         for (int64_t r = 0; r < n_rows; r += kRows) {
             const int m = int(std::min<int64_t>(kRows, n_rows - r));
+            RowSide *sd = kIsa == Isa::AvxVnni ? side.data() + size_t(r / kRows) * size_t(nb) : nullptr;
             const uint8_t *pf = nullptr, *pf_end = nullptr;
             if (first) {
+                if (kIsa == Isa::AvxVnni) {
+                    const BlockQ8_0 *wr[4];
+                    for (int q = 0; q < 4; ++q)
+                        wr[q] = reinterpret_cast<const BlockQ8_0 *>(w + size_t(r + std::min(q, m - 1)) * w_row_stride);
+                    row_side(wr, nb, sd);
+                }
                 pf = w + size_t(std::min<int64_t>(r + kRows, n_rows)) * w_row_stride;
                 pf_end = w + size_t(std::min<int64_t>(r + 2 * kRows, n_rows)) * w_row_stride;
             }
             if (nu == 2)
-                rows_any<kIsa, 2>(m, w, w_row_stride, r, panel, group_bytes, u0, nc, nb, out, out_col_stride, pf, pf_end);
+                rows_any<kIsa, 2>(m, w, w_row_stride, r, sd, panel, group_bytes, u0, nc, nb, out, out_col_stride, pf, pf_end);
             else
-                rows_any<kIsa, 1>(m, w, w_row_stride, r, panel, group_bytes, u0, nc, nb, out, out_col_stride, pf, pf_end);
+                rows_any<kIsa, 1>(m, w, w_row_stride, r, sd, panel, group_bytes, u0, nc, nb, out, out_col_stride, pf, pf_end);
         }
     }
 }
