@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PKGS=(build-essential cmake pkg-config git libuv1-dev libflatbuffers-dev flatbuffers-compiler
-      liblmdb-dev liburing-dev libgtest-dev nlohmann-json3-dev clang-14 libclang-rt-14-dev unicode-data
+      liblmdb-dev liburing-dev libgtest-dev libsimde-dev nlohmann-json3-dev clang-14 libclang-rt-14-dev unicode-data
       libmicrohttpd-dev curl libedit-dev python3 help2man)
 # The Rust bindings' tests (bindings/rust, ctest rust_cargo_test) need cargo; Debian's
 # (rustc 1.63) is enough. A cargo already on PATH (rustup) is used as it is.
