@@ -200,7 +200,9 @@ const char *q8_0_tile_isa() {
 }
 
 uint64_t tile_pack_bytes(Type t, int64_t n, int64_t n_cols) {
-    if (t == Type::Q8_0 && n_cols >= (detail::vnni_enabled() ? kTilePackMinCols : kTilePackMinColsAvx2)) {
+    if (t == Type::Q8_0 && n_cols >= (detail::vnni_enabled()      ? kTilePackMinCols
+                                      : detail::avxvnni_enabled() ? kTilePackMinColsAvxVnni
+                                                                  : kTilePackMinColsAvx2)) {
         need(t, n, "tile_pack_bytes");
         return detail::q8_0_pack_bytes(n, n_cols);
     }

@@ -60,8 +60,8 @@ void vec_dot_tile(Type t, const void *w, size_t w_row_stride, int64_t n_rows, co
                   int64_t n_cols, int64_t n, float *out, size_t out_col_stride);
 
 // Packed activations, where the CPU has a kernel that wants the activation rows in its own
-// layout: Q8_0 for kTilePackMinCols columns or more on AVX-512 VNNI, kTilePackMinColsAvx2
-// on AVX2 (columns in the lanes), IQ2_XXS on AVX-512 VBMI + VNNI + GFNI for any column count, one row included (each row
+// layout: Q8_0 for kTilePackMinCols columns or more on AVX-512 VNNI, kTilePackMinColsAvxVnni
+// on AVX-VNNI, kTilePackMinColsAvx2 on AVX2 (columns in the lanes), IQ2_XXS on AVX-512 VBMI + VNNI + GFNI for any column count, one row included (each row
 // transposed position-major, so the codebook lookups become byte permutes). The rows are
 // repacked once per product and each row block then runs vec_dot_tile_packed. Results are
 // bit-identical to vec_dot. tile_pack_bytes is 0 where no packed path applies: use
@@ -74,6 +74,10 @@ constexpr int64_t kTilePackMinCols = 4;
 // on Zen 3 four columns ran ~30% slower packed than by q8_0_tile_cols, six level, eight
 // 25-45% faster.
 constexpr int64_t kTilePackMinColsAvx2 = 8;
+// With AVX-VNNI (no AVX-512) from 5: on the Xeon host (DS4_NO_AVX512=1, one core) 4 / 6 / 7
+// columns ran 37-39 / 54-57 / 62-68 G weight-dots/s packed against 39-42 / 37-39 / 38-42 by
+// q8_0_tile_cols, the packed rate in step with the lanes filled (5: ~47 against ~40).
+constexpr int64_t kTilePackMinColsAvxVnni = 5;
 // The int8 instruction the packed Q8_0 tile runs on this CPU now: "avx512-vnni" (512-bit
 // registers' vpdpbusd), "avx-vnni" (the VEX vpdpbusd) or "avx2" (vpmaddubsw + vpmaddwd).
 const char *q8_0_tile_isa();

@@ -480,7 +480,7 @@ static void packed_q8_0_tile_equals_dot(bool vnni, bool avxvnni = false) {
     const SwitchGuard restore(on), restore_avx(avx_on);
     on = vnni;
     avx_on = avxvnni;
-    const int64_t min_cols = vnni ? q::kTilePackMinCols : q::kTilePackMinColsAvx2;
+    const int64_t min_cols = vnni ? q::kTilePackMinCols : avxvnni ? q::kTilePackMinColsAvxVnni : q::kTilePackMinColsAvx2;
     std::mt19937 rng(31);
     for (int64_t n : {32, 32 * 5, 32 * 7, 4096 + 32}) {
         const int64_t nrows = 11, ncols = 53;   // 53: three full groups (rows_xg) and a part-filled one
@@ -488,7 +488,7 @@ static void packed_q8_0_tile_equals_dot(bool vnni, bool avxvnni = false) {
             const Q8Operands op(n, nrows, ncols, s, rng, 6);   // padded activation rows
             const auto &w = op.w, &x = op.x;
             const size_t rb = op.rb, xb = op.xb;
-            for (int64_t cols : {int64_t(q::kTilePackMinCols), int64_t(7), int64_t(8), int64_t(9), int64_t(15), int64_t(16), int64_t(17), int64_t(24), int64_t(32), int64_t(33), int64_t(48), ncols}) {
+            for (int64_t cols : {int64_t(q::kTilePackMinCols), int64_t(5), int64_t(7), int64_t(8), int64_t(9), int64_t(15), int64_t(16), int64_t(17), int64_t(24), int64_t(32), int64_t(33), int64_t(48), ncols}) {
                 if (cols < min_cols) continue;
                 std::vector<uint8_t> packed(q::tile_pack_bytes(Type::Q8_0, n, cols));
                 ASSERT_FALSE(packed.empty());
@@ -552,12 +552,19 @@ TEST(Quant, Q8_0PackedTileEqualsDotBitForBitAvxVnni) {
 TEST(Quant, Q8_0PackedTileEqualsDotBitForBitAvx2) { packed_q8_0_tile_equals_dot(false); }
 
 // With VNNI on and off the packing's size follows the layout the tile reads: the narrow
-// panel (one group) up to 8 columns on VNNI only, 16-column groups otherwise.
+// panel (one group) up to 8 columns on VNNI only, 16-column groups otherwise; the fewest
+// columns packed follow the ISA (sizes only: nothing runs, so any CPU can check them).
 TEST(Quant, Q8_0PackLayoutFollowsThePath) {
     bool &on = ds4::quant::detail::vnni_enabled();
-    const SwitchGuard restore(on);
+    bool &avx_on = ds4::quant::detail::avxvnni_enabled();
+    const SwitchGuard restore(on), restore_avx(avx_on);
     on = false;
+    avx_on = true;
+    EXPECT_EQ(q::tile_pack_bytes(Type::Q8_0, 4096, q::kTilePackMinColsAvxVnni - 1), 0u);
+    EXPECT_GT(q::tile_pack_bytes(Type::Q8_0, 4096, q::kTilePackMinColsAvxVnni), 0u);
+    avx_on = false;
     EXPECT_EQ(q::tile_pack_bytes(Type::Q8_0, 4096, q::kTilePackMinColsAvx2 - 1), 0u);
+    EXPECT_GT(q::tile_pack_bytes(Type::Q8_0, 4096, q::kTilePackMinColsAvx2), 0u);
     EXPECT_EQ(q::tile_pack_groups(Type::Q8_0, 8), 1);
     EXPECT_EQ(q::tile_pack_groups(Type::Q8_0, 17), 2);
     const uint64_t wide8 = q::tile_pack_bytes(Type::Q8_0, 4096, 8);
