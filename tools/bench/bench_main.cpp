@@ -4,6 +4,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -85,11 +86,23 @@ int main(int argc, char **argv) {
             }
             return argv[++i];
         };
+        // A whole decimal number in [lo, hi], or a clear error (atoi read "abc" as 0).
+        auto count = [&](long lo, long hi) -> int {
+            const char *v = val();
+            char *end = nullptr;
+            errno = 0;
+            const long n = std::strtol(v, &end, 10);
+            if (end == v || *end || errno || n < lo || n > hi) {
+                std::fprintf(stderr, "ds4-bench: %s needs a whole number from %ld to %ld, not '%s'\n", a.c_str(), lo, hi, v);
+                std::exit(2);
+            }
+            return int(n);
+        };
         if (a == "-m" || a == "--model") model = val();
-        else if (a == "--prompt-tokens") prompt = std::atoi(val());
-        else if (a == "--gen-tokens") gen = std::atoi(val());
-        else if (a == "--prefill-chunk") chunk = std::atoi(val());
-        else if (a == "--threads") threads = std::atoi(val());
+        else if (a == "--prompt-tokens") prompt = count(1, 1 << 24);
+        else if (a == "--gen-tokens") gen = count(1, 1 << 24);
+        else if (a == "--prefill-chunk") chunk = count(1, 1 << 24);
+        else if (a == "--threads") threads = count(0, 4096);
         else if (a == "--json") json = true;
         else if (a == "--ssd-streaming") so.enabled = true;
         else if (a == "--expert-cache-bytes") so.cache_bytes = std::strtoull(val(), nullptr, 10);
