@@ -4,8 +4,11 @@
 // vpdpbusd (AVX-512 VNNI, AVX-VNNI) the bytes are stored as x + 128 (x ^ 0x80), its unsigned
 // side; for the AVX2 tile (vpmaddubsw) as they are.
 #pragma once
+#include <immintrin.h>
+
 #include <cstdint>
 
+#include "engine/quant/blocks.h"
 #include "engine/quant/kernels.h"
 
 namespace ds4::quant::detail {
@@ -20,6 +23,13 @@ struct alignas(32) RowSide {
     int32_t corr[4];
     float dw[4];
 };
+
+// Block b's f16 scales of rows w[0..3] as four f32 (RowSide::dw), in one conversion.
+inline __m128 row_scales4(const BlockQ8_0 *const *w, int64_t b) {
+    const uint64_t d4 = uint64_t(w[0][b].d) | uint64_t(w[1][b].d) << 16 | uint64_t(w[2][b].d) << 32 |
+                        uint64_t(w[3][b].d) << 48;
+    return _mm_cvtph_ps(_mm_cvtsi64_si128(int64_t(d4)));
+}
 
 // Whether q8_0_pack stores the wide panel offset (x + 128): for the tiles with vpdpbusd.
 bool q8_0_panel_offset();

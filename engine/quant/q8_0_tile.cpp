@@ -112,9 +112,7 @@ DS4_VNNI512 void row_side(const BlockQ8_0 *const *w, int64_t nb, RowSide *side) 
         t = _mm512_add_epi32(t, _mm512_shuffle_epi32(t, _MM_PERM_CDAB));
         const __m512i neg = _mm512_sub_epi32(_mm512_setzero_si512(), t);
         _mm_store_si128(reinterpret_cast<__m128i *>(side[b].corr), _mm512_castsi512_si128(_mm512_permutexvar_epi32(pick, neg)));
-        const uint64_t d4 = uint64_t(w[0][b].d) | uint64_t(w[1][b].d) << 16 | uint64_t(w[2][b].d) << 32 |
-                            uint64_t(w[3][b].d) << 48;
-        _mm_store_ps(side[b].dw, _mm_cvtph_ps(_mm_cvtsi64_si128(int64_t(d4))));
+        _mm_store_ps(side[b].dw, row_scales4(w, b));
     }
 }
 

@@ -61,16 +61,15 @@ void row_side(const BlockQ8_0 *const *w, int64_t nb, RowSide *side) {
         const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
         const __m128i t = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
         _mm_store_si128(reinterpret_cast<__m128i *>(side[b].corr), _mm_sub_epi32(_mm_setzero_si128(), t));
-        const uint64_t d4 = uint64_t(w[0][b].d) | uint64_t(w[1][b].d) << 16 | uint64_t(w[2][b].d) << 32 |
-                            uint64_t(w[3][b].d) << 48;
-        _mm_store_ps(side[b].dw, _mm_cvtph_ps(_mm_cvtsi64_si128(int64_t(d4))));
+        _mm_store_ps(side[b].dw, row_scales4(w, b));
     }
 }
 
 // R weight rows against U units of 8 columns (unit u's bytes at x[u], its block b at
-// x[u] + b * kGroupBlockBytes; side: the rows' sums and scales, AVX-VNNI only). ch holds the 4 float chains of every (row, unit), chain k of
-// row r, unit u at (k * R + r) * U + u: in registers they would not fit beside the
-// integer sums, so they live in L1, and every float step is still dot_q8_0's.
+// x[u] + b * kGroupBlockBytes; side: the rows' sums and scales, AVX-VNNI only). ch holds the
+// 4 float chains of every (row, unit), chain k of row r, unit u at (k * R + r) * U + u: in
+// registers they would not fit beside the integer sums, so they live in L1, and every float
+// step is still dot_q8_0's.
 template <Isa kIsa, int R, int U>
 inline void rows_units(const BlockQ8_0 *const *w, const RowSide *side, const uint8_t *const *x, int64_t nb,
                        const uint8_t *pf, const uint8_t *pf_end, __m256 *ch) {

@@ -15,19 +15,20 @@
 #include <simde/x86/avx512.h>
 
 // The few the tiles use that this SIMDe lacks, lane by lane.
+template <class T, class V, class F>
+inline simde__m512 emu_lanes_to_ps(V a, F f) {   // 16 lanes of T in a, each through f
+    static_assert(sizeof(V) == 16 * sizeof(T));
+    T t[16];
+    float o[16];
+    std::memcpy(t, &a, sizeof t);
+    for (int i = 0; i < 16; ++i) o[i] = f(t[i]);
+    return simde_mm512_loadu_ps(o);
+}
 inline simde__m512 emu_cvtepi32_ps(simde__m512i a) {
-    int32_t t[16];
-    float f[16];
-    simde_mm512_storeu_si512(t, a);
-    for (int i = 0; i < 16; ++i) f[i] = float(t[i]);
-    return simde_mm512_loadu_ps(f);
+    return emu_lanes_to_ps<int32_t>(a, [](int32_t v) { return float(v); });
 }
 inline simde__m512 emu_cvtph_ps(simde__m256i a) {
-    uint16_t t[16];
-    float f[16];
-    simde_mm256_storeu_si256(t, a);
-    for (int i = 0; i < 16; ++i) f[i] = _cvtsh_ss(t[i]);
-    return simde_mm512_loadu_ps(f);
+    return emu_lanes_to_ps<uint16_t>(a, [](uint16_t v) { return _cvtsh_ss(v); });
 }
 inline simde__m512i emu_shuffle_epi32(simde__m512i a, int imm) {
     int32_t t[16], o[16];

@@ -124,7 +124,7 @@ int main(int argc, char **argv) {
         }
     }
     if (model.empty() && std::getenv("DS4_MODEL")) model = std::getenv("DS4_MODEL");  // --model default
-    if (model.empty() || prompt < 1 || gen < 1 || chunk < 0) {
+    if (model.empty()) {   // the counts were checked as they were read
         std::fputs(kUsage, stderr);
         return 2;
     }
