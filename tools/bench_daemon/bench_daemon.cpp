@@ -3,7 +3,10 @@
 // socket with libds4client and once in this process through the bridge:
 //   - request round trip: a short Tokenize request vs the tokenizer call;
 //   - per-token streaming cost: a greedy generation of N tokens vs the same argmax/eval
-//     loop in process; the difference per token is what the daemon costs a stream;
+//     loop in process; the difference per token is what the daemon costs a stream. As the
+//     engine's speed moves between runs by more than that difference on a busy machine,
+//     each side's time outside its forward steps (ds4d reports its steps' time in Done) is
+//     compared too, which takes the engine out;
 //   - time to first token for a short prompt.
 // Each figure is the median of --reps runs. Both sides use the same thread count. Wall
 // times depend on how busy the machine is (every hop is a thread wake-up); the CPU figures
@@ -80,8 +83,9 @@ struct Args {
                  "                        [--rtt-iters N] [--threads N] [--prompt-tokens N] [--json]\n"
                  "\n"
                  "Measures ds4d's overhead against the bridge called in process: request round trip\n"
-                 "(Tokenize), per-token streaming cost (greedy generation of --tokens tokens) and time\n"
-                 "to first token. Without --socket it starts its own ds4d (default %s) with\n"
+                 "(Tokenize), per-token streaming cost (greedy generation of --tokens tokens; also each\n"
+                 "side's time per token outside its forward steps, which leaves out the engine's speed)\n"
+                 "and time to first token. Without --socket it starts its own ds4d (default %s) with\n"
                  "--threads N --backend cpu on a private socket; with --socket the running daemon's\n"
                  "model must be --model and use the same thread count for the comparison to mean much.\n",
                  DS4D_DEFAULT_PATH);
@@ -197,6 +201,7 @@ int main(int argc, char **argv) {
         // Streaming: the same greedy generation through the daemon and in process. Each run
         // uses a fresh prompt, so neither side reuses a cached prefix.
         std::vector<double> tok_socket, tok_local, ttft_socket, ttft_local, cpu_daemon, cpu_client, cpu_local, prefill_daemon;
+        std::vector<double> out_socket, out_local;
         for (int r = 0; r < a.reps + 1; ++r) {  // run 0 warms both sides, not recorded
             const auto prompt = make_prompt(a.prompt_tokens, vocab, 1000 + r);
             ds4::client::GenerateRequest req;
@@ -226,8 +231,11 @@ int main(int argc, char **argv) {
             int32_t t = s.argmax();
             (void)model.token_text(t);
             const auto l_first = Clock::now();
+            double eval_us = 0;   // the forward steps alone, like ds4d's decode_us
             for (int i = 1; i < a.tokens; ++i) {
+                const auto e0 = Clock::now();
                 s.eval(t);
+                eval_us += us_since(e0);
                 t = s.argmax();
                 (void)model.token_text(t);
             }
@@ -245,6 +253,10 @@ int main(int argc, char **argv) {
             ttft_local.push_back(d(l0, l_first));
             tok_socket.push_back(d(first, t_end) / (a.tokens - 1));
             tok_local.push_back(d(l_first, l_end) / (a.tokens - 1));
+            // Each side's time per token outside its forward steps, from the same run: the
+            // engine's speed, which moves from run to run, drops out of the difference.
+            out_socket.push_back((d(first, t_end) - double(done.decode_us)) / (a.tokens - 1));
+            out_local.push_back((d(l_first, l_end) - eval_us) / (a.tokens - 1));
         }
 
         std::vector<double> floor_v;
@@ -252,6 +264,7 @@ int main(int argc, char **argv) {
         const double pp = median(floor_v);
         const double rs = median(rtt_socket), rl = median(rtt_local);
         const double ts = median(tok_socket), tl = median(tok_local);
+        const double os = median(out_socket), ol = median(out_local);
         const double fs = median(ttft_socket), fl = median(ttft_local);
         const double cd = median(cpu_daemon), cc = median(cpu_client), cl = median(cpu_local);
         const bool have_cpu = own.pid > 0;
@@ -260,18 +273,22 @@ int main(int argc, char **argv) {
             std::printf("{\"model\":\"%s\",\"threads\":%d,\"tokens\":%d,\"reps\":%d,"
                         "\"rtt_socket_us\":%.2f,\"rtt_inprocess_us\":%.2f,\"rtt_overhead_us\":%.2f,"
                         "\"token_socket_us\":%.2f,\"token_inprocess_us\":%.2f,\"token_overhead_us\":%.2f,"
+                        "\"token_outside_step_socket_us\":%.2f,\"token_outside_step_inprocess_us\":%.2f,"
+                        "\"token_outside_step_overhead_us\":%.2f,"
                         "\"ttft_socket_us\":%.1f,\"ttft_inprocess_us\":%.1f,"
                         "\"cpu_per_token_daemon_us\":%.2f,\"cpu_per_token_client_us\":%.2f,"
                         "\"cpu_per_token_inprocess_us\":%.2f,\"cpu_per_token_overhead_us\":%.2f,\"cpu_per_rtt_us\":%.2f,"
                         "\"thread_ping_pong_us\":%.2f}\n",
                         client.server_info().model.name.c_str(), a.threads, a.tokens, a.reps, rs, rl, rs - rl, ts, tl,
-                        ts - tl, fs, fl, cd, cc, cl, have_cpu ? cd + cc - cl : 0.0, have_cpu ? rc : 0.0, pp);
+                        ts - tl, os, ol, os - ol, fs, fl, cd, cc, cl, have_cpu ? cd + cc - cl : 0.0, have_cpu ? rc : 0.0, pp);
         } else {
             std::printf("model %s, %d thread(s), %d tokens per stream, %d-token prompts, median of %d runs\n",
                         client.server_info().model.name.c_str(), a.threads, a.tokens, a.prompt_tokens, a.reps);
             std::printf("%-28s %12s %12s %12s\n", "", "socket", "in-process", "overhead");
             std::printf("%-28s %9.2f us %9.2f us %9.2f us\n", "request round trip", rs, rl, rs - rl);
             std::printf("%-28s %9.2f us %9.2f us %9.2f us\n", "per streamed token", ts, tl, ts - tl);
+            std::printf("%-28s %9.2f us %9.2f us %9.2f us   (the same runs less their forward steps)\n",
+                        "  outside the forward step", os, ol, os - ol);
             std::printf("%-28s %9.1f us %9.1f us %9.1f us   (ds4d's prefill step: %.1f us)\n", "time to first token",
                         fs, fl, fs - fl, median(prefill_daemon));
             if (have_cpu)
