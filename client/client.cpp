@@ -179,20 +179,23 @@ struct Client::Impl {
             if (st == ipc::FrameDecoder::Status::Error)
                 throw ProtocolError("unreadable frame from ds4d: " + decoder.error_message());
             if (fd < 0) throw ProtocolError("not connected to ds4d");
-            pollfd pfd[2] = {{fd, POLLIN, 0}, {interrupt_fd, POLLIN, 0}};
-            const int nfds = (on_interrupt && interrupt_fd >= 0) ? 2 : 1;
-            int rc = ::poll(pfd, nfds_t(nfds), -1);
-            if (rc < 0) {
-                if (errno == EINTR) continue;
-                throw ProtocolError(std::string("poll(): ") + std::strerror(errno));
-            }
-            if (nfds == 2 && (pfd[1].revents & POLLIN)) {
-                char sink[64];
-                while (::read(interrupt_fd, sink, sizeof sink) == ssize_t(sizeof sink)) {
+            // With an interrupt fd to watch, poll both; without one, the blocking recv alone
+            // waits (one system call a frame instead of two: a streamed token is a frame).
+            if (on_interrupt && interrupt_fd >= 0) {
+                pollfd pfd[2] = {{fd, POLLIN, 0}, {interrupt_fd, POLLIN, 0}};
+                int rc = ::poll(pfd, 2, -1);
+                if (rc < 0) {
+                    if (errno == EINTR) continue;
+                    throw ProtocolError(std::string("poll(): ") + std::strerror(errno));
                 }
-                on_interrupt();
+                if (pfd[1].revents & POLLIN) {
+                    char sink[64];
+                    while (::read(interrupt_fd, sink, sizeof sink) == ssize_t(sizeof sink)) {
+                    }
+                    on_interrupt();
+                }
+                if (!(pfd[0].revents & (POLLIN | POLLHUP | POLLERR))) continue;
             }
-            if (!(pfd[0].revents & (POLLIN | POLLHUP | POLLERR))) continue;
             ssize_t r = ::recv(fd, rbuf.data(), rbuf.size(), 0);
             if (r < 0) {
                 if (errno == EINTR || errno == EAGAIN) continue;
