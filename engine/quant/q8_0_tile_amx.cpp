@@ -53,9 +53,7 @@ DS4_AMX void configure() {
 // of 16 columns (group, nb blocks); dwf: the rows' scales as f32, [block][row]. res[r], lane
 // c: row r, column c.
 DS4_AMX void rows16(const uint8_t *w, size_t stride, const float *dwf, const uint8_t *group, int64_t nb, __m512 *res) {
-    // Two buffers a block: a pair's dots are read one pair later, once the tile stores have
-    // landed (a load right after a tile store waits for it to reach the cache).
-    alignas(64) int32_t cbuf[2][2][16][16];
+    alignas(64) int32_t c0[16][16], c1[16][16];
     alignas(64) __m512 ch[4][16];
     for (int k = 0; k < 4; ++k) {
         __m512 acc[16];
@@ -66,31 +64,28 @@ DS4_AMX void rows16(const uint8_t *w, size_t stride, const float *dwf, const uin
                 acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(dwf[b * 16 + r]), dx),
                                          _mm512_cvtepi32_ps(_mm512_load_si512(c[r])), acc[r]);
         };
-        // Chain k's blocks k, k + 4, ..., two at a time (the second may be past the end).
-        int64_t prev = -1;   // the first block of the pair waiting to be folded
-        int slot = 0;
-        for (int64_t b = k; b < nb; b += 8, slot ^= 1) {
+        int64_t b = k;
+        for (; b + 4 < nb; b += 8) {
+            _tile_zero(0);
+            _tile_zero(3);
+            _tile_loadd(1, w + b * sizeof(BlockQ8_0) + 2, stride);
+            _tile_loadd(2, group + b * kGroupBlockBytes, kSliceBytes);
+            _tile_loadd(4, w + (b + 4) * sizeof(BlockQ8_0) + 2, stride);
+            _tile_loadd(5, group + (b + 4) * kGroupBlockBytes, kSliceBytes);
+            _tile_dpbssd(0, 1, 2);
+            _tile_dpbssd(3, 4, 5);
+            _tile_stored(0, c0, 64);
+            _tile_stored(3, c1, 64);
+            fold(c0, b);
+            fold(c1, b + 4);
+        }
+        if (b < nb) {
             _tile_zero(0);
             _tile_loadd(1, w + b * sizeof(BlockQ8_0) + 2, stride);
             _tile_loadd(2, group + b * kGroupBlockBytes, kSliceBytes);
             _tile_dpbssd(0, 1, 2);
-            if (b + 4 < nb) {
-                _tile_zero(3);
-                _tile_loadd(4, w + (b + 4) * sizeof(BlockQ8_0) + 2, stride);
-                _tile_loadd(5, group + (b + 4) * kGroupBlockBytes, kSliceBytes);
-                _tile_dpbssd(3, 4, 5);
-            }
-            _tile_stored(0, cbuf[slot][0], 64);
-            if (b + 4 < nb) _tile_stored(3, cbuf[slot][1], 64);
-            if (prev >= 0) {
-                fold(cbuf[slot ^ 1][0], prev);
-                fold(cbuf[slot ^ 1][1], prev + 4);   // prev + 4 < nb: prev was not the last pair
-            }
-            prev = b;
-        }
-        if (prev >= 0) {
-            fold(cbuf[slot ^ 1][0], prev);
-            if (prev + 4 < nb) fold(cbuf[slot ^ 1][1], prev + 4);
+            _tile_stored(0, c0, 64);
+            fold(c0, b);
         }
         for (int r = 0; r < 16; ++r) ch[k][r] = acc[r];
     }
