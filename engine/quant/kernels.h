@@ -55,11 +55,6 @@ bool &vnni_enabled();
 // bit for bit; env DS4_NO_AVXVNNI=1 disables it). Tests flip this where avxvnni_available().
 bool avxvnni_available();
 bool &avxvnni_enabled();
-// With AMX-INT8 (and the kernel's leave to use the tile registers), the wide Q8_0 tile runs
-// on TDPBSSD where VNNI is on (q8_0_tile_amx.cpp; same results bit for bit; env DS4_NO_AMX=1
-// disables it alone). Tests flip this where amx_available().
-bool amx_available();
-bool &amx_enabled();
 
 // Packed column tile for Q8_0 (q8_0_tile.cpp on AVX-512 VNNI, q8_0_tile_avx2.cpp without):
 // activation rows are packed kPackCols to a group; results are bit-identical to dot_q8_0.

@@ -2,7 +2,7 @@
 // and the AVX2 tile read it): per group of kPackCols columns and block, 8 slices x 16 lanes
 // x 4 bytes (lane c: column c's bytes 4j..4j+3), then the 16 f32 scales. Where the tile has
 // vpdpbusd (AVX-512 VNNI, AVX-VNNI) the bytes are stored as x + 128 (x ^ 0x80), its unsigned
-// side; for the AVX2 tile (vpmaddubsw) and the AMX tile (TDPBSSD, signed by signed) as they are.
+// side; for the AVX2 tile (vpmaddubsw) as they are.
 #pragma once
 #include <immintrin.h>
 
@@ -33,10 +33,6 @@ inline __m128 row_scales4(const BlockQ8_0 *const *w, int64_t b) {
 
 // Whether q8_0_pack stores the wide panel offset (x + 128): for the tiles with vpdpbusd.
 bool q8_0_panel_offset();
-
-// The AMX tile (q8_0_tile_amx.cpp): the same, on a panel stored as it is.
-void q8_0_tile_wide_amx(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const uint8_t *panel, int64_t n_cols,
-                        int64_t nb, float *out, size_t out_col_stride);
 
 // The AVX2 tile (q8_0_tile_avx2.cpp): n_rows weight rows against the n_cols columns of a
 // wide panel, out[c * out_col_stride + r], each result bit-identical to dot_q8_0.

@@ -357,11 +357,7 @@ void tile_wide(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const uint
 // The narrow layout is the VNNI tile's alone: the AVX2 tile takes any column count wide.
 static bool narrow(int64_t n_cols) { return n_cols <= kNarrowCols && vnni_enabled(); }
 
-// AMX where the CPU has it and VNNI is not turned off (DS4_NO_VNNI=1 / DS4_NO_AVX512=1 still
-// force the AVX2 tile).
-static bool amx() { return amx_enabled() && vnni_enabled(); }
-
-bool q8_0_panel_offset() { return (vnni_enabled() || avxvnni_enabled()) && !amx(); }
+bool q8_0_panel_offset() { return vnni_enabled() || avxvnni_enabled(); }
 
 int64_t q8_0_pack_groups(int64_t n_cols) { return narrow(n_cols) ? 1 : (n_cols + kPackCols - 1) / kPackCols; }
 
@@ -492,9 +488,7 @@ void q8_0_tile_packed(const uint8_t *w, size_t w_row_stride, int64_t n_rows, con
     if (staged.size() < ls * size_t(n_cols)) staged.resize(ls * size_t(n_cols));
     for (int64_t r0 = 0; r0 < n_rows; r0 += kStageRows) {
         const int64_t nr = std::min(kStageRows, n_rows - r0);
-        if (amx())
-            q8_0_tile_wide_amx(w + size_t(r0) * w_row_stride, w_row_stride, nr, packed, n_cols, nb, staged.data(), ls);
-        else if (vnni_enabled())
+        if (vnni_enabled())
             tile_wide(w + size_t(r0) * w_row_stride, w_row_stride, nr, packed, n_cols, nb, staged.data(), ls);
         else
             q8_0_tile_wide_avx2(w + size_t(r0) * w_row_stride, w_row_stride, nr, packed, n_cols, nb, staged.data(), ls);

@@ -89,13 +89,6 @@ bool &vnni_enabled() {
     }();
     return on;
 }
-bool &amx_enabled() {
-    static bool on = [] {
-        if (const char *e = std::getenv("DS4_NO_AMX"); e && *e && *e != '0') return false;
-        return avx512_enabled() && amx_available();
-    }();
-    return on;
-}
 bool avxvnni_available() { return __builtin_cpu_supports("avxvnni"); }
 bool &avxvnni_enabled() {
     static bool on = [] {
@@ -203,10 +196,7 @@ void vec_dot_tile(Type t, const void *w, size_t w_row_stride, int64_t n_rows, co
 }
 
 const char *q8_0_tile_isa() {
-    return detail::amx_enabled() && detail::vnni_enabled() ? "amx"
-           : detail::vnni_enabled()    ? "avx512-vnni"
-           : detail::avxvnni_enabled() ? "avx-vnni"
-                                       : "avx2";
+    return detail::vnni_enabled() ? "avx512-vnni" : detail::avxvnni_enabled() ? "avx-vnni" : "avx2";
 }
 
 uint64_t tile_pack_bytes(Type t, int64_t n, int64_t n_cols) {

@@ -473,16 +473,13 @@ TEST(Quant, Q4_KVnniMatchesAvx2) {
 // tail of 1-3 blocks, every remainder of the 4-row steps, column counts around the
 // 8-column narrow panel, the AVX2 tile's 8-column units and the 16-column groups, padded
 // activation rows, weights of -128, and scales from tiny to huge.
-// avxvnni: the AVX2 tile's VEX vpdpbusd (only where vnni is off); amx: the wide layout on
-// TDPBSSD (the narrow one stays VNNI's).
-static void packed_q8_0_tile_equals_dot(bool vnni, bool avxvnni = false, bool amx = false) {
+// avxvnni: the AVX2 tile's VEX vpdpbusd (only where vnni is off).
+static void packed_q8_0_tile_equals_dot(bool vnni, bool avxvnni = false) {
     bool &on = ds4::quant::detail::vnni_enabled();
     bool &avx_on = ds4::quant::detail::avxvnni_enabled();
-    bool &amx_on = ds4::quant::detail::amx_enabled();
-    const SwitchGuard restore(on), restore_avx(avx_on), restore_amx(amx_on);
+    const SwitchGuard restore(on), restore_avx(avx_on);
     on = vnni;
     avx_on = avxvnni;
-    amx_on = amx;
     const int64_t min_cols = vnni ? q::kTilePackMinCols : avxvnni ? q::kTilePackMinColsAvxVnni : q::kTilePackMinColsAvx2;
     std::mt19937 rng(31);
     for (int64_t n : {32, 32 * 5, 32 * 7, 4096 + 32}) {
@@ -545,12 +542,6 @@ static void packed_q8_0_tile_equals_dot(bool vnni, bool avxvnni = false, bool am
 TEST(Quant, Q8_0PackedTileEqualsDotBitForBitVnni) {
     if (!ds4::quant::detail::vnni_available()) GTEST_SKIP() << "no AVX-512 VNNI on this CPU (or DS4_NO_AVX512 set)";
     packed_q8_0_tile_equals_dot(true);
-}
-
-TEST(Quant, Q8_0PackedTileEqualsDotBitForBitAmx) {
-    if (!ds4::quant::detail::vnni_available() || !ds4::quant::detail::amx_available())
-        GTEST_SKIP() << "no AMX-INT8 on this CPU (or the kernel refused the tile registers)";
-    packed_q8_0_tile_equals_dot(true, false, true);
 }
 
 TEST(Quant, Q8_0PackedTileEqualsDotBitForBitAvxVnni) {

@@ -1,4 +1,4 @@
-// The AVX-512 VNNI, AVX-VNNI and AMX Q8_0 tiles run emulated (SIMDe and tile_emulation.h) and
+// The AVX-512 VNNI and AVX-VNNI Q8_0 tiles run emulated (SIMDe, see tile_emulation.h) and
 // checked bit for bit against vec_dot, on any x86-64-v3 CPU: the packed layouts, the offset
 // panel and the per-row corrections are exercised in CI, which has neither instruction set.
 // On a CPU that has them, test_quant's Q8_0PackedTileEqualsDotBitForBit* run the real code.
@@ -20,10 +20,6 @@ bool &emu_avxvnni() {
     static bool on = false;
     return on;
 }
-bool &emu_amx() {
-    static bool on = false;
-    return on;
-}
 int64_t q8_0_pack_groups(int64_t n_cols);
 uint64_t q8_0_pack_bytes(int64_t n, int64_t n_cols);
 void q8_0_pack(const void *x, size_t x_row_stride, int64_t n_cols, int64_t n, int64_t g0, int64_t g1, uint8_t *dst);
@@ -40,10 +36,9 @@ using namespace qtest;
 // Every row count to 11 (each remainder of the four-row steps, and two row blocks) and 301
 // (past the 256 rows staged at once); columns through the narrow layout (VNNI, up to 8), one
 // group, two, three, four (two and two) and part-filled groups; 1 to 129 blocks; padded rows.
-void tile_equals_dot(bool vnni512, int64_t min_cols, bool amx = false) {
+void tile_equals_dot(bool vnni512, int64_t min_cols) {
     emu::emu_vnni() = vnni512;
     emu::emu_avxvnni() = !vnni512;
-    emu::emu_amx() = amx;
     std::mt19937 rng(vnni512 ? 71 : 73);
     long checked = 0;
     for (int64_t nb : {1, 2, 3, 5, 33, 129}) {
@@ -92,10 +87,6 @@ TEST(QuantEmulated, Vnni512TileEqualsDotBitForBit) { tile_equals_dot(true, q::kT
 
 TEST(QuantEmulated, AvxVnniTileEqualsDotBitForBit) { tile_equals_dot(false, q::kTilePackMinColsAvxVnni); }
 
-// On an AMX host (which has AVX-512 VNNI too) the wide layout runs on TDPBSSD, the narrow
-// one (up to 8 columns) stays vpdpbusd's.
-TEST(QuantEmulated, AmxTileEqualsDotBitForBit) { tile_equals_dot(true, q::kTilePackMinCols, true); }
-
 // The offset panel is what the VNNI tiles read and not the AVX2 one's: x + 128 where they run.
 TEST(QuantEmulated, PanelIsOffsetForVpdpbusdOnly) {
     const int64_t n = 64, cols = 16;
@@ -103,18 +94,11 @@ TEST(QuantEmulated, PanelIsOffsetForVpdpbusdOnly) {
     std::vector<uint8_t> a(emu::q8_0_pack_bytes(n, cols)), b(a.size());
     emu::emu_vnni() = false;
     emu::emu_avxvnni() = false;
-    emu::emu_amx() = false;
     emu::q8_0_pack(x.data(), 68, cols, n, 0, 1, a.data());
     emu::emu_avxvnni() = true;
     emu::q8_0_pack(x.data(), 68, cols, n, 0, 1, b.data());
     EXPECT_EQ(a[0], 0);
     EXPECT_EQ(b[0], 0x80);
-    // TDPBSSD is signed by signed: with AMX the panel is as it is, VNNI or not.
-    emu::emu_vnni() = true;
-    emu::emu_amx() = true;
-    emu::q8_0_pack(x.data(), 68, cols, n, 0, 1, b.data());
-    EXPECT_EQ(b[0], 0);
-    emu::emu_amx() = false;
 }
 
 }  // namespace

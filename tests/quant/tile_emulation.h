@@ -41,65 +41,11 @@ inline simde__m512i emu_shuffle_epi32(simde__m512i a, int imm) {
 #define _mm512_cvtph_ps emu_cvtph_ps
 #define _mm512_shuffle_epi32(a, imm) emu_shuffle_epi32(a, int(imm))
 
-// AMX, from the instructions' definitions: eight tiles of up to 16 rows x 64 bytes with the
-// shapes the last configuration gave them (GCC's intrinsics are macros over inline asm).
-struct EmuTiles {
-    uint8_t t[8][16][64];
-    int rows[8], colsb[8];
-};
-inline EmuTiles &emu_tiles() {
-    thread_local EmuTiles e{};
-    return e;
-}
-inline void emu_tile_loadconfig(const void *cfg) {
-    const uint8_t *c = static_cast<const uint8_t *>(cfg);
-    for (int i = 0; i < 8; ++i) {
-        uint16_t cb;
-        std::memcpy(&cb, c + 16 + 2 * i, 2);
-        emu_tiles().colsb[i] = cb;
-        emu_tiles().rows[i] = c[48 + i];
-    }
-}
-inline void emu_tile_loadd(int d, const void *base, long stride) {
-    EmuTiles &e = emu_tiles();
-    for (int r = 0; r < e.rows[d]; ++r) std::memcpy(e.t[d][r], static_cast<const uint8_t *>(base) + r * stride, size_t(e.colsb[d]));
-}
-inline void emu_tile_stored(int s, void *base, long stride) {
-    EmuTiles &e = emu_tiles();
-    for (int r = 0; r < e.rows[s]; ++r) std::memcpy(static_cast<uint8_t *>(base) + r * stride, e.t[s][r], size_t(e.colsb[s]));
-}
-inline void emu_tile_zero(int d) { std::memset(emu_tiles().t[d], 0, sizeof emu_tiles().t[d]); }
-inline void emu_tile_dpbssd(int c, int a, int b) {   // int32 C[m][n] += int8 A[m][4k + i] * int8 B[k][4n + i]
-    EmuTiles &e = emu_tiles();
-    for (int m = 0; m < e.rows[a]; ++m)
-        for (int n = 0; n < e.colsb[b] / 4; ++n) {
-            int32_t acc;
-            std::memcpy(&acc, &e.t[c][m][4 * n], 4);
-            for (int k = 0; k < e.colsb[a] / 4; ++k)
-                for (int i = 0; i < 4; ++i) acc += int8_t(e.t[a][m][4 * k + i]) * int8_t(e.t[b][k][4 * n + i]);
-            std::memcpy(&e.t[c][m][4 * n], &acc, 4);
-        }
-}
-#undef _tile_loadd
-#undef _tile_stored
-#undef _tile_zero
-#undef _tile_dpbssd
-#define _tile_loadconfig(cfg) emu_tile_loadconfig(cfg)
-#define _tile_loadd(d, base, stride) emu_tile_loadd(d, base, long(stride))
-#define _tile_stored(s, base, stride) emu_tile_stored(s, base, long(stride))
-#define _tile_zero(d) emu_tile_zero(d)
-#define _tile_dpbssd(c, a, b) emu_tile_dpbssd(c, a, b)
-#define _tile_release() ((void)0)
-
 namespace ds4::quant::detail::emu {
 
-// Which tile the copies run: the switches vnni_enabled() / avxvnni_enabled() / amx_enabled()
-// become these.
+// Which tile the copies run: the switches vnni_enabled() / avxvnni_enabled() become these.
 bool &emu_vnni();
 bool &emu_avxvnni();
-bool &emu_amx();
-void q8_0_tile_wide_amx(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const uint8_t *panel, int64_t n_cols,
-                        int64_t nb, float *out, size_t out_col_stride);
 
 // int8_dot.h's Isa and dot4_add, with vpdpbusd from SIMDe (found before detail's by lookup
 // from inside emu).

@@ -176,18 +176,15 @@ int main(int argc, char **argv) {
     }
     double peak = 0;
     if (tile_cols > 0) {
-        // the instruction the tile runs (DS4_NO_AVX512 / DS4_NO_VNNI / DS4_NO_AVXVNNI move it);
-        // an AMX tile is put against the vector peak of the same CPU (AVX-512 VNNI), the
-        // figure the other x86 paths are measured by
+        // the instruction the tile runs (DS4_NO_AVX512 / DS4_NO_VNNI / DS4_NO_AVXVNNI move it)
         const std::string isa = ds4::quant::q8_0_tile_isa();
-        const bool vnni512 = isa == "avx512-vnni" || isa == "amx";
         for (int r = 0; r < 3; ++r)
-            peak = std::max(peak, vnni512 ? int8_peak_vnni512() : isa == "avx-vnni" ? int8_peak_avxvnni() : int8_peak_avx2());
+            peak = std::max(peak, isa == "avx512-vnni" ? int8_peak_vnni512()
+                                  : isa == "avx-vnni"  ? int8_peak_avxvnni()
+                                                       : int8_peak_avx2());
         std::printf("int8 multiply-add peak     %8.2f G/s (1 thread, %s)\n", peak / 1e9,
-                    isa == "amx"    ? "512-bit vpdpbusd; the tile runs AMX"
-                    : vnni512       ? "512-bit vpdpbusd"
-                    : isa == "avx-vnni" ? "256-bit VEX vpdpbusd"
-                                        : "256-bit vpmaddubsw");
+                    isa == "avx512-vnni" ? "512-bit vpdpbusd" : isa == "avx-vnni" ? "256-bit VEX vpdpbusd"
+                                                                                   : "256-bit vpmaddubsw");
     }
     std::vector<float> x(static_cast<size_t>(n));
     std::normal_distribution<float> g(0, 1);
