@@ -13,10 +13,10 @@ enum class Isa { Avx2, Vnni512, AvxVnni };
 // acc + in each 32-bit lane the dot of u's four unsigned bytes with s's four signed ones.
 // The Avx2 form gives the same integers only while no byte pair's sum leaves 16 bits (its
 // callers pass |w| and x with w's signs: at most 2 * 128 * 127); the tiles' offset panels
-// (x + 128 against w, pairs up to 2 * 255 * 128) take the vpdpbusd forms only. vpdpbusd is asm so one template serves
-// every path (an intrinsic would need the AVX-512 or AVX-VNNI target on every function that
-// inlines it, and the AVX2 instantiation could then pick up VNNI code from the compiler); the
-// caller checks the CPU has it.
+// (x + 128 against w, pairs up to 2 * 255 * 128) take the vpdpbusd forms only. vpdpbusd is
+// asm so one template serves every path (an intrinsic would need the AVX-512 or AVX-VNNI
+// target on every function that inlines it, and the AVX2 instantiation could then pick up
+// VNNI code from the compiler); the caller checks the CPU has it.
 template <Isa kIsa>
 inline __m256i dot4_add(__m256i acc, __m256i u, __m256i s) {
     if constexpr (kIsa == Isa::Vnni512) {

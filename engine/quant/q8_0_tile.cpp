@@ -249,12 +249,16 @@ DS4_VNNI512 void rows_group(const uint8_t *w, size_t w_stride, int64_t r0, const
 // rest at the end): the hardware prefetchers alone left one core short of its read rate.
 struct NarrowPrefetch {
     const uint8_t *at[3] = {nullptr, nullptr, nullptr}, *end[3] = {nullptr, nullptr, nullptr};
-    inline void step() {
+    void step() {   // a line of each stream
         for (int s = 0; s < 3; ++s)
             if (at[s] < end[s]) {
                 _mm_prefetch(reinterpret_cast<const char *>(at[s]), _MM_HINT_T1);
                 at[s] += 64;
             }
+    }
+    void rest() {   // what the blocks left
+        for (int s = 0; s < 3; ++s)
+            for (; at[s] < end[s]; at[s] += 64) _mm_prefetch(reinterpret_cast<const char *>(at[s]), _MM_HINT_T1);
     }
 };
 
@@ -295,8 +299,7 @@ DS4_VNNI512 inline void pairs_x8(const BlockQ8_0 *const *w, const uint8_t *panel
         }
     });
     for (int p = 0; p < P; ++p) out[p] = sum_chains(acc[p]);
-    for (int s = 0; s < 3; ++s)
-        for (; pf.at[s] < pf.end[s]; pf.at[s] += 64) _mm_prefetch(reinterpret_cast<const char *>(pf.at[s]), _MM_HINT_T1);
+    pf.rest();
 }
 
 // Row pairs starting at rows pr[0..P) (rows past n_rows repeat the last row and are not
@@ -443,7 +446,7 @@ void tile_narrow(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const ui
     constexpr int64_t G = 6;
     const int64_t part = n_rows / G * 2;   // rows a stream, even
     // Each stream's row pair two steps ahead goes to L2 meanwhile, a line a block. On the Xeon
-    // host (stop 54), routed experts of 1-8 columns (memory-bound: ~27 MB of weights for a
+    // host, routed experts of 1-8 columns (memory-bound: ~27 MB of weights for a
     // few tokens) took 5-19% less time; one step ahead and four did as well as two.
     constexpr int64_t kAhead = 2;
     for (int64_t r = 0; r < part; r += 2) {

@@ -61,9 +61,10 @@ void vec_dot_tile(Type t, const void *w, size_t w_row_stride, int64_t n_rows, co
 
 // Packed activations, where the CPU has a kernel that wants the activation rows in its own
 // layout: Q8_0 for kTilePackMinCols columns or more on AVX-512 VNNI, kTilePackMinColsAvxVnni
-// on AVX-VNNI, kTilePackMinColsAvx2 on AVX2 (columns in the lanes), IQ2_XXS on AVX-512 VBMI + VNNI + GFNI for any column count, one row included (each row
-// transposed position-major, so the codebook lookups become byte permutes). The rows are
-// repacked once per product and each row block then runs vec_dot_tile_packed. Results are
+// on AVX-VNNI, kTilePackMinColsAvx2 on AVX2 (columns in the lanes), IQ2_XXS on AVX-512 VBMI
+// + VNNI + GFNI for any column count, one row included (each row transposed position-major,
+// so the codebook lookups become byte permutes). The rows are repacked once per product and
+// each row block then runs vec_dot_tile_packed. Results are
 // bit-identical to vec_dot. tile_pack_bytes is 0 where no packed path applies: use
 // vec_dot_tile / vec_dot_rows there. tile_pack writes column groups [g0, g1) of
 // tile_pack_groups(t, n_cols), so threads can split the packing. The kernels read the
