@@ -234,7 +234,10 @@ DS4_BRIDGE_API int ds4_bridge_session_rewind(ds4_bridge_session *s, int pos, cha
 /* Drops the whole state (pos becomes 0) and bumps the generation. */
 DS4_BRIDGE_API int ds4_bridge_session_invalidate(ds4_bridge_session *s, char *err, size_t errlen);
 DS4_BRIDGE_API uint64_t ds4_bridge_session_generation(ds4_bridge_session *s); /* 0 for NULL */
-DS4_BRIDGE_API int ds4_bridge_session_prefill_cap(ds4_bridge_session *s);    /* -1 for NULL */
+/* Most tokens of the session in one forward step (its prefill chunks, a batch's count):
+ * the backend's step size (1024 on the CPU, whose rings hold 256 and whose attention runs
+ * in pieces of that; 2048 on a GPU), at most the context. -1 for NULL. */
+DS4_BRIDGE_API int ds4_bridge_session_prefill_cap(ds4_bridge_session *s);
 /* Top-n (token, logprob) of the last position; *n_out = entries written. */
 DS4_BRIDGE_API int ds4_bridge_session_top_logprobs(ds4_bridge_session *s, int n, int32_t *ids, float *logprobs,
                                                    int *n_out, char *err, size_t errlen);

@@ -189,6 +189,11 @@ public:
         if (++hc_posts_ % 2 == 0) graphs_.layer_done();   // attention's and the FFN's: a layer
     }
 
+    // Its sessions' steps never exceed their rings (CudaBackend::attention_in_pieces() is
+    // false), so the schedule only ever names the whole step.
+    void attention_rows(int r0, int r1) override {
+        if (r0 != 0 || r1 != R_) failf("internal: the CUDA executor runs a step's attention whole (rows [%d, %d) of %d)", r0, r1, R_);
+    }
     void q_kv(int layer, const LayerWeights &L, const Rope &rope) override {
         PROFILE("q_kv");
         const ModelConfig &c = c_;

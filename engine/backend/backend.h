@@ -90,6 +90,11 @@ public:
     virtual void norm(const float *w) = 0;
     // H <- Post * A + Comb^T H.
     virtual void hc_post() = 0;
+    // Restricts q_kv, compress, indexer_topk and attend to rows [r0, r1) until the next call
+    // or begin(). A segment longer than its session's rings hold (CacheGeometry::chunk_cap)
+    // runs its attention in pieces of at most that many rows, in order; the schedule then
+    // restores the whole step, [0, rows), before out_proj. Everything else runs on all rows.
+    virtual void attention_rows(int r0, int r1) = 0;
     // XN -> QR, Q; the K=V row of every row (normed, rotated) into its session's window ring.
     virtual void q_kv(int layer, const LayerWeights &L, const Rope &rope) = 0;
     // XN -> one compressor's rings (which 0: main, 1: indexer's); emits every entry whose
@@ -164,10 +169,19 @@ public:
     virtual std::unique_ptr<SessionState> make_state(const CacheGeometry &g) const = 0;
     // n_threads: CPU workers (0 = all cores); ignored where it means nothing.
     virtual std::unique_ptr<Executor> make_executor(int n_threads) const = 0;
-    // Prompt tokens per forward chunk when a session does not choose (its rings hold one
-    // chunk): a GPU fills its tensor cores and groups routed experts only with long chunks;
-    // on a CPU the products are compute-bound either way and rings stay small.
+    // Rows a session's rings hold beyond the window when the session does not choose: a
+    // GPU fills its tensor cores and groups routed experts only with long chunks; a CPU
+    // keeps the rings small and takes longer steps through prefill_step_rows().
     virtual int prefill_chunk() const = 0;
+    // Prompt tokens per forward step when a session does not choose: at least
+    // prefill_chunk(). More where the executor runs the attention of a longer segment in
+    // ring-sized pieces (Executor::attention_rows), so the products, the routed experts'
+    // above all, see more rows a step without every session's rings growing.
+    virtual int prefill_step_rows() const { return prefill_chunk(); }
+    // Whether its executors take segments longer than their sessions' rings hold and run
+    // their attention in pieces (Executor::attention_rows); without it a segment of a step
+    // has at most the rows its session's rings were made for.
+    virtual bool attention_in_pieces() const { return false; }
     // The device weights' sharing (DeviceShareOptions); nothing on backends without a device.
     virtual DeviceShareState device_share() const { return {}; }
     // The device memory's copy rate measured now (bytes read plus bytes written per second by

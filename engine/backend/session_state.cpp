@@ -6,6 +6,7 @@ CacheGeometry CacheGeometry::make(const ModelConfig &c, int ctx, int chunk_cap, 
     CacheGeometry g;
     g.head_dim = c.head_dim;
     g.ctx = ctx;
+    g.chunk_cap = std::min(ctx, chunk_cap);
     g.layers.resize(c.n_layer);
     for (int l = 0; l < c.n_layer; ++l) {
         LayerGeometry &L = g.layers[l];

@@ -48,6 +48,7 @@ struct LayerGeometry {
 struct CacheGeometry {
     int head_dim = 0;
     int ctx = 0;
+    int chunk_cap = 0;   // most rows of this session one attention pass writes (make's chunk_cap)
     std::vector<LayerGeometry> layers;
     // chunk_cap: most rows of this session in one step; slack: extra ring rows kept so
     // short rewinds stay in place.

@@ -14,23 +14,39 @@
 
 namespace ds4 {
 
+void CpuExecutor::attention_rows(int r0, int r1) {
+    if (r0 < 0 || r1 <= r0 || r1 > R_) failf("internal: attention rows [%d, %d) outside the step's %d", r0, r1, R_);
+    ar0_ = r0;
+    asegs_.assign(lay_.segs.begin(), lay_.segs.end());
+    for (StepSegment &sg : asegs_) {
+        const int b = std::clamp(sg.row0, r0, r1), e = std::clamp(sg.row0 + sg.n, r0, r1);
+        sg.n0 += b - sg.row0;
+        sg.row0 = b - r0;
+        sg.n = e - b;
+    }
+    const size_t n = size_t(r1 - r0);
+    alay_ = StepLayout{lay_.tokens.subspan(r0, n), lay_.pos.subspan(r0, n), lay_.seg.subspan(r0, n), asegs_};
+}
+
 void CpuExecutor::q_kv(int layer, const LayerWeights &L, const Rope &rope) {
     CpuOpTimer timer(prof_, CpuOp::QKv, mm_.weight_bytes);
     const ModelConfig &c = c_;
-    const int T = R_, H = c.n_head, hd = c.head_dim, D = c.n_embd;
-    matmul(mm_, L.q_a, XN_.data(), T, D, qr_.data(), c.q_lora);
+    const int T = alay_.rows(), H = c.n_head, hd = c.head_dim, D = c.n_embd;
+    const float *xn = XN_.data() + (size_t)ar0_ * D;
+    float *qr = qr_.data() + (size_t)ar0_ * c.q_lora, *qh = q_.data() + (size_t)ar0_ * H * hd;
+    matmul(mm_, L.q_a, xn, T, D, qr, c.q_lora);
     for (int t = 0; t < T; ++t)
-        ops::rmsnorm(qr_.data() + (size_t)t * c.q_lora, c.q_lora, L.q_a_norm.data(), c.rms_eps, qr_.data() + (size_t)t * c.q_lora);
-    matmul(mm_, L.q_b, qr_.data(), T, c.q_lora, q_.data(), (int64_t)H * hd);
+        ops::rmsnorm(qr + (size_t)t * c.q_lora, c.q_lora, L.q_a_norm.data(), c.rms_eps, qr + (size_t)t * c.q_lora);
+    matmul(mm_, L.q_b, qr, T, c.q_lora, qh, (int64_t)H * hd);
     grow(kvb_, (size_t)T * hd);
-    matmul(mm_, L.kv, XN_.data(), T, D, kvb_.data(), hd);
+    matmul(mm_, L.kv, xn, T, D, kvb_.data(), hd);
     pool_.parallel_for(T, cpu_grain((int64_t)H * hd * 4), [&](int64_t b, int64_t e, int th) {
         TaskScratch &ts = tasks_[th];
         ts.need_rope(rope.n_pairs);
         for (int64_t t = b; t < e; ++t) {
-            rope.cos_sin(lay_.pos[t], ts.cos.data(), ts.sin.data());
+            rope.cos_sin(alay_.pos[t], ts.cos.data(), ts.sin.data());
             for (int h = 0; h < H; ++h) {
-                float *q = q_.data() + ((size_t)t * H + h) * hd;
+                float *q = qh + ((size_t)t * H + h) * hd;
                 ops::rmsnorm(q, hd, nullptr, c.rms_eps, q);
                 ops::rope_apply(q, hd, rope.n_pairs, ts.cos.data(), ts.sin.data(), 1.f);
             }
@@ -40,7 +56,7 @@ void CpuExecutor::q_kv(int layer, const LayerWeights &L, const Rope &rope) {
         }
     });
     for (int t = 0; t < T; ++t)
-        std::memcpy(state_of_row(t).kv_row_w(layer, lay_.pos[t]), kvb_.data() + (size_t)t * hd, sizeof(float) * hd);
+        std::memcpy(state_of_row(t).kv_row_w(layer, alay_.pos[t]), kvb_.data() + (size_t)t * hd, sizeof(float) * hd);
 }
 
 // Per channel, a softmax over the window's slots (gate + learned position bias) weights
@@ -48,12 +64,14 @@ void CpuExecutor::q_kv(int layer, const LayerWeights &L, const Rope &rope) {
 // slots (the overlap), which the ring still holds, also across steps.
 void CpuExecutor::compress(int layer, int which, const CompressorWeights &cw, const Rope &rope) {
     CpuOpTimer timer(prof_, CpuOp::Compress, mm_.weight_bytes);
-    const int T = R_;
+    const int T = alay_.rows();
+    const float *xn = XN_.data() + (size_t)ar0_ * c_.n_embd;
     grow(p1_, (size_t)T * cw.width);
     grow(p2_, (size_t)T * cw.width);
-    matmul(mm_, cw.kv, XN_.data(), T, c_.n_embd, p1_.data(), cw.width);
-    matmul(mm_, cw.gate, XN_.data(), T, c_.n_embd, p2_.data(), cw.width);
-    for (const StepSegment &sg : lay_.segs) {
+    matmul(mm_, cw.kv, xn, T, c_.n_embd, p1_.data(), cw.width);
+    matmul(mm_, cw.gate, xn, T, c_.n_embd, p2_.data(), cw.width);
+    for (const StepSegment &sg : alay_.segs) {
+        if (sg.n == 0) continue;   // outside the attention's rows
         CpuSessionState &st = *static_cast<CpuSessionState *>(sg.state);
         CpuComp &cs = which ? st.layers[layer].icomp : st.layers[layer].comp;
         const int r = cs.g.ratio, wd = cs.g.width, dim = cs.g.dim;
@@ -109,18 +127,18 @@ void CpuExecutor::compress(int layer, int which, const CompressorWeights &cw, co
 void CpuExecutor::indexer_topk(int layer, const LayerWeights &L, const Rope &rope, int topk) {
     CpuOpTimer timer(prof_, CpuOp::Indexer, mm_.weight_bytes);
     const ModelConfig &c = c_;
-    const int T = R_, IH = c.indexer_heads, Id = c.indexer_dim;
+    const int T = alay_.rows(), IH = c.indexer_heads, Id = c.indexer_dim;
     grow(iq_, (size_t)T * IH * Id);
     grow(iw_, (size_t)T * IH);
-    matmul(mm_, L.i_q_b, qr_.data(), T, c.q_lora, iq_.data(), (int64_t)IH * Id);
-    matmul(mm_, L.i_proj, XN_.data(), T, c.n_embd, iw_.data(), IH);
+    matmul(mm_, L.i_q_b, qr_.data() + (size_t)ar0_ * c.q_lora, T, c.q_lora, iq_.data(), (int64_t)IH * Id);
+    matmul(mm_, L.i_proj, XN_.data() + (size_t)ar0_ * c.n_embd, T, c.n_embd, iw_.data(), IH);
     const float qscale = 1.f / std::sqrt((float)Id), wscale = 1.f / std::sqrt((float)IH);
     grow(sel_, (size_t)T);  // the inner vectors keep their capacity across steps
     pool_.parallel_for(T, cpu_grain((int64_t)IH * rope.n_pairs * 4), [&](int64_t b, int64_t e, int th) {
         TaskScratch &ts = tasks_[th];
         ts.need_rope(rope.n_pairs);
         for (int64_t t = b; t < e; ++t) {
-            rope.cos_sin(lay_.pos[t], ts.cos.data(), ts.sin.data());
+            rope.cos_sin(alay_.pos[t], ts.cos.data(), ts.sin.data());
             float *q = iq_.data() + (size_t)t * IH * Id;
             for (int h = 0; h < IH; ++h)
                 ops::rope_apply(q + (size_t)h * Id, Id, rope.n_pairs, ts.cos.data(), ts.sin.data(), 1.f);
@@ -138,7 +156,7 @@ void CpuExecutor::indexer_topk(int layer, const LayerWeights &L, const Rope &rop
         ioff_[0] = 0;
         while (t1 < T) {
             const CpuSessionState &st = state_of_row(t1);
-            const int n_vis = std::min<int>(st.n_entries(layer, 1), (int)((lay_.pos[t1] + 1) / st.layers[layer].icomp.g.ratio));
+            const int n_vis = std::min<int>(st.n_entries(layer, 1), (int)((alay_.pos[t1] + 1) / st.layers[layer].icomp.g.ratio));
             if (t1 > t0 && total + n_vis > kGroupScores) break;
             total += n_vis;
             ioff_[++t1 - t0] = total;
@@ -241,11 +259,12 @@ void CpuExecutor::score_key_blocks(int layer, int t0, int t1, float qscale) {
 void CpuExecutor::attend(int layer, const AttnSpec &spec, const float *sinks, const Rope &rope) {
     CpuOpTimer timer(prof_, CpuOp::Attend, mm_.weight_bytes);
     const ModelConfig &c = c_;
-    const int T = R_, H = c.n_head, hd = c.head_dim, W = spec.window, r = spec.ratio;
+    const int T = alay_.rows(), H = c.n_head, hd = c.head_dim, W = spec.window, r = spec.ratio;
     const float scale = 1.f / std::sqrt((float)hd);
+    float *const qh = q_.data() + (size_t)ar0_ * H * hd, *const oh = o_.data() + (size_t)ar0_ * H * hd;
     int64_t most = 0;
     if (r)
-        for (const StepSegment &sg : lay_.segs) most = std::max<int64_t>(most, sg.state->n_entries(layer, 0));
+        for (const StepSegment &sg : alay_.segs) most = std::max<int64_t>(most, sg.state->n_entries(layer, 0));
     const int64_t n_keys = W + (spec.indexed ? std::min<int64_t>(most, c.indexer_topk) : most);
     // Heads in groups of 8 where attend8 applies (each key row read once for 8 heads on
     // AVX-512, twice on AVX2; the same floats as the per-head loop) and the groups still
@@ -259,8 +278,8 @@ void CpuExecutor::attend(int layer, const AttnSpec &spec, const float *sinks, co
             const int t = (int)(i / (H / G)), h = (int)(i % (H / G)) * G;
             const CpuSessionState &st = state_of_row(t);
             const CpuLayer &ls = st.layers[layer];
-            const int64_t pos = lay_.pos[t];
-            const float *q = q_.data() + ((size_t)t * H + h) * hd;
+            const int64_t pos = alay_.pos[t];
+            const float *q = qh + ((size_t)t * H + h) * hd;
             rows.clear();
             for (int64_t j = std::max<int64_t>(0, pos - W + 1); j <= pos; ++j) rows.push_back(ls.kv_row(j));
             if (r) {
@@ -272,7 +291,7 @@ void CpuExecutor::attend(int layer, const AttnSpec &spec, const float *sinks, co
                 }
             }
             const size_t nk = rows.size();
-            float *o = o_.data() + ((size_t)t * H + h) * hd;
+            float *o = oh + ((size_t)t * H + h) * hd;
             lg.resize(nk * G);
             if (G == 8) ops::attend8_scores(q, rows.data(), (int64_t)nk, hd, scale, lg.data());
             else
@@ -298,9 +317,9 @@ void CpuExecutor::attend(int layer, const AttnSpec &spec, const float *sinks, co
         TaskScratch &ts = tasks_[th];
         ts.need_rope(rope.n_pairs);
         for (int64_t t = b; t < e; ++t) {
-            rope.cos_sin(lay_.pos[t], ts.cos.data(), ts.sin.data());
+            rope.cos_sin(alay_.pos[t], ts.cos.data(), ts.sin.data());
             for (int h = 0; h < H; ++h)
-                ops::rope_apply(o_.data() + ((size_t)t * H + h) * hd, hd, rope.n_pairs, ts.cos.data(), ts.sin.data(), -1.f);
+                ops::rope_apply(oh + ((size_t)t * H + h) * hd, hd, rope.n_pairs, ts.cos.data(), ts.sin.data(), -1.f);
         }
     });
 }

@@ -61,6 +61,7 @@ public:
     void hc_pre(const WeightView &fn, const float *base, const float *scale) override;
     void norm(const float *w) override;
     void hc_post() override;
+    void attention_rows(int r0, int r1) override;
     void q_kv(int layer, const LayerWeights &L, const Rope &rope) override;
     void compress(int layer, int which, const CompressorWeights &cw, const Rope &rope) override;
     void indexer_topk(int layer, const LayerWeights &L, const Rope &rope, int topk) override;
@@ -76,7 +77,8 @@ public:
     uint64_t scratch_bytes() const override;
 
 private:
-    CpuSessionState &state_of_row(int r) const { return *static_cast<CpuSessionState *>(lay_.segs[lay_.seg[r]].state); }
+    // Row r of the attention's rows (attention_rows).
+    CpuSessionState &state_of_row(int r) const { return *static_cast<CpuSessionState *>(alay_.segs[alay_.seg[r]].state); }
     FloatVec &act(Act a);
     static void expert_ffn(ThreadPool &pool, MatmulCtx &mm, FfnScratch &s, const WeightView &gate, const WeightView &up,
                            const WeightView &down, const float *in, int m, float *out, float lim);
@@ -89,6 +91,12 @@ private:
     CpuProfile prof_;   // DS4_CPU_PROFILE
     StepLayout lay_;
     int R_ = 0;   // rows of the current step
+    // The rows q_kv, compress, indexer_topk and attend run on: rows [ar0_, ar0_ + rows) of
+    // the step, as a layout of their own (row 0 is the step's row ar0_; every segment kept,
+    // clipped to the range, so the rows' segment indices stay valid).
+    StepLayout alay_;
+    std::vector<StepSegment> asegs_;
+    int ar0_ = 0;
 
     // Activations (Act) and scratch.
     FloatVec H_, X_, XN_, A_, post_, comb_, qr_, q_, o_;

@@ -20,6 +20,8 @@ CpuExecutor::CpuExecutor(const ModelConfig &c, int n_threads) : c_(c), pool_(n_t
 void CpuExecutor::begin(const StepLayout &lay) {
     lay_ = lay;
     R_ = lay.rows();
+    alay_ = lay;
+    ar0_ = 0;
     const size_t R = (size_t)R_, D = c_.n_embd, hc = c_.hc_mult;
     grow(H_, R * hc * D);
     grow(X_, R * D);

@@ -27,8 +27,11 @@ struct BatchRow;
 
 class Session {
 public:
-    // prefill_cap: tokens per forward chunk (0 = the backend's prefill_chunk(): 256 on the CPU,
-    // 2048 on a GPU). rewind_slack: extra positions the rings keep beyond what the math needs.
+    // prefill_cap: tokens per forward chunk, and the rows the rings hold beyond the window.
+    // 0: the rings hold the backend's prefill_chunk() (256 on the CPU, 2048 on a GPU) and a
+    // step takes up to its prefill_step_rows() (1024 on the CPU, whose executor runs the
+    // attention of a longer chunk in ring-sized pieces; 2048 on a GPU).
+    // rewind_slack: extra positions the rings keep beyond what the math needs.
     static constexpr int kDefaultRewindSlack = 64;
     Session(const Model &m, int ctx, int prefill_cap = 0, int rewind_slack = kDefaultRewindSlack);
     // Runs on `ex`, which the caller keeps alive and uses from one thread at a time.
@@ -40,7 +43,13 @@ public:
     const Model &model() const { return m_; }
     int ctx() const { return ctx_; }
     int pos() const { return (int)tokens_.size(); }
+    // Most tokens of this session in one forward step (prefill chunks, forward_batch rows).
     int prefill_cap() const { return prefill_cap_; }
+    // Rows one attention pass writes into the rings; a trial has at most this many tokens.
+    int ring_rows() const { return ring_rows_; }
+    // Sets prefill_cap() (1..ctx). More than ring_rows() needs a backend whose executor
+    // splits the attention (Backend::attention_in_pieces()); otherwise this throws.
+    void set_prefill_cap(int rows);
     uint64_t generation() const { return generation_; }
     uint64_t memory_bytes() const;    // caches
     // memory_bytes() of a session Session(m, ctx) once it has held n tokens (defaults for
@@ -64,7 +73,7 @@ public:
     // Whether rewind(pos) keeps the caches (otherwise it rebuilds on the next sync).
     bool can_rewind_in_place(int pos) const;
 
-    // Evaluates toks (at most prefill_cap()) as a trial: logits of every position into
+    // Evaluates toks (at most ring_rows()) as a trial: logits of every position into
     // *all_logits (rows in order), cache writes journaled. Until commit(), other calls
     // that change the session fail.
     void trial(std::span<const int32_t> toks, std::vector<float> *all_logits);
@@ -108,6 +117,7 @@ private:
     std::unique_ptr<SessionState> state_;
     int ctx_;
     int prefill_cap_;
+    int ring_rows_;
     int slack_;
     std::vector<int32_t> tokens_;
     std::vector<float> logits_;
@@ -142,7 +152,8 @@ struct BatchRow {
 };
 
 // Runs one step over rows of several sessions on `ex`. Rows of one session must be
-// contiguous, at consecutive positions from its current length, at most its prefill_cap.
+// contiguous, at consecutive positions from its current length, at most its prefill_cap
+// (a trial at most its ring_rows).
 // Each session's last row must want logits (they become its logits()); *logits, when
 // given, receives the rows that want them, in order, n_vocab each. Trial rows leave their
 // session in a trial, exactly as Session::trial of those tokens would. Everything is checked

@@ -75,7 +75,7 @@ int SpeculativeDecoder::draft(int32_t pending, const SamplingParams &p, uint64_t
     accepted_ = 0;
     drafted_ = false;
     // Room: the trial's rows and, after them, a position for the new pending token.
-    const int room = std::min(target_.ctx() - target_.pos() - 2, target_.prefill_cap() - 1);
+    const int room = std::min(target_.ctx() - target_.pos() - 2, target_.ring_rows() - 1);
     const int k = std::min({draft_width(), max_new - 1, room});
     if (k < 1) {
         ++c_.fallbacks;

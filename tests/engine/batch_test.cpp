@@ -138,6 +138,52 @@ TEST_F(BatchTest, PrefillChunkSharesAStepWithDecodeRows) {
     }
 }
 
+TEST_F(BatchTest, APrefillSegmentLongerThanItsRingsSharesAStep) {
+    // Session 0's rings hold 4 rows a step; its 38-token prompt goes in segments of 12 (the
+    // attention in pieces of 4) beside one decode row each of two sessions whose rings are
+    // the default's. Every row as its session alone.
+    auto ex = model->make_executor(2);
+    Session s0(*model, *ex, 96, 4, 0), s1(*model, *ex, 96), s2(*model, *ex, 96);
+    s0.set_prefill_cap(12);
+    s1.sync(prompt(1));
+    s2.sync(prompt(2));
+    const std::vector<int32_t> p0 = prompt(7);
+    Session ref0(*model, 96);
+    std::vector<float> ref_rows;
+    ref0.sync(p0, {}, &ref_rows);
+    Session ref1(*model, 96), ref2(*model, 96);
+    ref1.sync(prompt(1));
+    ref2.sync(prompt(2));
+    size_t done = 0;
+    for (int k = 0; done < p0.size(); ++k) {
+        std::vector<BatchRow> rows;
+        rows.push_back({&s1, next_token(1, k), s1.pos(), true});
+        const size_t n = std::min<size_t>(12, p0.size() - done);
+        for (size_t j = 0; j < n; ++j) rows.push_back({&s0, p0[done + j], (int64_t)(done + j), true});
+        rows.push_back({&s2, next_token(2, k), s2.pos(), true});
+        std::vector<float> out;
+        forward_batch(*ex, rows, &out);
+        const std::vector<float> got(out.begin() + fx->vocab, out.begin() + (1 + n) * fx->vocab);
+        const std::vector<float> want(ref_rows.begin() + done * fx->vocab, ref_rows.begin() + (done + n) * fx->vocab);
+        EXPECT_LE(rel(want, got), 1e-6) << "segment at " << done;
+        ref1.eval(next_token(1, k));
+        ref2.eval(next_token(2, k));
+        EXPECT_LE(rel(ref1.logits(), std::vector<float>(out.begin(), out.begin() + fx->vocab)), 1e-6) << "step " << k;
+        EXPECT_LE(rel(ref2.logits(), std::vector<float>(out.end() - fx->vocab, out.end())), 1e-6) << "step " << k;
+        done += n;
+    }
+    EXPECT_EQ(s0.tokens(), p0);
+    // More rows of one session than its prefill cap, or a trial longer than its rings: refused.
+    std::vector<BatchRow> over;
+    for (int j = 0; j < 13; ++j) over.push_back({&s0, 1, s0.pos() + j, true});
+    EXPECT_THROW(forward_batch(*ex, over, nullptr), Error);
+    std::vector<BatchRow> trial;
+    for (int j = 0; j < 5; ++j) trial.push_back({&s0, 1, s0.pos() + j, true, true});
+    EXPECT_THROW(forward_batch(*ex, trial, nullptr), Error);
+    EXPECT_EQ(s0.tokens(), p0);
+    EXPECT_FALSE(s0.in_trial());
+}
+
 TEST_F(BatchTest, BadRowsAreRejectedBeforeAnythingRuns) {
     auto ex = model->make_executor(2);
     Session a(*model, *ex, 32), b(*model, *ex, 32);

@@ -90,6 +90,43 @@ TEST_F(SessionTest, MiddleChunksWithoutAReaderSkipTheHeadAndChangeNothing) {
     EXPECT_EQ(a.logits(), b.logits());
 }
 
+TEST_F(SessionTest, LongStepsRunTheirAttentionInRingSizedPieces) {
+    // Rings made for 4 rows a step and no slack. Steps of 4 against steps of 32 rows, whose
+    // attention the executor runs in pieces of 4 (the rings could not hold 32 rows): the same
+    // logits at every position, and the rings no larger.
+    const int n = 72;
+    Session a(*model, 80, 4, 0), b(*model, 80, 4, 0);
+    b.set_prefill_cap(32);
+    EXPECT_EQ(b.prefill_cap(), 32);
+    EXPECT_EQ(b.ring_rows(), 4);
+    EXPECT_EQ(b.memory_bytes(), a.memory_bytes());
+    std::vector<float> la, lb;
+    a.sync(toks(n), {}, &la);
+    b.sync(toks(n), {}, &lb);
+    ASSERT_EQ(la.size(), (size_t)n * fx->vocab);
+    EXPECT_EQ(la, lb);
+    EXPECT_LE(rel_error(row(*fx, n - 1), b.logits(), fx->vocab), 1e-4);
+    EXPECT_EQ(b.memory_bytes(), a.memory_bytes());
+    // A rewind the rings cannot serve rebuilds in 32-row steps, to the same bits.
+    b.rewind(3);
+    b.sync(toks(n));
+    EXPECT_EQ(b.logits(), a.logits());
+    // A trial is journaled ring rows: no longer than the rings hold.
+    const std::vector<int32_t> five(toks(n).begin(), toks(n).begin() + 5);
+    b.rewind(n - 5);
+    EXPECT_THROW(b.trial(five, nullptr), ds4::Error);
+    EXPECT_FALSE(b.in_trial());
+    EXPECT_EQ(b.pos(), n - 5);
+    EXPECT_THROW(b.set_prefill_cap(0), ds4::Error);
+    EXPECT_THROW(b.set_prefill_cap(81), ds4::Error);
+    EXPECT_EQ(b.prefill_cap(), 32);
+    // The CPU's defaults: rings for the backend's chunk, longer steps.
+    Session d(*model, 4096);
+    EXPECT_EQ(d.ring_rows(), model->backend().prefill_chunk());
+    EXPECT_EQ(d.prefill_cap(), model->backend().prefill_step_rows());
+    EXPECT_GT(d.prefill_cap(), d.ring_rows());
+}
+
 TEST_F(SessionTest, BadInputLeavesStateUnchanged) {
     Session s(*model, 50);
     s.sync(toks(30));

@@ -26,12 +26,14 @@
 namespace {
 
 const char *kUsage =
-    "usage: ds4-bench -m MODEL.gguf [--prompt-tokens N] [--prefill-chunk N] [--gen-tokens N] [--threads N] [--backend auto|cpu|cuda] [--json]\n"
+    "usage: ds4-bench -m MODEL.gguf [--prompt-tokens N] [--prefill-chunk N] [--prefill-rows N] [--gen-tokens N] [--threads N] [--backend auto|cpu|cuda] [--json]\n"
     "                 [--ssd-streaming [--expert-cache-bytes N | --expert-cache-experts N] [--cold]\n"
     "                  [--expert-store DIR] [--no-prefetch] [--raw-bytes N] [--hit-curve] [--prompt-seed S]]\n"
     "  --prompt-tokens N   tokens prefilled before decoding (default 128)\n"
-    "  --prefill-chunk N   tokens per prefill step (default: the backend's, 256 on the CPU,\n"
-    "                      2048 on a GPU)\n"
+    "  --prefill-chunk N   tokens per prefill step, the session's rings made to hold them\n"
+    "                      (default: steps of 1024 with rings of 256 on the CPU, 2048 on a GPU)\n"
+    "  --prefill-rows N    tokens per prefill step, the rings the backend's (on the CPU the\n"
+    "                      attention runs in 256-row pieces; a GPU takes at most 2048)\n"
     "  --gen-tokens N      tokens decoded greedily after the prompt (default 32)\n"
     "  --threads N         engine threads (default: all cores)\n"
     "  --backend B         auto (default: CUDA when a usable GPU is present), cpu or cuda;\n"
@@ -69,7 +71,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     std::string model;
-    int prompt = 128, gen = 32, threads = 0, chunk = 0;
+    int prompt = 128, gen = 32, threads = 0, chunk = 0, rows = 0;
     bool json = false;
     ds4::BackendKind backend = ds4::BackendKind::Auto;
     ds4::ExpertStreamingOptions so;
@@ -102,6 +104,7 @@ int main(int argc, char **argv) {
         else if (a == "--prompt-tokens") prompt = count(1, 1 << 24);
         else if (a == "--gen-tokens") gen = count(1, 1 << 24);
         else if (a == "--prefill-chunk") chunk = count(1, 1 << 24);
+        else if (a == "--prefill-rows") rows = count(1, 1 << 24);
         else if (a == "--threads") threads = count(0, 4096);
         else if (a == "--json") json = true;
         else if (a == "--ssd-streaming") so.enabled = true;
@@ -183,6 +186,7 @@ int main(int argc, char **argv) {
             t = (int32_t)(r % (uint64_t)c.n_vocab);
         }
         ds4::Session s(*m, prompt + gen + 1, chunk);
+        if (rows) s.set_prefill_cap(std::min(rows, prompt + gen + 1));
         const double t0 = now();
         s.sync(toks);
         const double prefill_s = now() - t0;
@@ -240,8 +244,8 @@ int main(int argc, char **argv) {
                 std::printf("backend          %s\n", bname.c_str());
             std::printf("threads          %d\n", n_threads);
             std::printf("open + prewarm   %.2f s\n", open_s);
-            std::printf("prefill          %d tokens in %.3f s = %.2f tok/s (steps of %d)\n", prompt, prefill_s, prompt / prefill_s,
-                        s.prefill_cap());
+            std::printf("prefill          %d tokens in %.3f s = %.2f tok/s (steps of %d, attention in pieces of %d)\n", prompt,
+                        prefill_s, prompt / prefill_s, s.prefill_cap(), std::min(s.prefill_cap(), s.ring_rows()));
             std::printf("decode           %d tokens in %.3f s = %.2f tok/s\n", n_dec, decode_s, dec_tps);
             std::printf("weights/token    %.3f GB\n", bytes_per_tok / 1e9);
             std::printf("achieved         %.2f GB/s\n", achieved / 1e9);

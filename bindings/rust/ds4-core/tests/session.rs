@@ -100,9 +100,9 @@ fn rewind_and_generation() {
 #[test]
 fn prefill_checkpoint_sees_the_prefix_and_saves_it() {
     let m = open();
-    let text = "def f(x):\n    return x + 1\n\n".repeat(40);
+    let text = "def f(x):\n    return x + 1\n\n".repeat(160);
     let p = prompt(&m, &text);
-    let mut s = m.session(2048).unwrap();
+    let mut s = m.session(8192).unwrap();
     let cap = s.prefill_cap() as usize; // the chunk size decides where the frontiers are
     assert!(cap > 0);
     assert!(p.len() > cap, "the prompt ({}) must span several chunks of {}", p.len(), cap);
@@ -126,10 +126,10 @@ fn prefill_checkpoint_sees_the_prefix_and_saves_it() {
     assert_eq!(std::fs::read(&path).unwrap(), mem, "file and memory payloads at one frontier are the same bytes");
 
     // The payload saved at the frontier is the session that holds prompt[..at].
-    let mut r = m.session(2048).unwrap();
+    let mut r = m.session(8192).unwrap();
     r.load_payload(&path).unwrap();
     assert_eq!(r.pos() as usize, at);
-    let mut fresh = m.session(2048).unwrap();
+    let mut fresh = m.session(8192).unwrap();
     fresh.sync(&p[..at]).unwrap();
     assert_eq!(bits(&r.logits().unwrap()), bits(&fresh.logits().unwrap()));
 }
