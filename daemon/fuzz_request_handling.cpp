@@ -81,6 +81,7 @@ void setup() {
     wc.ctx = 512;
     wc.max_sessions = 3;   // below the names the inputs use: the LRU release path runs
     wc.prefill_chunk = 64;
+    wc.solo_prefill_chunk = 64;
     wc.store = g->store.get();
     wc.checkpoint_every = 64;   // long prompts leave checkpoints and prefix lookups run
     wc.prefix_min = 32;

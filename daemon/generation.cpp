@@ -219,7 +219,7 @@ bool Worker::Impl::run_step() {
         cjobs.push_back(j);
     }
     const std::vector<PlannedSegment> plan =
-        plan_step(cands, StepLimits{cfg.max_batch, cfg.step_tokens, cfg.prefill_chunk});
+        plan_step(cands, StepLimits{cfg.max_batch, cfg.step_tokens, cfg.prefill_chunk, cfg.solo_prefill_chunk});
     if (plan.empty()) return progressed;
 
     // Plain segments (prefill chunks, one-row decodes) and speculative rows (a decoder given

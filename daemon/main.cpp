@@ -134,6 +134,7 @@ int main(int argc, char **argv) {
         wc.kv_budget = opt.kv_budget ? opt.kv_budget : default_kv_budget();
         wc.kv_wait = std::chrono::seconds(opt.kv_wait_s);
         wc.prefill_chunk = opt.prefill_chunk;
+        wc.solo_prefill_chunk = opt.solo_prefill_chunk;
         wc.max_batch = opt.max_batch;
         wc.step_tokens = opt.step_tokens;
         wc.queue_bytes = opt.queue_bytes;

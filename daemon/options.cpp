@@ -128,8 +128,12 @@ std::string daemon_usage() {
            "                         prefill chunk in it (default 16; 1: one request per step)\n"
            "  --step-tokens N        tokens per forward step, decode rows and prefill chunks\n"
            "                         together (default 512; more than --max-batch)\n"
-           "  --prefill-chunk N      prefill tokens of one request per step, so the others keep\n"
-           "                         streaming during a long prompt (default 256)\n"
+           "  --prefill-chunk N      prefill tokens of one request per step while others decode,\n"
+           "                         so they keep streaming during a long prompt (default 256)\n"
+           "  --solo-prefill-chunk N prefill tokens per step while no request decodes; the step\n"
+           "                         may then exceed --step-tokens (default: --prefill-chunk if\n"
+           "                         given, else the engine's step size: 1024 on the CPU, 2048\n"
+           "                         on a GPU, which reads each weight once for more tokens)\n"
            "  --max-frame BYTES      largest request frame accepted (default 16777216)\n"
            "  --queue-bytes BYTES    unsent output per connection before its generation pauses\n"
            "                         (default 1048576)\n"
@@ -152,7 +156,7 @@ std::string daemon_usage() {
 
 DaemonOptions parse_daemon_args(int argc, const char *const *argv) {
     DaemonOptions o;
-    bool drafter_given = false;
+    bool drafter_given = false, chunk_given = false, solo_given = false;
     auto value = [&](int &i, const std::string &opt) -> const char * {
         if (i + 1 >= argc) throw UsageError(opt + " needs a value");
         return argv[++i];
@@ -219,6 +223,10 @@ DaemonOptions parse_daemon_args(int argc, const char *const *argv) {
             o.step_tokens = uint32_t(parse_uint(a, value(i, a), 1, 1u << 20));
         } else if (a == "--prefill-chunk") {
             o.prefill_chunk = uint32_t(parse_uint(a, value(i, a), 1, 1u << 20));
+            chunk_given = true;
+        } else if (a == "--solo-prefill-chunk") {
+            o.solo_prefill_chunk = uint32_t(parse_uint(a, value(i, a), 1, 1u << 20));
+            solo_given = true;
         } else if (a == "--max-frame") {
             o.max_frame = size_t(parse_uint(a, value(i, a), 1024, ipc::kMaxFrameCeiling));
         } else if (a == "--queue-bytes") {
@@ -263,6 +271,7 @@ DaemonOptions parse_daemon_args(int argc, const char *const *argv) {
     if (o.step_tokens <= o.max_batch && o.max_batch > 1)
         throw UsageError("--step-tokens (" + std::to_string(o.step_tokens) + ") must exceed --max-batch (" +
                          std::to_string(o.max_batch) + "): every step keeps room for a prefill chunk");
+    if (chunk_given && !solo_given) o.solo_prefill_chunk = o.prefill_chunk;
     if (o.socket_path.empty()) o.socket_path = ipc::default_socket_path();
     if (o.socket_path.size() > ipc::kMaxSocketPath)
         throw UsageError("socket path is longer than " + std::to_string(ipc::kMaxSocketPath) +

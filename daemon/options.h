@@ -33,7 +33,8 @@ struct DaemonOptions {
     uint32_t max_sessions = 64;
     uint64_t kv_budget = 0;           // bytes of session caches; 0: half of physical memory
     uint32_t kv_wait_s = 120;         // a request waits this long for memory or a session slot
-    uint32_t prefill_chunk = 256;     // prefill tokens of one request per step
+    uint32_t prefill_chunk = 256;     // prefill tokens of one request per step while others decode
+    uint32_t solo_prefill_chunk = 0;  // ... while none decodes (0: the session's step size)
     uint32_t max_batch = 16;          // requests sharing one forward step
     uint32_t step_tokens = 512;       // tokens per forward step
     size_t max_frame = 16u << 20;     // largest accepted request frame

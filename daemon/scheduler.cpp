@@ -13,14 +13,21 @@ std::vector<PlannedSegment> plan_step(const std::vector<StepCandidate> &cands, c
     std::stable_sort(prefills.begin(), prefills.end(),
                      [&](size_t a, size_t b) { return cands[a].arrival < cands[b].arrival; });
 
+    const bool decoders = std::any_of(cands.begin(), cands.end(), [](const StepCandidate &c) { return c.decoding; });
+    // A prompt's chunk: prefill_chunk while others decode (they wait on the step), else the
+    // solo chunk, by default the session's cap.
+    auto chunk = [&](const StepCandidate &c) {
+        const uint32_t lim_chunk = decoders ? std::max<uint32_t>(1, lim.prefill_chunk) : lim.solo_prefill_chunk;
+        return std::min({c.prefill_left, c.cap, lim_chunk ? lim_chunk : c.cap});
+    };
     uint32_t budget = std::max<uint32_t>(1, lim.step_tokens);
+    if (!decoders && !prefills.empty()) budget = std::max(budget, chunk(cands[prefills[0]]));
     if (max_batch == 1) {
         // No batching: the old time slicing, one request per step in round-robin order.
         for (size_t i = 0; i < cands.size(); ++i) {
             const StepCandidate &c = cands[i];
             if (c.decoding) return {{i, std::max<uint32_t>(1, std::min(c.decode_rows, budget))}};
-            if (c.prefill_left > 0 && c.cap > 0)
-                return {{i, std::min({c.prefill_left, c.cap, std::max<uint32_t>(1, lim.prefill_chunk), budget})}};
+            if (c.prefill_left > 0 && c.cap > 0) return {{i, decoders ? std::min(chunk(c), budget) : chunk(c)}};
         }
         return out;
     }
@@ -43,7 +50,7 @@ std::vector<PlannedSegment> plan_step(const std::vector<StepCandidate> &cands, c
     }
     for (size_t i : prefills) {
         if (out.size() >= max_batch || budget == 0) break;
-        const uint32_t n = std::min({cands[i].prefill_left, cands[i].cap, std::max<uint32_t>(1, lim.prefill_chunk), budget});
+        const uint32_t n = std::min(chunk(cands[i]), budget);
         out.push_back({i, n});
         budget -= n;
     }

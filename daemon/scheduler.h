@@ -11,6 +11,9 @@
 //  - Prefills are served oldest first, each a chunk of at most prefill_chunk tokens (and
 //    the session's cap), from what the token budget leaves after the decode rows: the
 //    oldest prompt finishes soonest instead of every prompt crawling.
+//  - When no request decodes, nobody waits on a prompt's step: chunks are solo_prefill_chunk
+//    (0: the session's cap, the engine's own step size, which reads each weight once for
+//    more tokens), and the step's budget grows to the oldest prompt's chunk if it is larger.
 //  - A decoder that speculates (decode_rows > 1: pending plus drafts) gets its extra rows
 //    after every chosen decoder has its one row, in candidate order, from the decode budget;
 //    one that gets none decodes plainly.
@@ -24,7 +27,8 @@ namespace ds4::daemon {
 struct StepLimits {
     uint32_t max_batch = 16;      // requests (sessions) per step
     uint32_t step_tokens = 512;   // rows per step: decode tokens + prefill tokens
-    uint32_t prefill_chunk = 256; // prefill tokens of one request per step
+    uint32_t prefill_chunk = 256; // prefill tokens of one request per step while others decode
+    uint32_t solo_prefill_chunk = 0; // ... and when none decodes (0: the session's cap)
 };
 
 struct StepCandidate {

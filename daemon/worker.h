@@ -30,7 +30,8 @@ struct WorkerConfig {
     uint32_t max_sessions = 64;
     uint64_t kv_budget = ~0ull;     // bytes of session caches (reserved growth included)
     std::chrono::milliseconds kv_wait{120000};   // longest wait for memory or a session slot
-    uint32_t prefill_chunk = 256;  // prefill tokens of one request per step
+    uint32_t prefill_chunk = 256;  // prefill tokens of one request per step while others decode
+    uint32_t solo_prefill_chunk = 0;  // ... while none decodes (0: the session's prefill cap)
     uint32_t max_batch = 16;       // requests sharing one forward step (1: time slicing)
     uint32_t step_tokens = 512;    // rows per step: decode tokens + prefill chunks
     size_t queue_bytes = 1u << 20;

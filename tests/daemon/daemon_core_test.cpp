@@ -140,6 +140,10 @@ TEST(DaemonOptions, ParsesEveryDocumentedFlag) {
     EXPECT_EQ(o.queue_bytes, 8192u);
     EXPECT_EQ(o.max_inflight, 5u);
     EXPECT_EQ(o.shutdown_grace_ms, 10u);
+    EXPECT_EQ(o.solo_prefill_chunk, 32u) << "an explicit --prefill-chunk also bounds a lone prompt's steps";
+    EXPECT_EQ(parse({"--model", "m"}).solo_prefill_chunk, 0u) << "default: the session's step size";
+    EXPECT_EQ(parse({"--model", "m", "--prefill-chunk", "32", "--solo-prefill-chunk", "2048"}).solo_prefill_chunk, 2048u);
+    EXPECT_THROW(parse({"--model", "m", "--solo-prefill-chunk", "0"}), UsageError);
 }
 
 TEST(DaemonOptions, SsdStreamingFlags) {
@@ -264,7 +268,7 @@ TEST(DaemonOptions, KvBudgetTakesSizesWithUnits) {
 TEST(DaemonOptions, HelpNamesEveryFlag) {
     const std::string u = daemon_usage();
     for (const char *f : {"--model", "--socket", "--state-dir", "--ctx", "--threads", "--backend", "--max-sessions",
-                          "--prefill-chunk", "--max-frame", "--queue-bytes", "--max-inflight", "--shutdown-grace-ms",
+                          "--prefill-chunk", "--solo-prefill-chunk", "--max-frame", "--queue-bytes", "--max-inflight", "--shutdown-grace-ms",
                           "--drafter", "--draft-max", "--kv-budget", "--kv-wait"})
         EXPECT_NE(u.find(f), std::string::npos) << f;
     EXPECT_TRUE(parse({"--help"}).help);

@@ -26,6 +26,8 @@ std::map<int, std::vector<int>> simulate(std::vector<Req> reqs, const StepLimits
         std::vector<StepCandidate> c;
         for (const Req &r : reqs) c.push_back({r.decoding, r.prefill_left, cap, r.arrival});
         const auto plan = plan_step(c, lim);
+        const bool decoders = std::any_of(reqs.begin(), reqs.end(), [](const Req &r) { return r.decoding; });
+        const uint32_t chunk = decoders ? lim.prefill_chunk : (lim.solo_prefill_chunk ? lim.solo_prefill_chunk : cap);
         uint32_t rows = 0;
         std::vector<bool> used(reqs.size(), false);
         for (const PlannedSegment &p : plan) {
@@ -36,12 +38,12 @@ std::map<int, std::vector<int>> simulate(std::vector<Req> reqs, const StepLimits
             if (r.decoding) EXPECT_EQ(p.rows, 1u);
             else {
                 EXPECT_GE(p.rows, 1u);
-                EXPECT_LE(p.rows, std::min({r.prefill_left, lim.prefill_chunk, cap}));
+                EXPECT_LE(p.rows, std::min({r.prefill_left, chunk, cap}));
             }
             rows += p.rows;
         }
         EXPECT_LE(plan.size(), lim.max_batch);
-        EXPECT_LE(rows, lim.step_tokens);
+        EXPECT_LE(rows, decoders ? lim.step_tokens : std::max(lim.step_tokens, chunk));
         // Apply: prefill advances (and becomes decoding when done); ran ones go to the back.
         std::vector<Req> front, back;
         for (size_t i = 0; i < reqs.size(); ++i) {
@@ -116,6 +118,42 @@ TEST(StepPlanner, PrefillsAreOldestFirstWithinTheTokenBudget) {
     EXPECT_EQ(plan[2].rows, 128u);
     EXPECT_EQ(plan[3].candidate, 0u);  // arrival 7: what the budget leaves, 400 - 1 - 50 - 128
     EXPECT_EQ(plan[3].rows, 221u);
+}
+
+TEST(StepPlanner, WithNoDecoderAPromptTakesTheSessionsStepSize) {
+    // Alone: the whole cap (1024) in one step, beyond step_tokens; then the next prompt gets
+    // what step_tokens leaves, if anything.
+    std::vector<StepCandidate> c = {{false, 3000, 1024, 2}, {false, 100, 1024, 1}};
+    auto plan = plan_step(c, StepLimits{16, 512, 256});
+    ASSERT_EQ(plan.size(), 2u);
+    EXPECT_EQ(plan[0].candidate, 1u);   // oldest first: all its 100 tokens
+    EXPECT_EQ(plan[0].rows, 100u);
+    EXPECT_EQ(plan[1].rows, 412u);      // the rest of step_tokens
+    c[1].prefill_left = 0;
+    plan = plan_step(c, StepLimits{16, 512, 256});
+    ASSERT_EQ(plan.size(), 1u);
+    EXPECT_EQ(plan[0].rows, 1024u);
+    // A solo chunk given: that, still beyond step_tokens when larger.
+    plan = plan_step(c, StepLimits{16, 512, 256, 600});
+    EXPECT_EQ(plan[0].rows, 600u);
+    plan = plan_step(c, StepLimits{16, 2048, 256, 600});
+    EXPECT_EQ(plan[0].rows, 600u);
+    // Time slicing alike.
+    plan = plan_step(c, StepLimits{1, 512, 256});
+    ASSERT_EQ(plan.size(), 1u);
+    EXPECT_EQ(plan[0].rows, 1024u);
+    // Once someone decodes, back to prefill_chunk within step_tokens.
+    c.push_back({true, 0, 1024, 0});
+    plan = plan_step(c, StepLimits{16, 512, 256});
+    ASSERT_EQ(plan.size(), 2u);
+    EXPECT_EQ(plan[0].candidate, 2u);
+    EXPECT_EQ(plan[1].rows, 256u);
+    plan = plan_step(c, StepLimits{1, 512, 256});
+    ASSERT_EQ(plan.size(), 1u);
+    EXPECT_EQ(plan[0].rows, 256u);   // the first candidate in round-robin order is the prompt
+    // Simulated: a lone 3000-token prompt takes ceil(3000 / 1024) = 3 steps, not 12.
+    const auto ran = simulate({{7, false, 3000, 0}}, StepLimits{16, 512, 256}, 4, 1024);
+    ASSERT_EQ(ran.at(7).size(), 4u);   // 3 prefill steps, then it decodes
 }
 
 TEST(StepPlanner, SpeculatingDecodersGetTheirDraftRowsAfterEveryDecoderHasOne) {
