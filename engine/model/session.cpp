@@ -19,13 +19,13 @@ Session::Session(const Model &m, Executor *ex, int ctx, int prefill_cap, int rew
     if (ctx <= 0) failf("context size must be positive (got %d)", ctx);
     if (ctx > (1 << 24)) failf("context size %d is too large", ctx);
     const Backend &b = m.backend();
-    ring_rows_ = std::min(prefill_cap > 0 ? prefill_cap : b.prefill_chunk(), ctx);
-    prefill_cap_ = prefill_cap > 0 ? ring_rows_ : std::min(std::max(ring_rows_, b.prefill_step_rows()), ctx);
+    const int ring = std::min(prefill_cap > 0 ? prefill_cap : b.prefill_chunk(), ctx);
+    prefill_cap_ = prefill_cap > 0 ? ring : std::min(std::max(ring, b.prefill_step_rows()), ctx);
     if (!ex_) {
         own_ex_ = m.make_executor();
         ex_ = own_ex_.get();
     }
-    state_ = b.make_state(CacheGeometry::make(m.config(), ctx, ring_rows_, slack_));
+    state_ = b.make_state(CacheGeometry::make(m.config(), ctx, ring, slack_));
     logits_.assign(m.config().n_vocab, 0.f);
 }
 
@@ -33,9 +33,9 @@ Session::~Session() = default;
 
 void Session::set_prefill_cap(int rows) {
     if (rows < 1 || rows > ctx_) failf("prefill cap %d: must be in 1..%d (the context)", rows, ctx_);
-    if (rows > ring_rows_ && !m_.backend().attention_in_pieces())
+    if (rows > ring_rows() && !m_.backend().attention_in_pieces())
         failf("prefill cap %d: the %s backend runs a step's attention whole, so at most the %d rows its rings hold",
-              rows, m_.backend().name().c_str(), ring_rows_);
+              rows, m_.backend().name().c_str(), ring_rows());
     prefill_cap_ = rows;
 }
 
@@ -196,7 +196,7 @@ void Session::trial(std::span<const int32_t> toks, std::vector<float> *all_logit
     check_idle("trial");
     const int k = (int)toks.size();
     if (k == 0) fail("trial: no tokens");
-    if (k > ring_rows_) failf("trial of %d tokens exceeds the step size %d", k, ring_rows_);
+    if (k > ring_rows()) failf("trial of %d tokens exceeds the step size %d", k, ring_rows());
     if (pos() + k > ctx_) failf("context full: %d + %d tokens exceed the context of %d", pos(), k, ctx_);
     check_tokens(toks);
     pre_trial_logits_ = logits_;
@@ -271,7 +271,7 @@ void forward_batch(Executor &ex, std::span<const BatchRow> rows, std::vector<flo
         StepSegment &sg = segs.back();
         ++sg.n;
         if (sg.n > s.prefill_cap_) failf("forward_batch: more than %d rows of one session", s.prefill_cap_);
-        if (b.trial && sg.n > s.ring_rows_) failf("forward_batch: a trial of more than %d rows of one session", s.ring_rows_);
+        if (b.trial && sg.n > s.ring_rows()) failf("forward_batch: a trial of more than %d rows of one session", s.ring_rows());
         if (b.pos >= s.ctx_) failf("context full: row %zu at position %lld, the session's context is %d", r, (long long)b.pos, s.ctx_);
         const int32_t t[1] = {b.token};
         s.check_tokens(t);

@@ -46,7 +46,7 @@ public:
     // Most tokens of this session in one forward step (prefill chunks, forward_batch rows).
     int prefill_cap() const { return prefill_cap_; }
     // Rows one attention pass writes into the rings; a trial has at most this many tokens.
-    int ring_rows() const { return ring_rows_; }
+    int ring_rows() const { return state_->geometry().chunk_cap; }
     // Sets prefill_cap() (1..ctx). More than ring_rows() needs a backend whose executor
     // splits the attention (Backend::attention_in_pieces()); otherwise this throws.
     void set_prefill_cap(int rows);
@@ -117,7 +117,6 @@ private:
     std::unique_ptr<SessionState> state_;
     int ctx_;
     int prefill_cap_;
-    int ring_rows_;
     int slack_;
     std::vector<int32_t> tokens_;
     std::vector<float> logits_;
