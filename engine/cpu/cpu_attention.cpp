@@ -267,10 +267,11 @@ void CpuExecutor::attend(int layer, const AttnSpec &spec, const float *sinks, co
         for (const StepSegment &sg : alay_.segs) most = std::max<int64_t>(most, sg.state->n_entries(layer, 0));
     const int64_t n_keys = W + (spec.indexed ? std::min<int64_t>(most, c.indexer_topk) : most);
     // Heads in groups of 8 where attend8 applies (each key row read once for 8 heads on
-    // AVX-512, twice on AVX2; the same floats as the per-head loop) and the groups still
-    // give every thread a task (one decode row of an 8-head model would otherwise run on one
-    // thread), else one head at a time.
-    const int G = (H % 8 == 0 && ops::attend8_usable(hd) && (int64_t)T * (H / 8) >= pool_.active()) ? 8 : 1;
+    // AVX-512, twice on AVX2; the same floats as the per-head loop), unless that leaves most
+    // threads idle: the per-head loop is 3-5x slower a thread (an 8-head model's decode row
+    // at 16K context on the Zen 3 VM: 0.12-0.14 ms a step on two threads one head at a time
+    // against 0.05-0.09 on one thread by groups), so it pays only from ~4 threads a group.
+    const int G = (H % 8 == 0 && ops::attend8_usable(hd) && (int64_t)T * (H / 8) * 4 >= pool_.active()) ? 8 : 1;
     pool_.parallel_for((int64_t)T * (H / G), cpu_grain(n_keys * hd * 2 * G), [&](int64_t b, int64_t e, int th) {
         FloatVec &lg = tasks_[th].f;
         std::vector<const float *> &rows = tasks_[th].rows;
