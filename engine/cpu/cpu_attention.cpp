@@ -93,8 +93,9 @@ void CpuExecutor::compress(int layer, int which, const CompressorWeights &cw, co
             ts.rows.resize(4 * (size_t)r);   // the slots' gate rows, then their value rows
             ts.need_rope(rope.n_pairs);
             const float **gate = ts.rows.data(), **val = gate + 2 * r;
+            alignas(64) float row[ops::kIndexerKeysMaxDim];   // a blocked entry, before it is laid out
             for (int64_t wi = first + b; wi < first + e; ++wi) {
-                float *out = cs.entry((int)wi);
+                float *out = cs.blocked ? row : cs.entry((int)wi);
                 const int64_t start = wi * r;
                 const bool prev = cs.g.overlap && wi > 0;
                 // Per channel, a softmax over the slots (window wi - 1's first-half channels
@@ -114,6 +115,7 @@ void CpuExecutor::compress(int layer, int which, const CompressorWeights &cw, co
                 ops::rmsnorm(out, dim, cw.norm.data(), c_.rms_eps, out);
                 rope.cos_sin(start, ts.cos.data(), ts.sin.data());
                 ops::rope_apply(out, dim, rope.n_pairs, ts.cos.data(), ts.sin.data(), 1.f);
+                if (cs.blocked) cs.put_entry((int)wi, out);
             }
         });
         st.set_n_entries(layer, which, last);
@@ -192,8 +194,18 @@ void CpuExecutor::score_rows(int layer, int t0, int t1, float qscale) {
             const int t = t0 + r, s = (int)(i - ioff_[r]);
             const float *q = iq_.data() + (size_t)t * IH * Id, *w = iw_.data() + (size_t)t * IH;
             const CpuComp &ic = state_of_row(t).layers[layer].icomp;
-            // Runs of sixteen or eight entries of one row: the same bits as one by one.
             const int64_t row_end = std::min<int64_t>(e, ioff_[r + 1]);
+            if (ic.blocked) {
+                // The block holding entry s, whole (lanes past the entries are not kept):
+                // each lane has the bits of scoring its entry alone.
+                const int j0 = s % 16, n = (int)std::min<int64_t>(16 - j0, row_end - i);
+                float sc[16];
+                ops::indexer_score16_kt(q, w, IH, Id, ic.block(s / 16), qscale, sc);
+                for (int j = 0; j < n; ++j) iscore_[i + j] = {sc[j0 + j], s + j};
+                i += n;
+                continue;
+            }
+            // Runs of sixteen or eight entries of one row: the same bits as one by one.
             const int run = i + 16 <= row_end ? 16 : i + 8 <= row_end ? 8 : 0;
             if (run) {
                 const float *k[16];
@@ -230,19 +242,14 @@ void CpuExecutor::score_key_blocks(int layer, int t0, int t1, float qscale) {
     }
     const int64_t n_items = key_chunks_.back().items_end;
     pool_.parallel_for(n_items, cpu_grain((int64_t)kKeyBlockRows * 16 * IH * Id), [&](int64_t b, int64_t e, int) {
-        alignas(64) float kt[ops::kIndexerKeysMaxDim * 16];
         size_t c = 0;
         for (int64_t item = b; item < e; ++item) {
             while (item >= key_chunks_[c].items_end) ++c;
             const KeyChunk &ch = key_chunks_[c];
             const int64_t s0 = 16 * (item - (c ? key_chunks_[c - 1].items_end : 0));
-            const CpuComp &ic = state_of_row(ch.t_begin).layers[layer].icomp;
-            int64_t valid = 0;   // entries of this block some row of the chunk sees
-            for (int r = ch.t_begin; r < ch.t_end; ++r)
-                valid = std::max(valid, std::min<int64_t>(16, ioff_[r + 1 - t0] - ioff_[r - t0] - s0));
-            const float *k[16];   // lanes past the last entry repeat it; their scores are not kept
-            for (int j = 0; j < 16; ++j) k[j] = ic.entry((int)(s0 + std::min<int64_t>(j, valid - 1)));
-            ops::indexer_keys16(k, Id, kt);
+            // The entries' block as the session lays them out (lanes past the last entry are
+            // not kept).
+            const float *kt = state_of_row(ch.t_begin).layers[layer].icomp.block((int)(s0 / 16));
             for (int t = ch.t_begin; t < ch.t_end; ++t) {
                 const int64_t n = std::min<int64_t>(16, ioff_[t + 1 - t0] - ioff_[t - t0] - s0);
                 if (n <= 0) continue;

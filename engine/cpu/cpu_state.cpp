@@ -1,6 +1,7 @@
 #include "engine/cpu/cpu_state.h"
 
 #include "engine/common/error.h"
+#include "engine/kernels/ops.h"
 
 namespace ds4 {
 
@@ -18,13 +19,16 @@ CpuSessionState::CpuSessionState(const CacheGeometry &g) : SessionState(g) {
             c->kv.assign((size_t)cg->cap * cg->width, 0.f);
             c->gate.assign((size_t)cg->cap * cg->width, 0.f);
         }
+        L.icomp.blocked = lg.icomp.present() && lg.icomp.dim % 8 == 0 && lg.icomp.dim <= ops::kIndexerKeysMaxDim;
     }
 }
 
 void CpuSessionState::need_entries(CpuComp &c, int n) {
     if ((size_t)n * c.g.dim <= c.entries.size()) return;
     if (n > c.g.max_entries) failf("internal: compressed entries exceed capacity (%d > %d)", n, c.g.max_entries);
-    const size_t rows = (size_t)entry_capacity(n, c.g.max_entries) * c.g.dim;
+    int cap = entry_capacity(n, c.g.max_entries);
+    if (c.blocked) cap = (cap + 15) / 16 * 16;   // whole blocks
+    const size_t rows = (size_t)cap * c.g.dim;
     c.entries.reserve(rows);   // exactly: resize alone would double the capacity
     c.entries.resize(rows, 0.f);
 }
@@ -73,6 +77,10 @@ void CpuSessionState::read(int layer, Cache which, int64_t first, int64_t n, flo
     if (w == 0) failf("internal: layer %d has no such cache", layer);
     if (cap == 0) {
         if (first < 0 || first + n > s.shape.limit) failf("internal: entries [%lld, +%lld) out of range", (long long)first, (long long)n);
+        if (which == Cache::IcompEntries && layers.at(layer).icomp.blocked) {
+            for (int64_t i = 0; i < n; ++i) layers.at(layer).icomp.get_entry((int)(first + i), dst + i * w);
+            return;
+        }
         if (n) std::memcpy(dst, s.base + first * w, sizeof(float) * n * w);
         return;
     }
@@ -90,6 +98,10 @@ void CpuSessionState::write(int layer, Cache which, int64_t first, int64_t n, co
     if (w == 0) failf("internal: layer %d has no such cache", layer);
     if (cap == 0) {
         if (first < 0 || first + n > s.shape.limit) failf("internal: entries [%lld, +%lld) out of range", (long long)first, (long long)n);
+        if (which == Cache::IcompEntries && layers.at(layer).icomp.blocked) {
+            for (int64_t i = 0; i < n; ++i) layers.at(layer).icomp.put_entry((int)(first + i), src + i * w);
+            return;
+        }
         if (n) std::memcpy(s.base + first * w, src, sizeof(float) * n * w);
         return;
     }

@@ -16,11 +16,28 @@ using FloatVec = quant::CacheAlignedVector<float>;
 struct CpuComp {
     CompGeometry g;
     FloatVec kv, gate;             // [cap][width]
-    FloatVec entries;              // [entry_capacity(closed entries)][dim], grown by need_entries
+    // [entry_capacity(closed entries)][dim], grown by need_entries; blocked (the indexer's
+    // entries where ops::indexer_score16_kt takes them): blocks of 16 entries stored
+    // position-major, element i of entry 16 B + e at B * 16 * dim + i * 16 + e, the layout
+    // the scoring kernel reads. Laid out once as entries close; before, every step
+    // transposed every entry it scored (an 8-head model's 16K decode: ~8% of its time).
+    FloatVec entries;
+    bool blocked = false;
     const float *kv_row(int64_t pos) const { return kv.data() + (pos % g.cap) * g.width; }
     const float *gate_row(int64_t pos) const { return gate.data() + (pos % g.cap) * g.width; }
+    // Row-major entries only.
     float *entry(int w) { return entries.data() + (size_t)w * g.dim; }
     const float *entry(int w) const { return entries.data() + (size_t)w * g.dim; }
+    // Blocked entries only: block b (entries 16 b .. 16 b + 15), and one entry in or out.
+    const float *block(int b) const { return entries.data() + (size_t)b * 16 * g.dim; }
+    void put_entry(int w, const float *row) {
+        float *d = entries.data() + (size_t)(w / 16) * 16 * g.dim + w % 16;
+        for (int i = 0; i < g.dim; ++i) d[(size_t)i * 16] = row[i];
+    }
+    void get_entry(int w, float *row) const {
+        const float *s = entries.data() + (size_t)(w / 16) * 16 * g.dim + w % 16;
+        for (int i = 0; i < g.dim; ++i) row[i] = s[(size_t)i * 16];
+    }
 };
 
 struct CpuLayer {
