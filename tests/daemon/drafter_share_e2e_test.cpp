@@ -602,32 +602,9 @@ TEST_F(DrafterShareE2E, KilledAndRestartedMidDecodeTheImporterGoesOnAndANewOneIm
     EXPECT_NE(cli.out.find("gone (not mapping it)"), std::string::npos) << cli.out;
 }
 
-// A process's Pss in kB (/proc/PID/smaps), less its mappings of the file `except`: both
-// processes map the model, and how much of it is resident when each figure is taken moves
-// with the memory pressure of tests running beside this one (by more than the drafter's
-// size), which has nothing to do with what is compared here.
-uint64_t pss_kb(pid_t pid, const std::string &except) {
-    std::ifstream f("/proc/" + std::to_string(pid) + "/smaps");
-    std::string line;
-    uint64_t kb = 0;
-    bool skip = false;
-    while (std::getline(f, line)) {
-        const size_t dash = line.find('-');
-        if (dash != std::string::npos && dash > 0 && line.find_first_not_of("0123456789abcdef") == dash) {
-            std::istringstream h(line);   // a mapping's header: range perms offset dev inode [path]
-            std::string range, perms, offset, dev, inode, path;
-            h >> range >> perms >> offset >> dev >> inode;
-            std::getline(h >> std::ws, path);
-            skip = path == except;
-        } else if (!skip && line.rfind("Pss:", 0) == 0) {
-            kb += std::stoull(line.substr(4));
-        }
-    }
-    return kb;
-}
-
-// PSS (kB) of the mappings of pid whose path starts with prefix.
-uint64_t pss_kb_of(pid_t pid, const std::string &prefix) {
+// PSS (kB) of the mappings of pid whose path counts(path) keeps (/proc/PID/smaps).
+template <class Keep>
+uint64_t pss_kb_where(pid_t pid, Keep counts) {
     std::ifstream f("/proc/" + std::to_string(pid) + "/smaps");
     std::string line;
     uint64_t kb = 0;
@@ -635,16 +612,28 @@ uint64_t pss_kb_of(pid_t pid, const std::string &prefix) {
     while (std::getline(f, line)) {
         const size_t dash = line.find('-');
         if (dash != std::string::npos && dash > 0 && line.find_first_not_of("0123456789abcdef") == dash) {
-            std::istringstream h(line);
+            std::istringstream h(line);   // a mapping's header: range perms offset dev inode [path]
             std::string range, perms, offset, dev, inode, path;
             h >> range >> perms >> offset >> dev >> inode;
             std::getline(h >> std::ws, path);
-            take = path.rfind(prefix, 0) == 0;
+            take = counts(path);
         } else if (take && line.rfind("Pss:", 0) == 0) {
             kb += std::stoull(line.substr(4));
         }
     }
     return kb;
+}
+
+// A process's PSS less its mappings of the file `except`: both processes map the model, and
+// how much of it is resident when each figure is taken moves with the memory pressure of
+// tests running beside this one (by more than the drafter's size), which has nothing to do
+// with what is compared here.
+uint64_t pss_kb(pid_t pid, const std::string &except) {
+    return pss_kb_where(pid, [&](const std::string &path) { return path != except; });
+}
+// Only the mappings whose path starts with prefix.
+uint64_t pss_kb_of(pid_t pid, const std::string &prefix) {
+    return pss_kb_where(pid, [&](const std::string &path) { return path.rfind(prefix, 0) == 0; });
 }
 
 // The figure: ds4d and a C program on the bridge. Importing, the drafter's pages are
