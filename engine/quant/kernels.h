@@ -69,6 +69,11 @@ void q8_0_tile_cols(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const
 
 void q8_0_tile_packed(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const uint8_t *packed, int64_t n_cols,
                       int64_t n, float *out, size_t out_col_stride);
+// On AVX-512 VNNI, 9 to this many columns go with the weight rows in the lanes
+// (q8_0_tile_rows.cpp), where the column tile would leave lanes empty; the same results bit
+// for bit. env DS4_Q8_ROWS_TILE_MAX=N sets it (0: never); tests flip it.
+constexpr int64_t kQ8RowsTileMaxCols = 28;
+int64_t &q8_0_rows_tile_max();
 
 // IQ2_XXS with transposed activations on AVX-512 VBMI + VNNI (iq2_xxs_packed.cpp):
 // column c of the packed buffer is activation row c transposed; results are bit-identical

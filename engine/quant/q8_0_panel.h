@@ -39,4 +39,9 @@ bool q8_0_panel_offset();
 void q8_0_tile_wide_avx2(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const uint8_t *panel, int64_t n_cols,
                          int64_t nb, float *out, size_t out_col_stride);
 
+// The AVX-512 VNNI tile with the weight rows in the lanes (q8_0_tile_rows.cpp), on the same
+// wide panel, nb blocks a row: out[c * out_col_stride + r], bit-identical to dot_q8_0.
+void q8_0_tile_rows(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const uint8_t *panel, int64_t n_cols,
+                    int64_t nb, float *out, size_t out_col_stride);
+
 }  // namespace ds4::quant::detail

@@ -491,7 +491,9 @@ void q8_0_tile_packed(const uint8_t *w, size_t w_row_stride, int64_t n_rows, con
     if (staged.size() < ls * size_t(n_cols)) staged.resize(ls * size_t(n_cols));
     for (int64_t r0 = 0; r0 < n_rows; r0 += kStageRows) {
         const int64_t nr = std::min(kStageRows, n_rows - r0);
-        if (vnni_enabled())
+        if (vnni_enabled() && n_cols <= q8_0_rows_tile_max())
+            q8_0_tile_rows(w + size_t(r0) * w_row_stride, w_row_stride, nr, packed, n_cols, nb, staged.data(), ls);
+        else if (vnni_enabled())
             tile_wide(w + size_t(r0) * w_row_stride, w_row_stride, nr, packed, n_cols, nb, staged.data(), ls);
         else
             q8_0_tile_wide_avx2(w + size_t(r0) * w_row_stride, w_row_stride, nr, packed, n_cols, nb, staged.data(), ls);

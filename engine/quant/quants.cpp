@@ -89,6 +89,13 @@ bool &vnni_enabled() {
     }();
     return on;
 }
+int64_t &q8_0_rows_tile_max() {
+    static int64_t cols = [] {
+        if (const char *e = std::getenv("DS4_Q8_ROWS_TILE_MAX"); e && *e) return int64_t(std::atoll(e));
+        return kQ8RowsTileMaxCols;
+    }();
+    return cols;
+}
 bool avxvnni_available() { return __builtin_cpu_supports("avxvnni"); }
 bool &avxvnni_enabled() {
     static bool on = [] {

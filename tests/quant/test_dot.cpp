@@ -474,16 +474,23 @@ TEST(Quant, Q4_KVnniMatchesAvx2) {
 // 8-column narrow panel, the AVX2 tile's 8-column units and the 16-column groups, padded
 // activation rows, weights of -128, and scales from tiny to huge.
 // avxvnni: the AVX2 tile's VEX vpdpbusd (only where vnni is off).
-static void packed_q8_0_tile_equals_dot(bool vnni, bool avxvnni = false) {
+// rows_tile_max: up to how many columns the AVX-512 VNNI tile puts the weight rows in the
+// lanes (q8_0_tile_rows.cpp); -1 leaves it as it is.
+static void packed_q8_0_tile_equals_dot(bool vnni, bool avxvnni = false, int64_t rows_tile_max = -1) {
     bool &on = ds4::quant::detail::vnni_enabled();
     bool &avx_on = ds4::quant::detail::avxvnni_enabled();
+    int64_t &rows_max = ds4::quant::detail::q8_0_rows_tile_max();
     const SwitchGuard restore(on), restore_avx(avx_on);
+    const SwitchGuard restore_rows(rows_max);
     on = vnni;
     avx_on = avxvnni;
+    if (rows_tile_max >= 0) rows_max = rows_tile_max;
     const int64_t min_cols = vnni ? q::kTilePackMinCols : avxvnni ? q::kTilePackMinColsAvxVnni : q::kTilePackMinColsAvx2;
     std::mt19937 rng(31);
     for (int64_t n : {32, 32 * 5, 32 * 7, 4096 + 32}) {
-        const int64_t nrows = 11, ncols = 53;   // 53: three full groups (rows_xg) and a part-filled one
+        // 53 columns: three full groups (rows_xg) and a part-filled one; 40 rows: two and a
+        // half blocks of 16 for the rows-in-lanes tile
+        const int64_t nrows = 40, ncols = 53;
         for (Scale s : {Scale::Normal, Scale::Mixed, Scale::Huge}) {
             const Q8Operands op(n, nrows, ncols, s, rng, 6);   // padded activation rows
             const auto &w = op.w, &x = op.x;
@@ -495,7 +502,7 @@ static void packed_q8_0_tile_equals_dot(bool vnni, bool avxvnni = false) {
                 const int64_t groups = q::tile_pack_groups(Type::Q8_0, cols);
                 q::tile_pack(Type::Q8_0, x.data(), xb, cols, n, 0, groups / 2, packed.data());   // in two parts,
                 q::tile_pack(Type::Q8_0, x.data(), xb, cols, n, groups / 2, groups, packed.data());   // as threads do
-                for (int64_t rows = 1; rows <= nrows; rows += (rows < 8 ? 1 : 3)) {
+                for (int64_t rows : {1, 2, 3, 4, 5, 6, 7, 8, 11, 16, 17, 32, 33, 40}) {
                     const size_t ostride = size_t(rows) + 3;
                     std::vector<float> a(ostride * size_t(cols), -1.f);
                     q::vec_dot_tile_packed(Type::Q8_0, w.data(), rb, rows, packed.data(), cols, n, a.data(), ostride);
@@ -541,7 +548,8 @@ static void packed_q8_0_tile_equals_dot(bool vnni, bool avxvnni = false) {
 
 TEST(Quant, Q8_0PackedTileEqualsDotBitForBitVnni) {
     if (!ds4::quant::detail::vnni_available()) GTEST_SKIP() << "no AVX-512 VNNI on this CPU (or DS4_NO_AVX512 set)";
-    packed_q8_0_tile_equals_dot(true);
+    packed_q8_0_tile_equals_dot(true, false, 0);    // columns in the lanes from 9 columns
+    packed_q8_0_tile_equals_dot(true, false, 64);   // weight rows in the lanes to 64
 }
 
 TEST(Quant, Q8_0PackedTileEqualsDotBitForBitAvxVnni) {

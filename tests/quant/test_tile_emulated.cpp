@@ -8,7 +8,9 @@
 #include <random>
 #include <vector>
 
+#include "engine/quant/kernels.h"
 #include "engine/quant/quants.h"
+#include "tests/common/switch_guard.h"
 #include "tests/quant/quant_test_util.h"
 
 namespace ds4::quant::detail::emu {
@@ -36,7 +38,11 @@ using namespace qtest;
 // Every row count to 11 (each remainder of the four-row steps, and two row blocks) and 301
 // (past the 256 rows staged at once); columns through the narrow layout (VNNI, up to 8), one
 // group, two, three, four (two and two) and part-filled groups; 1 to 129 blocks; padded rows.
-void tile_equals_dot(bool vnni512, int64_t min_cols) {
+// rows_tile_max: up to how many columns the VNNI tile puts the weight rows in the lanes.
+void tile_equals_dot(bool vnni512, int64_t min_cols, int64_t rows_tile_max) {
+    int64_t &rows_max = ds4::quant::detail::q8_0_rows_tile_max();
+    const ds4::test::SwitchGuard restore(rows_max);
+    rows_max = rows_tile_max;
     emu::emu_vnni() = vnni512;
     emu::emu_avxvnni() = !vnni512;
     std::mt19937 rng(vnni512 ? 71 : 73);
@@ -44,10 +50,11 @@ void tile_equals_dot(bool vnni512, int64_t min_cols) {
     for (int64_t nb : {1, 2, 3, 5, 33, 129}) {
         const int64_t n = 32 * nb;
         for (Scale s : {Scale::Normal, Scale::Mixed}) {
-            for (int64_t cols : {1, 4, 5, 7, 8, 9, 16, 17, 33, 48, 53, 64}) {
+            for (int64_t cols : {1, 4, 5, 7, 8, 9, 12, 16, 17, 24, 28, 33, 48, 53, 64}) {
                 if (cols < min_cols) continue;
-                for (int64_t rows : {1, 2, 3, 4, 5, 7, 8, 11, 301}) {
+                for (int64_t rows : {1, 2, 3, 4, 5, 7, 8, 11, 16, 17, 33, 301}) {
                     if (rows == 301 && (nb > 5 || cols > 17)) continue;
+                    if ((rows == 16 || rows == 33) && cols != 12 && cols != 24) continue;
                     const size_t rb = row_size(Type::Q8_0, n), ws = rb + 6, xs = rb + 10;
                     const auto wp = random_weights(Type::Q8_0, rows, n, s, rng);
                     std::vector<uint8_t> w(ws * size_t(rows), 0xCD), x(xs * size_t(cols));
@@ -83,9 +90,12 @@ void tile_equals_dot(bool vnni512, int64_t min_cols) {
     EXPECT_GT(checked, 100000);
 }
 
-TEST(QuantEmulated, Vnni512TileEqualsDotBitForBit) { tile_equals_dot(true, q::kTilePackMinCols); }
+TEST(QuantEmulated, Vnni512TileEqualsDotBitForBit) { tile_equals_dot(true, q::kTilePackMinCols, 0); }
 
-TEST(QuantEmulated, AvxVnniTileEqualsDotBitForBit) { tile_equals_dot(false, q::kTilePackMinColsAvxVnni); }
+// The weight rows in the lanes (q8_0_tile_rows.cpp) for every column count from 9.
+TEST(QuantEmulated, Vnni512RowsTileEqualsDotBitForBit) { tile_equals_dot(true, 9, 1 << 20); }
+
+TEST(QuantEmulated, AvxVnniTileEqualsDotBitForBit) { tile_equals_dot(false, q::kTilePackMinColsAvxVnni, 0); }
 
 // The offset panel is what the VNNI tiles read and not the AVX2 one's: x + 128 where they run.
 TEST(QuantEmulated, PanelIsOffsetForVpdpbusdOnly) {

@@ -60,5 +60,7 @@ inline __m256i dot4_add(__m256i acc, __m256i u, __m256i s) {
 
 void q8_0_tile_wide_avx2(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const uint8_t *panel, int64_t n_cols,
                          int64_t nb, float *out, size_t out_col_stride);
+void q8_0_tile_rows(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const uint8_t *panel, int64_t n_cols,
+                    int64_t nb, float *out, size_t out_col_stride);
 
 }  // namespace ds4::quant::detail::emu
