@@ -11,13 +11,16 @@
 // bit-identical to vec_dot. Per block of 16 rows, once: the transpose (~32 shuffles), the
 // rows' correction (minus 128 times their byte sums, 8 vpdpbusd) and their scales. The
 // column tile takes 16 (11 G + 4) ops a block of 16 rows for G groups; this takes
-// 11 C + ~46, fewer below ~28 columns and between 33 and ~44.
+// 11 C + ~46, fewer below ~28 columns and between 33 and ~44. Measured on the Xeon host
+// (hash-routed flash-shape prefill, 2048 tokens, two cores) up to 28 columns took the routed
+// experts 8-22% less time in five rounds of five; up to 44, more time than up to 28.
 //
 // Blocks are taken chain by chain (b = k, k + 4, ...; dot_q8_0's four float chains), so one
 // float accumulator per output is live at a time and two row blocks by five columns fit the
 // registers.
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "engine/quant/blocks.h"
 #include "engine/quant/cache_aligned.h"
@@ -35,8 +38,10 @@ namespace {
 #pragma GCC diagnostic ignored "-Wuninitialized"
 
 constexpr int kLanes = 16;
-constexpr int kPanels = 2;   // row blocks of 16 a step
-constexpr int kCols = 5;     // columns a step
+// Blocks transposed at a time: two row blocks' 16 (20 KB) stay in L1 while every column
+// passes over them. Whole rows (128 blocks at 4096, 160 KB) sit in L2, and a block's step
+// loads ~2 KB of them for ~66 cycles of vpdpbusd.
+constexpr int64_t kChunk = 16;
 
 // One block of 16 weight rows, transposed.
 struct alignas(64) RowsBlock {
@@ -83,28 +88,28 @@ DS4_VNNI512 void transpose_block(const BlockQ8_0 *const *wr, int64_t b, RowsBloc
     _mm512_store_ps(&dst->dw, _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i *>(d))));
 }
 
-// P row blocks (rb[p * nb + b]) against C columns (their panel blocks at col[c], scales
-// after the slices), to res[p * C + c]. pf..pf_end: the next rows, pulled into L2 a line
-// or two a block meanwhile.
-template <int P, int C>
-DS4_VNNI512 void rows_x_cols(const RowsBlock *rb, int64_t nb, const uint8_t *const *col, const uint8_t *&pf,
-                             const uint8_t *pf_end, int64_t pf_lines, __m512 *res) {
-    alignas(64) __m512 ch[4][P * C];
-    for (int k = 0; k < 4; ++k) {
+// P row blocks of a chunk of blocks (rb[p * kChunk + i]: block b0 + i) against C columns
+// (their panel blocks at col[c], scales after the slices). ch: the outputs' four float
+// chains, chain k of column c and row block p at (c * S + p) * 4 + k, carried from chunk to
+// chunk. pf..pf_end: the next rows, pulled into L2 a few lines a block meanwhile.
+template <int P, int C, int S>
+DS4_VNNI512 void rows_x_cols(const RowsBlock *rb, int64_t b0, int64_t nblk, const uint8_t *const *col, __m512 *ch,
+                             const uint8_t *&pf, const uint8_t *pf_end, int64_t pf_lines) {
+    for (int k = 0; k < 4; ++k) {   // b0 is a multiple of 4: block b0 + i feeds chain i % 4
         __m512 acc[P][C];
         for (int p = 0; p < P; ++p)
-            for (int c = 0; c < C; ++c) acc[p][c] = _mm512_setzero_ps();
-        for (int64_t b = k; b < nb; b += 4) {
-            for (int64_t i = 0; i < pf_lines && pf < pf_end; ++i, pf += 64)
+            for (int c = 0; c < C; ++c) acc[p][c] = _mm512_load_ps(&ch[(c * S + p) * 4 + k]);
+        for (int64_t i = k; i < nblk; i += 4) {
+            for (int64_t l = 0; l < pf_lines && pf < pf_end; ++l, pf += 64)
                 _mm_prefetch(reinterpret_cast<const char *>(pf), _MM_HINT_T1);
-            const uint64_t off = uint64_t(b) * kGroupBlockBytes;
+            const uint64_t off = uint64_t(b0 + i) * kGroupBlockBytes;
             __m512i dot[P][C];
             for (int p = 0; p < P; ++p)
-                for (int c = 0; c < C; ++c) dot[p][c] = _mm512_load_si512(&rb[p * nb + b].corr);
+                for (int c = 0; c < C; ++c) dot[p][c] = _mm512_load_si512(&rb[p * kChunk + i].corr);
 #pragma GCC unroll 8
             for (int j = 0; j < 8; ++j) {
                 __m512i wv[P];
-                for (int p = 0; p < P; ++p) wv[p] = _mm512_load_si512(&rb[p * nb + b].slice[j]);
+                for (int p = 0; p < P; ++p) wv[p] = _mm512_load_si512(&rb[p * kChunk + i].slice[j]);
                 for (int c = 0; c < C; ++c) {
                     uint32_t xs;
                     std::memcpy(&xs, col[c] + off + j * kSliceBytes, 4);
@@ -117,76 +122,91 @@ DS4_VNNI512 void rows_x_cols(const RowsBlock *rb, int64_t nb, const uint8_t *con
                 std::memcpy(&dxs, col[c] + off + kScaleOff, 4);
                 const __m512 dx = _mm512_set1_ps(dxs);
                 for (int p = 0; p < P; ++p)
-                    acc[p][c] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_load_ps(&rb[p * nb + b].dw), dx),
+                    acc[p][c] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_load_ps(&rb[p * kChunk + i].dw), dx),
                                                 _mm512_cvtepi32_ps(dot[p][c]), acc[p][c]);
             }
         }
         for (int p = 0; p < P; ++p)
-            for (int c = 0; c < C; ++c) _mm512_store_ps(&ch[k][p * C + c], acc[p][c]);
+            for (int c = 0; c < C; ++c) _mm512_store_ps(&ch[(c * S + p) * 4 + k], acc[p][c]);
     }
-    for (int i = 0; i < P * C; ++i)   // (a0 + a2) + (a1 + a3), dot_q8_0's order
-        res[i] = _mm512_add_ps(_mm512_add_ps(ch[0][i], ch[2][i]), _mm512_add_ps(ch[1][i], ch[3][i]));
 }
 
-template <int P>
-DS4_VNNI512 void rows_x_some(int nc, const RowsBlock *rb, int64_t nb, const uint8_t *const *col, const uint8_t *&pf,
-                             const uint8_t *pf_end, int64_t pf_lines, __m512 *res) {
-    switch (nc) {
-        case 5: rows_x_cols<P, 5>(rb, nb, col, pf, pf_end, pf_lines, res); break;
-        case 4: rows_x_cols<P, 4>(rb, nb, col, pf, pf_end, pf_lines, res); break;
-        case 3: rows_x_cols<P, 3>(rb, nb, col, pf, pf_end, pf_lines, res); break;
-        case 2: rows_x_cols<P, 2>(rb, nb, col, pf, pf_end, pf_lines, res); break;
-        default: rows_x_cols<P, 1>(rb, nb, col, pf, pf_end, pf_lines, res); break;
+template <int P, int C, int S>
+DS4_VNNI512 void rows_x_some(int nc, const RowsBlock *rb, int64_t b0, int64_t nblk, const uint8_t *const *col,
+                             __m512 *ch, const uint8_t *&pf, const uint8_t *pf_end, int64_t pf_lines) {
+    if constexpr (C > 1) {
+        if (nc < C) return rows_x_some<P, C - 1, S>(nc, rb, b0, nblk, col, ch, pf, pf_end, pf_lines);
+    }
+    rows_x_cols<P, C, S>(rb, b0, nblk, col, ch, pf, pf_end, pf_lines);
+}
+
+template <int kPanels, int kCols>
+DS4_VNNI512 void tile_rows(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const uint8_t *panel,
+                           int64_t n_cols, int64_t nb, float *out, size_t out_col_stride) {
+    const uint64_t group_bytes = uint64_t(nb) * kGroupBlockBytes;
+    thread_local CacheAlignedVector<RowsBlock> blocks;
+    thread_local CacheAlignedVector<float> chains;   // 16 floats a chain
+    if (blocks.size() < size_t(kPanels * kChunk)) blocks.resize(size_t(kPanels * kChunk));
+    if (chains.size() < size_t(n_cols * kPanels * 4 * 16)) chains.resize(size_t(n_cols * kPanels * 4 * 16));
+    thread_local std::vector<const uint8_t *> col;   // each column's place in the panel
+    const int64_t ncol = n_cols;
+    col.resize(size_t(ncol));
+    for (int64_t c = 0; c < ncol; ++c) col[size_t(c)] = panel + uint64_t(c / kPackCols) * group_bytes + uint64_t(c % kPackCols) * 4;
+    const int64_t step_rows = kPanels * kLanes;
+    for (int64_t r0 = 0; r0 < n_rows; r0 += step_rows) {
+        const int64_t m = std::min(step_rows, n_rows - r0);
+        const int np = int((m + kLanes - 1) / kLanes);
+        const BlockQ8_0 *wr[kPanels][kLanes];   // rows past the last repeat it (their lanes are not stored)
+        for (int p = 0; p < np; ++p)
+            for (int i = 0; i < kLanes; ++i)
+                wr[p][i] = reinterpret_cast<const BlockQ8_0 *>(
+                    w + size_t(std::min<int64_t>(r0 + p * kLanes + i, n_rows - 1)) * w_row_stride);
+        std::memset(chains.data(), 0, sizeof(float) * size_t(ncol * kPanels * 4 * 16));
+        // The next rows come from memory: pulled into L2 over this step's passes.
+        const uint8_t *pf = w + size_t(std::min(r0 + step_rows, n_rows)) * w_row_stride;
+        const uint8_t *pf_end = w + size_t(std::min(r0 + 2 * step_rows, n_rows)) * w_row_stride;
+        const int64_t passes = (ncol + kCols - 1) / kCols * nb;
+        const int64_t pf_lines = (int64_t(pf_end - pf) / 64 + passes - 1) / std::max<int64_t>(passes, 1);
+        for (int64_t b0 = 0; b0 < nb; b0 += kChunk) {
+            const int64_t nblk = std::min<int64_t>(kChunk, nb - b0);
+            for (int p = 0; p < np; ++p)
+                for (int64_t i = 0; i < nblk; ++i) transpose_block(wr[p], b0 + i, &blocks[size_t(p * kChunk + i)]);
+            for (int64_t c0 = 0; c0 < ncol; c0 += kCols) {
+                const int nc = int(std::min<int64_t>(kCols, ncol - c0));
+                __m512 *ch = reinterpret_cast<__m512 *>(chains.data()) + c0 * kPanels * 4;
+                if constexpr (kPanels == 2) {
+                    if (np == 2) rows_x_some<2, kCols, kPanels>(nc, blocks.data(), b0, nblk, col.data() + c0, ch, pf, pf_end, pf_lines);
+                    else rows_x_some<1, kCols, kPanels>(nc, blocks.data(), b0, nblk, col.data() + c0, ch, pf, pf_end, pf_lines);
+                } else {
+                    rows_x_some<1, kCols, kPanels>(nc, blocks.data(), b0, nblk, col.data() + c0, ch, pf, pf_end, pf_lines);
+                }
+            }
+        }
+        // (a0 + a2) + (a1 + a3), dot_q8_0's order
+        for (int64_t c = 0; c < ncol; ++c)
+            for (int p = 0; p < np; ++p) {
+                const __m512 *a = reinterpret_cast<const __m512 *>(chains.data()) + (c * kPanels + p) * 4;
+                const __m512 r = _mm512_add_ps(_mm512_add_ps(a[0], a[2]), _mm512_add_ps(a[1], a[3]));
+                const int64_t rp = r0 + p * kLanes, valid = std::min<int64_t>(kLanes, n_rows - rp);
+                float *o = out + size_t(c) * out_col_stride + size_t(rp);
+                if (valid == kLanes) {
+                    _mm512_storeu_ps(o, r);
+                } else {
+                    alignas(64) float v[kLanes];
+                    _mm512_store_ps(v, r);
+                    std::memcpy(o, v, sizeof(float) * size_t(valid));
+                }
+            }
     }
 }
 
 }  // namespace
 
-DS4_VNNI512 void q8_0_tile_rows(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const uint8_t *panel,
-                                int64_t n_cols, int64_t nb, float *out, size_t out_col_stride) {
-    const uint64_t group_bytes = uint64_t(nb) * kGroupBlockBytes;
-    thread_local CacheAlignedVector<RowsBlock> blocks;
-    if (blocks.size() < size_t(kPanels * nb)) blocks.resize(size_t(kPanels * nb));
-    const int64_t step_rows = kPanels * kLanes;
-    for (int64_t r0 = 0; r0 < n_rows; r0 += step_rows) {
-        const int64_t m = std::min(step_rows, n_rows - r0);
-        const int np = int((m + kLanes - 1) / kLanes);
-        for (int p = 0; p < np; ++p) {
-            const BlockQ8_0 *wr[kLanes];   // rows past the last repeat it (their lanes are not stored)
-            for (int i = 0; i < kLanes; ++i)
-                wr[i] = reinterpret_cast<const BlockQ8_0 *>(w + size_t(std::min<int64_t>(r0 + p * kLanes + i, n_rows - 1)) * w_row_stride);
-            for (int64_t b = 0; b < nb; ++b) transpose_block(wr, b, &blocks[size_t(p * nb + b)]);
-        }
-        // The next rows come from memory: pulled into L2 over this step's column passes.
-        const uint8_t *pf = w + size_t(std::min(r0 + step_rows, n_rows)) * w_row_stride;
-        const uint8_t *pf_end = w + size_t(std::min(r0 + 2 * step_rows, n_rows)) * w_row_stride;
-        const int64_t passes = (n_cols + kCols - 1) / kCols * ((nb + 3) / 4) * 4;
-        const int64_t pf_lines = (int64_t(pf_end - pf) / 64 + passes - 1) / std::max<int64_t>(passes, 1);
-        for (int64_t c0 = 0; c0 < n_cols; c0 += kCols) {
-            const int nc = int(std::min<int64_t>(kCols, n_cols - c0));
-            const uint8_t *col[kCols];
-            for (int c = 0; c < nc; ++c) {
-                const int64_t cc = c0 + c;
-                col[c] = panel + uint64_t(cc / kPackCols) * group_bytes + uint64_t(cc % kPackCols) * 4;
-            }
-            alignas(64) __m512 res[kPanels * kCols];
-            if (np == 2) rows_x_some<2>(nc, blocks.data(), nb, col, pf, pf_end, pf_lines, res);
-            else rows_x_some<1>(nc, blocks.data(), nb, col, pf, pf_end, pf_lines, res);
-            for (int p = 0; p < np; ++p) {
-                const int64_t rp = r0 + p * kLanes, valid = std::min<int64_t>(kLanes, n_rows - rp);
-                for (int c = 0; c < nc; ++c) {
-                    float *o = out + size_t(c0 + c) * out_col_stride + size_t(rp);
-                    if (valid == kLanes) {
-                        _mm512_storeu_ps(o, res[p * nc + c]);
-                    } else {
-                        alignas(64) float v[kLanes];
-                        _mm512_store_ps(v, res[p * nc + c]);
-                        std::memcpy(o, v, sizeof(float) * size_t(valid));
-                    }
-                }
-            }
-        }
-    }
+void q8_0_tile_rows(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const uint8_t *panel, int64_t n_cols,
+                    int64_t nb, float *out, size_t out_col_stride) {
+    // Two row blocks by five columns a step: on the Xeon host's prefill (hash-routed
+    // flash-shape layer, 2048 tokens, two cores) 1x8, 2x4 and 2x6 measured slower.
+    tile_rows<2, 5>(w, w_row_stride, n_rows, panel, n_cols, nb, out, out_col_stride);
 }
 
 }  // namespace ds4::quant::detail
