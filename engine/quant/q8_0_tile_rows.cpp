@@ -1,8 +1,8 @@
 // Q8_0 products against 9 to a few dozen columns on AVX-512 VNNI with the weight rows in
 // the 16 lanes instead of the columns. The column tile (q8_0_tile.cpp) fills its lanes only
 // at multiples of 16 columns: 24 columns run as 32, 17 as 32. A trained router gives each
-// routed expert ~24 rows of a 1024-row prefill step, so that waste is most of the prefill's
-// int8 work. Here every column costs the same, whatever the count: a block of 16 weight rows
+// routed expert ~24 rows of a 1024-row prefill step, and the routed experts are most of the
+// prefill's int8 work. Here every column costs the same, whatever the count: a block of 16 weight rows
 // is transposed once (8 slices, lane r holding row r's 4 bytes), and each column's 4-byte
 // slice is a broadcast load from the wide panel (x + 128, the unsigned side) against it.
 //
@@ -204,8 +204,8 @@ DS4_VNNI512 void tile_rows(const uint8_t *w, size_t w_row_stride, int64_t n_rows
 
 void q8_0_tile_rows(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const uint8_t *panel, int64_t n_cols,
                     int64_t nb, float *out, size_t out_col_stride) {
-    // Two row blocks by five columns a step: on the Xeon host's prefill (hash-routed
-    // flash-shape layer, 2048 tokens, two cores) 1x8, 2x4 and 2x6 measured slower.
+    // Two row blocks by five columns a step: 1x8, 2x4 and 2x6 measured no better on the Xeon
+    // host (tile sweeps; 2x6 also in the hash-routed flash-shape prefill, slower there).
     tile_rows<2, 5>(w, w_row_stride, n_rows, panel, n_cols, nb, out, out_col_stride);
 }
 
