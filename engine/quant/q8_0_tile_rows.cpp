@@ -38,6 +38,9 @@ namespace {
 #pragma GCC diagnostic ignored "-Wuninitialized"
 
 constexpr int kLanes = 16;
+constexpr int kPanels = 2;   // row blocks of 16 a step
+constexpr int kCols = 5;     // columns a step: 1x8, 2x4 and 2x6 measured no better on the Xeon
+                             // host (tile sweeps; 2x6 also in the hash-routed prefill, slower)
 // Blocks transposed at a time: two row blocks' 16 (20 KB) stay in L1 while every column
 // passes over them. Whole rows (128 blocks at 4096, 160 KB) sit in L2, and a block's step
 // loads ~2 KB of them for ~66 cycles of vpdpbusd.
@@ -90,15 +93,15 @@ DS4_VNNI512 void transpose_block(const BlockQ8_0 *const *wr, int64_t b, RowsBloc
 
 // P row blocks of a chunk of blocks (rb[p * kChunk + i]: block b0 + i) against C columns
 // (their panel blocks at col[c], scales after the slices). ch: the outputs' four float
-// chains, chain k of column c and row block p at (c * S + p) * 4 + k, carried from chunk to
-// chunk. pf..pf_end: the next rows, pulled into L2 a few lines a block meanwhile.
-template <int P, int C, int S>
+// chains, chain k of column c and row block p at (c * kPanels + p) * 4 + k, carried from
+// chunk to chunk. pf..pf_end: the next rows, pulled into L2 a few lines a block meanwhile.
+template <int P, int C>
 DS4_VNNI512 void rows_x_cols(const RowsBlock *rb, int64_t b0, int64_t nblk, const uint8_t *const *col, __m512 *ch,
                              const uint8_t *&pf, const uint8_t *pf_end, int64_t pf_lines) {
     for (int k = 0; k < 4; ++k) {   // b0 is a multiple of 4: block b0 + i feeds chain i % 4
         __m512 acc[P][C];
         for (int p = 0; p < P; ++p)
-            for (int c = 0; c < C; ++c) acc[p][c] = _mm512_load_ps(&ch[(c * S + p) * 4 + k]);
+            for (int c = 0; c < C; ++c) acc[p][c] = _mm512_load_ps(&ch[(c * kPanels + p) * 4 + k]);
         for (int64_t i = k; i < nblk; i += 4) {
             for (int64_t l = 0; l < pf_lines && pf < pf_end; ++l, pf += 64)
                 _mm_prefetch(reinterpret_cast<const char *>(pf), _MM_HINT_T1);
@@ -127,31 +130,31 @@ DS4_VNNI512 void rows_x_cols(const RowsBlock *rb, int64_t b0, int64_t nblk, cons
             }
         }
         for (int p = 0; p < P; ++p)
-            for (int c = 0; c < C; ++c) _mm512_store_ps(&ch[(c * S + p) * 4 + k], acc[p][c]);
+            for (int c = 0; c < C; ++c) _mm512_store_ps(&ch[(c * kPanels + p) * 4 + k], acc[p][c]);
     }
 }
 
-template <int P, int C, int S>
+template <int P, int C>
 DS4_VNNI512 void rows_x_some(int nc, const RowsBlock *rb, int64_t b0, int64_t nblk, const uint8_t *const *col,
                              __m512 *ch, const uint8_t *&pf, const uint8_t *pf_end, int64_t pf_lines) {
     if constexpr (C > 1) {
-        if (nc < C) return rows_x_some<P, C - 1, S>(nc, rb, b0, nblk, col, ch, pf, pf_end, pf_lines);
+        if (nc < C) return rows_x_some<P, C - 1>(nc, rb, b0, nblk, col, ch, pf, pf_end, pf_lines);
     }
-    rows_x_cols<P, C, S>(rb, b0, nblk, col, ch, pf, pf_end, pf_lines);
+    rows_x_cols<P, C>(rb, b0, nblk, col, ch, pf, pf_end, pf_lines);
 }
 
-template <int kPanels, int kCols>
-DS4_VNNI512 void tile_rows(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const uint8_t *panel,
-                           int64_t n_cols, int64_t nb, float *out, size_t out_col_stride) {
+}  // namespace
+
+DS4_VNNI512 void q8_0_tile_rows(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const uint8_t *panel,
+                                int64_t n_cols, int64_t nb, float *out, size_t out_col_stride) {
     const uint64_t group_bytes = uint64_t(nb) * kGroupBlockBytes;
     thread_local CacheAlignedVector<RowsBlock> blocks;
     thread_local CacheAlignedVector<float> chains;   // 16 floats a chain
     if (blocks.size() < size_t(kPanels * kChunk)) blocks.resize(size_t(kPanels * kChunk));
     if (chains.size() < size_t(n_cols * kPanels * 4 * 16)) chains.resize(size_t(n_cols * kPanels * 4 * 16));
     thread_local std::vector<const uint8_t *> col;   // each column's place in the panel
-    const int64_t ncol = n_cols;
-    col.resize(size_t(ncol));
-    for (int64_t c = 0; c < ncol; ++c) col[size_t(c)] = panel + uint64_t(c / kPackCols) * group_bytes + uint64_t(c % kPackCols) * 4;
+    col.resize(size_t(n_cols));
+    for (int64_t c = 0; c < n_cols; ++c) col[size_t(c)] = panel + uint64_t(c / kPackCols) * group_bytes + uint64_t(c % kPackCols) * 4;
     const int64_t step_rows = kPanels * kLanes;
     for (int64_t r0 = 0; r0 < n_rows; r0 += step_rows) {
         const int64_t m = std::min(step_rows, n_rows - r0);
@@ -161,29 +164,25 @@ DS4_VNNI512 void tile_rows(const uint8_t *w, size_t w_row_stride, int64_t n_rows
             for (int i = 0; i < kLanes; ++i)
                 wr[p][i] = reinterpret_cast<const BlockQ8_0 *>(
                     w + size_t(std::min<int64_t>(r0 + p * kLanes + i, n_rows - 1)) * w_row_stride);
-        std::memset(chains.data(), 0, sizeof(float) * size_t(ncol * kPanels * 4 * 16));
+        std::memset(chains.data(), 0, sizeof(float) * size_t(n_cols * kPanels * 4 * 16));
         // The next rows come from memory: pulled into L2 over this step's passes.
         const uint8_t *pf = w + size_t(std::min(r0 + step_rows, n_rows)) * w_row_stride;
         const uint8_t *pf_end = w + size_t(std::min(r0 + 2 * step_rows, n_rows)) * w_row_stride;
-        const int64_t passes = (ncol + kCols - 1) / kCols * nb;
+        const int64_t passes = (n_cols + kCols - 1) / kCols * nb;
         const int64_t pf_lines = (int64_t(pf_end - pf) / 64 + passes - 1) / std::max<int64_t>(passes, 1);
         for (int64_t b0 = 0; b0 < nb; b0 += kChunk) {
             const int64_t nblk = std::min<int64_t>(kChunk, nb - b0);
             for (int p = 0; p < np; ++p)
                 for (int64_t i = 0; i < nblk; ++i) transpose_block(wr[p], b0 + i, &blocks[size_t(p * kChunk + i)]);
-            for (int64_t c0 = 0; c0 < ncol; c0 += kCols) {
-                const int nc = int(std::min<int64_t>(kCols, ncol - c0));
+            for (int64_t c0 = 0; c0 < n_cols; c0 += kCols) {
+                const int nc = int(std::min<int64_t>(kCols, n_cols - c0));
                 __m512 *ch = reinterpret_cast<__m512 *>(chains.data()) + c0 * kPanels * 4;
-                if constexpr (kPanels == 2) {
-                    if (np == 2) rows_x_some<2, kCols, kPanels>(nc, blocks.data(), b0, nblk, col.data() + c0, ch, pf, pf_end, pf_lines);
-                    else rows_x_some<1, kCols, kPanels>(nc, blocks.data(), b0, nblk, col.data() + c0, ch, pf, pf_end, pf_lines);
-                } else {
-                    rows_x_some<1, kCols, kPanels>(nc, blocks.data(), b0, nblk, col.data() + c0, ch, pf, pf_end, pf_lines);
-                }
+                if (np == 2) rows_x_some<2, kCols>(nc, blocks.data(), b0, nblk, col.data() + c0, ch, pf, pf_end, pf_lines);
+                else rows_x_some<1, kCols>(nc, blocks.data(), b0, nblk, col.data() + c0, ch, pf, pf_end, pf_lines);
             }
         }
         // (a0 + a2) + (a1 + a3), dot_q8_0's order
-        for (int64_t c = 0; c < ncol; ++c)
+        for (int64_t c = 0; c < n_cols; ++c)
             for (int p = 0; p < np; ++p) {
                 const __m512 *a = reinterpret_cast<const __m512 *>(chains.data()) + (c * kPanels + p) * 4;
                 const __m512 r = _mm512_add_ps(_mm512_add_ps(a[0], a[2]), _mm512_add_ps(a[1], a[3]));
@@ -198,15 +197,6 @@ DS4_VNNI512 void tile_rows(const uint8_t *w, size_t w_row_stride, int64_t n_rows
                 }
             }
     }
-}
-
-}  // namespace
-
-void q8_0_tile_rows(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const uint8_t *panel, int64_t n_cols,
-                    int64_t nb, float *out, size_t out_col_stride) {
-    // Two row blocks by five columns a step: 1x8, 2x4 and 2x6 measured no better on the Xeon
-    // host (tile sweeps; 2x6 also in the hash-routed flash-shape prefill, slower there).
-    tile_rows<2, 5>(w, w_row_stride, n_rows, panel, n_cols, nb, out, out_col_stride);
 }
 
 }  // namespace ds4::quant::detail

@@ -35,8 +35,8 @@ namespace emu = ds4::quant::detail::emu;
 namespace q = ds4::quant;
 using namespace qtest;
 
-// Every row count to 11 (each remainder of the four-row steps, and two row blocks) and 301
-// (past the 256 rows staged at once); columns through the narrow layout (VNNI, up to 8), one
+// Every row count to 11 (each remainder of the four-row steps, and two row blocks), 16, 17
+// and 33 (the rows tile's blocks of 16, two a step) and 301 (past the 256 rows staged at once); columns through the narrow layout (VNNI, up to 8), one
 // group, two, three, four (two and two) and part-filled groups; 1 to 129 blocks; padded rows.
 // rows_tile_max: up to how many columns the VNNI tile puts the weight rows in the lanes.
 void tile_equals_dot(bool vnni512, int64_t min_cols, int64_t rows_tile_max) {
@@ -92,7 +92,7 @@ void tile_equals_dot(bool vnni512, int64_t min_cols, int64_t rows_tile_max) {
 
 TEST(QuantEmulated, Vnni512TileEqualsDotBitForBit) { tile_equals_dot(true, q::kTilePackMinCols, 0); }
 
-// The weight rows in the lanes (q8_0_tile_rows.cpp) for every column count from 9.
+// The weight rows in the lanes (q8_0_tile_rows.cpp) for every tested column count from 9.
 TEST(QuantEmulated, Vnni512RowsTileEqualsDotBitForBit) { tile_equals_dot(true, 9, 1 << 20); }
 
 TEST(QuantEmulated, AvxVnniTileEqualsDotBitForBit) { tile_equals_dot(false, q::kTilePackMinColsAvxVnni, 0); }
