@@ -37,7 +37,7 @@ inline void grow(V &v, size_t n) {
 // What one expert's products need besides the weights: its quantised input, the gate and
 // up outputs.
 struct FfnScratch {
-    std::vector<uint8_t> xq;
+    quant::CacheAlignedVector<uint8_t> xq;
     FloatVec g, u;
     size_t bytes() const { return xq.capacity() + (g.capacity() + u.capacity()) * sizeof(float); }
 };

@@ -26,7 +26,7 @@
 namespace {
 
 const char *kUsage =
-    "usage: ds4-bench -m MODEL.gguf [--prompt-tokens N] [--prefill-chunk N] [--prefill-rows N] [--gen-tokens N] [--threads N] [--backend auto|cpu|cuda] [--json]\n"
+    "usage: ds4-bench -m MODEL.gguf [--prompt-tokens N] [--prefill-chunk N] [--prefill-rows N] [--gen-tokens N] [--threads N] [--backend auto|cpu|cuda] [--warm] [--json]\n"
     "                 [--ssd-streaming [--expert-cache-bytes N | --expert-cache-experts N] [--cold]\n"
     "                  [--expert-store DIR] [--no-prefetch] [--raw-bytes N] [--hit-curve] [--prompt-seed S]]\n"
     "  --prompt-tokens N   tokens prefilled before decoding (default 128)\n"
@@ -39,6 +39,10 @@ const char *kUsage =
     "  --backend B         auto (default: CUDA when a usable GPU is present), cpu or cuda;\n"
     "                      the bandwidth measured is the host's (achieved GB/s is the backend's);\n"
     "                      with cuda also the device's copy rate, and achieved as a share of it\n"
+    "  --warm              prefill another prompt of the same length first, untimed, on the\n"
+    "                      same executor: the timed prefill then finds its scratch memory\n"
+    "                      already touched, as a daemon's prefills do after its first\n"
+    "                      (without it the first prefill's page faults are counted)\n"
     "  --json              one JSON object instead of text\n"
     "  --ssd-streaming     routed experts read from disk (io_uring, O_DIRECT) into a bounded\n"
     "                      cache instead of used from the mapping; reports hit rate, bytes\n"
@@ -77,7 +81,7 @@ int main(int argc, char **argv) {
     ds4::ExpertStreamingOptions so;
     std::string store_dir;
     uint64_t raw_bytes = uint64_t(1) << 30;
-    bool page_out = false, hit_curve = false;
+    bool page_out = false, hit_curve = false, warm = false;
     uint64_t prompt_seed = 1;
     for (int i = 1; i < argc; ++i) {
         std::string a = argv[i];
@@ -107,6 +111,7 @@ int main(int argc, char **argv) {
         else if (a == "--prefill-rows") rows = count(1, 1 << 24);
         else if (a == "--threads") threads = count(0, 4096);
         else if (a == "--json") json = true;
+        else if (a == "--warm") warm = true;
         else if (a == "--ssd-streaming") so.enabled = true;
         else if (a == "--expert-cache-bytes") so.cache_bytes = std::strtoull(val(), nullptr, 10);
         else if (a == "--expert-cache-experts") so.cache_experts = std::strtoull(val(), nullptr, 10);
@@ -133,6 +138,10 @@ int main(int argc, char **argv) {
     }
     if (!so.enabled && (so.cache_bytes || so.cache_experts || so.cold || !so.prefetch || !store_dir.empty())) {
         std::fprintf(stderr, "ds4-bench: the expert cache options need --ssd-streaming\n");
+        return 2;
+    }
+    if (so.enabled && warm) {
+        std::fprintf(stderr, "ds4-bench: --warm is for the mapped path (a warm prefill would fill the expert cache)\n");
         return 2;
     }
     if (so.cache_bytes && so.cache_experts) {
@@ -185,7 +194,20 @@ int main(int argc, char **argv) {
             r ^= r << 13, r ^= r >> 7, r ^= r << 17;
             t = (int32_t)(r % (uint64_t)c.n_vocab);
         }
-        ds4::Session s(*m, prompt + gen + 1, chunk);
+        // The timed session runs on its own executor, or with --warm on one that an untimed
+        // prefill of another prompt (the next seed's) has already run.
+        std::unique_ptr<ds4::Executor> ex = m->make_executor();
+        if (warm) {
+            std::vector<int32_t> other(prompt);
+            for (auto &t : other) {
+                r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+                t = (int32_t)(r % (uint64_t)c.n_vocab);
+            }
+            ds4::Session w(*m, *ex, prompt + gen + 1, chunk);
+            if (rows) w.set_prefill_cap(std::min(rows, prompt + gen + 1));
+            w.sync(other);
+        }
+        ds4::Session s(*m, *ex, prompt + gen + 1, chunk);
         if (rows) s.set_prefill_cap(std::min(rows, prompt + gen + 1));
         const double t0 = now();
         s.sync(toks);
