@@ -74,6 +74,9 @@ void q8_0_tile_packed(const uint8_t *w, size_t w_row_stride, int64_t n_rows, con
 // for bit. env DS4_Q8_ROWS_TILE_MAX=N sets it (0: never); tests flip it.
 constexpr int64_t kQ8RowsTileMaxCols = 28;
 int64_t &q8_0_rows_tile_max();
+// Whether q8_0_tile_packed takes n_cols columns in the rows layout now (VNNI, 9 to
+// q8_0_rows_tile_max() columns).
+bool q8_0_rows_layout(int64_t n_cols);
 
 // IQ2_XXS with transposed activations on AVX-512 VBMI + VNNI (iq2_xxs_packed.cpp):
 // column c of the packed buffer is activation row c transposed; results are bit-identical

@@ -471,11 +471,20 @@ void tile_narrow(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const ui
 
 }  // namespace
 
+bool q8_0_rows_layout(int64_t n_cols) { return vnni_enabled() && !narrow(n_cols) && n_cols <= q8_0_rows_tile_max(); }
+
 void q8_0_tile_packed(const uint8_t *w, size_t w_row_stride, int64_t n_rows, const uint8_t *packed, int64_t n_cols,
                       int64_t n, float *out, size_t out_col_stride) {
     const int64_t nb = n / kQK8_0;
     if (narrow(n_cols)) {
         tile_narrow(w, w_row_stride, n_rows, packed, int(n_cols), nb, out, out_col_stride);
+        return;
+    }
+    // The rows tile stores 16 consecutive floats a column, whole lines, once per 16 rows: it
+    // writes in place, over all n_rows in one call, so its prefetch of the next rows runs on
+    // to the end of the caller's run (staged, it stopped every 256 rows).
+    if (q8_0_rows_layout(n_cols)) {
+        q8_0_tile_rows(w, w_row_stride, n_rows, packed, n_cols, nb, out, out_col_stride);
         return;
     }
     // The results go to a column-major buffer of up to kStageRows rows first, then a column
@@ -491,9 +500,7 @@ void q8_0_tile_packed(const uint8_t *w, size_t w_row_stride, int64_t n_rows, con
     if (staged.size() < ls * size_t(n_cols)) staged.resize(ls * size_t(n_cols));
     for (int64_t r0 = 0; r0 < n_rows; r0 += kStageRows) {
         const int64_t nr = std::min(kStageRows, n_rows - r0);
-        if (vnni_enabled() && n_cols <= q8_0_rows_tile_max())
-            q8_0_tile_rows(w + size_t(r0) * w_row_stride, w_row_stride, nr, packed, n_cols, nb, staged.data(), ls);
-        else if (vnni_enabled())
+        if (vnni_enabled())
             tile_wide(w + size_t(r0) * w_row_stride, w_row_stride, nr, packed, n_cols, nb, staged.data(), ls);
         else
             q8_0_tile_wide_avx2(w + size_t(r0) * w_row_stride, w_row_stride, nr, packed, n_cols, nb, staged.data(), ls);

@@ -220,6 +220,8 @@ uint64_t tile_pack_bytes(Type t, int64_t n, int64_t n_cols) {
     return 0;
 }
 
+bool tile_streams_rows(Type t, int64_t n_cols) { return t == Type::Q8_0 && detail::q8_0_rows_layout(n_cols); }
+
 int64_t tile_pack_groups(Type t, int64_t n_cols) {
     return t == Type::IQ2_XXS ? n_cols : detail::q8_0_pack_groups(n_cols);
 }

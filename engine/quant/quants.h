@@ -83,6 +83,10 @@ constexpr int64_t kTilePackMinColsAvxVnni = 5;
 // registers' vpdpbusd), "avx-vnni" (the VEX vpdpbusd) or "avx2" (vpmaddubsw + vpmaddwd).
 const char *q8_0_tile_isa();
 uint64_t tile_pack_bytes(Type t, int64_t n, int64_t n_cols);
+// Whether the packed tile for t against n_cols columns streams its weight rows with its
+// working set in L1 (Q8_0's rows-in-lanes tile on AVX-512 VNNI): callers give it long runs
+// of rows rather than L2-sized blocks, so its prefetch of the next rows is not cut short.
+bool tile_streams_rows(Type t, int64_t n_cols);
 int64_t tile_pack_groups(Type t, int64_t n_cols);
 void tile_pack(Type t, const void *x, size_t x_row_stride, int64_t n_cols, int64_t n, int64_t g0, int64_t g1,
                void *packed);

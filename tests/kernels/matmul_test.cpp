@@ -28,7 +28,8 @@ std::vector<float> gaussian(size_t n, float sd, std::mt19937 &rng) {
 // blocks), 203 rows (a row block and a 4-row step with remainders).
 void expect_products_equal_one_pair_dots(gguf::Type t, std::mt19937 &rng, int64_t in = 4096, int64_t out = 203,
                                          std::initializer_list<int64_t> n_toks = {1, 2, 4, 5, 7, 8, 9, 16, 17, 32,
-                                                                                  33, 40, 48, 50}) {
+                                                                                  33, 40, 48, 50},
+                                         int threads = 2) {
     const auto wf = gaussian(size_t(in * out), 0.05f, rng);
     const size_t row = size_t(gguf::row_bytes(t, in));
     const size_t xrow = size_t(quant::vec_dot_row_bytes(t, in));
@@ -40,7 +41,7 @@ void expect_products_equal_one_pair_dots(gguf::Type t, std::mt19937 &rng, int64_
     w.out = out;
     w.data = wq.data();
     w.row_bytes = row;
-    ThreadPool pool(2);
+    ThreadPool pool(threads);
     MatmulCtx ctx(pool);
     // by default one to three 16-column groups at a time, the last part-filled or full
     for (int64_t n_tok : n_toks) {
@@ -70,6 +71,14 @@ TEST(Matmul, PlainProductsEqualOnePairDotsForEveryTokenCount) {
 TEST(Matmul, Q8_0ProductsEqualOnePairDotsForEveryTokenCount) {
     std::mt19937 rng(41);
     expect_products_equal_one_pair_dots(gguf::Type::Q8_0, rng);
+}
+
+// On a one-thread pool (a routed expert on its lane of a prefill step) the rows tile's
+// column counts (9 to 28 on AVX-512 VNNI) take the whole matrix in one run, written in place.
+TEST(Matmul, Q8_0ProductsOnOneThreadEqualOnePairDots) {
+    std::mt19937 rng(47);
+    expect_products_equal_one_pair_dots(gguf::Type::Q8_0, rng, 4096, 203, {1, 8, 9, 17, 24, 28, 29}, 1);
+    expect_products_equal_one_pair_dots(gguf::Type::Q8_0, rng, 2048, 301, {12, 28}, 1);
 }
 
 // A few long rows of a plain type (the hyper-connection mix) split the tokens over the pool
