@@ -280,7 +280,7 @@ void CpuExecutor::attend(int layer, const AttnSpec &spec, const float *sinks, co
     // against 0.05-0.09 on one thread by groups), so it pays only from ~4 threads a group.
     const int G = (H % 8 == 0 && ops::attend8_usable(hd) && (int64_t)T * (H / 8) * 4 >= pool_.active()) ? 8 : 1;
     pool_.parallel_for((int64_t)T * (H / G), cpu_grain(n_keys * hd * 2 * G), [&](int64_t b, int64_t e, int th) {
-        FloatVec &lg = tasks_[th].f;
+        ScratchVec &lg = tasks_[th].f;
         std::vector<const float *> &rows = tasks_[th].rows;
         for (int64_t i = b; i < e; ++i) {
             const int t = (int)(i / (H / G)), h = (int)(i % (H / G)) * G;

@@ -18,13 +18,17 @@ namespace ds4 {
 
 using IndexScore = ops::IndexScore;
 
+// The executor's step-sized scratch (huge pages from 4 MB, cache_aligned.h); a session's
+// caches stay FloatVec.
+using ScratchVec = quant::ScratchVector<float>;
+
 // Scratch of one pool thread inside a parallel loop (indexed by the loop's thread index).
 struct TaskScratch {
-    FloatVec cos, sin;             // RoPE tables at one position
+    ScratchVec cos, sin;           // RoPE tables at one position
     void need_rope(size_t n_pairs) {
         if (cos.size() < n_pairs) cos.resize(n_pairs), sin.resize(n_pairs);
     }
-    FloatVec f;                    // one loop body's working floats
+    ScratchVec f;                  // one loop body's working floats
     std::vector<const float *> rows;
     std::vector<int> order;        // the router's ranking of the experts
 };
@@ -37,8 +41,8 @@ inline void grow(V &v, size_t n) {
 // What one expert's products need besides the weights: its quantised input, the gate and
 // up outputs.
 struct FfnScratch {
-    quant::CacheAlignedVector<uint8_t> xq;
-    FloatVec g, u;
+    quant::ScratchVector<uint8_t> xq;
+    ScratchVec g, u;
     size_t bytes() const { return xq.capacity() + (g.capacity() + u.capacity()) * sizeof(float); }
 };
 
@@ -49,7 +53,7 @@ struct ExpertLane {
     ThreadPool one{1, false};
     MatmulCtx mm;
     FfnScratch ffn;
-    FloatVec in;             // the expert's input rows
+    ScratchVec in;           // the expert's input rows
 };
 
 class CpuExecutor final : public Executor {
@@ -79,7 +83,7 @@ public:
 private:
     // Row r of the attention's rows (attention_rows).
     CpuSessionState &state_of_row(int r) const { return *static_cast<CpuSessionState *>(alay_.segs[alay_.seg[r]].state); }
-    FloatVec &act(Act a);
+    ScratchVec &act(Act a);
     static void expert_ffn(ThreadPool &pool, MatmulCtx &mm, FfnScratch &s, const WeightView &gate, const WeightView &up,
                            const WeightView &down, const float *in, int m, float *out, float lim);
     void experts_by_thread(size_t u0, size_t n, float lim);
@@ -99,13 +103,13 @@ private:
     int ar0_ = 0;
 
     // Activations (Act) and scratch.
-    FloatVec H_, X_, XN_, A_, post_, comb_, qr_, q_, o_;
-    FloatVec flat_, mix_, p1_, p2_, kvb_, iq_, iw_, oa_, head_, ein_, eout_, router_, expert_w_;
+    ScratchVec H_, X_, XN_, A_, post_, comb_, qr_, q_, o_;
+    ScratchVec flat_, mix_, p1_, p2_, kvb_, iq_, iw_, oa_, head_, ein_, eout_, router_, expert_w_;
     std::vector<int> expert_ids_, expert_order_, used_;   // expert_order_: predict_next's ranking
     std::vector<ExpertView> views_;
     std::vector<int> pred_ids_, pred_top_;   // predict_next: the guessed experts, one token's top K
     std::vector<char> pred_mark_;
-    FloatVec pred_scores_;
+    ScratchVec pred_scores_;
     void predict_next(int layer, ExpertSource &experts);
     std::vector<std::vector<int>> sel_;                         // indexer picks per row
     std::vector<IndexScore> iscore_;                            // indexer scores of a group of rows

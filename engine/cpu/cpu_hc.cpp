@@ -106,7 +106,7 @@ void CpuExecutor::hc_post() {
     CpuOpTimer timer(prof_, CpuOp::HcPost, mm_.weight_bytes);
     const int hc = c_.hc_mult, D = c_.n_embd;
     pool_.parallel_for(R_, cpu_grain((int64_t)hc * hc * D), [&](int64_t b, int64_t e, int th) {
-        FloatVec &old = tasks_[th].f;
+        ScratchVec &old = tasks_[th].f;
         grow(old, (size_t)hc * D);
         for (int64_t t = b; t < e; ++t) {
             float *h = H_.data() + t * hc * D;
@@ -148,7 +148,7 @@ void CpuExecutor::head(const ModelWeights &w, std::span<const int> rows, float *
     stats_.weight_bytes = mm_.weight_bytes;
 }
 
-FloatVec &CpuExecutor::act(Act a) {
+ScratchVec &CpuExecutor::act(Act a) {
     switch (a) {
     case Act::H: return H_;
     case Act::X: return X_;
@@ -184,7 +184,7 @@ uint64_t CpuExecutor::scratch_bytes() const {
         b += l->mm.xq.capacity() + l->mm.xpack.capacity() + l->ffn.bytes() + l->in.capacity() * sizeof(float);
     b += token_rows_.capacity() * sizeof(token_rows_[0]) + (by_size_.capacity() + filled_.capacity()) * sizeof(int) +
          first_row_.capacity() * sizeof(size_t);
-    for (const FloatVec *v : {&H_, &X_, &XN_, &A_, &post_, &comb_, &qr_, &q_, &o_, &flat_, &mix_, &p1_, &p2_, &kvb_,
+    for (const ScratchVec *v : {&H_, &X_, &XN_, &A_, &post_, &comb_, &qr_, &q_, &o_, &flat_, &mix_, &p1_, &p2_, &kvb_,
                               &iq_, &iw_, &oa_, &head_, &ein_, &eout_, &router_, &expert_w_})
         b += v->capacity() * sizeof(float);
     b += (expert_ids_.capacity() + expert_order_.capacity() + used_.capacity()) * sizeof(int);

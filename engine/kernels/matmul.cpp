@@ -21,7 +21,7 @@ WeightView ExpertsView::expert(int64_t e) const {
 }
 
 uint64_t quantize_rows(ThreadPool &pool, gguf::Type t, const float *x, int64_t n_tok, int64_t x_stride, int64_t n,
-                       quant::CacheAlignedVector<uint8_t> &buf) {
+                       quant::ScratchVector<uint8_t> &buf) {
     const uint64_t row = quant::vec_dot_row_bytes(t, n);
     if (buf.size() < row * n_tok) buf.resize(row * n_tok);
     uint8_t *dst = buf.data();

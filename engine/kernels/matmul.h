@@ -43,8 +43,8 @@ struct ExpertsView {
 struct MatmulCtx {
     explicit MatmulCtx(ThreadPool &p) : pool(p) {}
     ThreadPool &pool;
-    quant::CacheAlignedVector<uint8_t> xq;
-    quant::CacheAlignedVector<uint8_t> xpack;   // activations repacked for a packed tile (quant::tile_pack)
+    quant::ScratchVector<uint8_t> xq;
+    quant::ScratchVector<uint8_t> xpack;   // activations repacked for a packed tile (quant::tile_pack)
     uint64_t weight_bytes = 0;
 };
 
@@ -59,6 +59,6 @@ void matmul_q(MatmulCtx &ctx, const WeightView &w, const uint8_t *xq, int64_t n_
 
 // Quantises n_tok rows of x for weights of type t into buf (resized); returns its row size.
 uint64_t quantize_rows(ThreadPool &pool, gguf::Type t, const float *x, int64_t n_tok, int64_t x_stride, int64_t n,
-                       quant::CacheAlignedVector<uint8_t> &buf);
+                       quant::ScratchVector<uint8_t> &buf);
 
 }  // namespace ds4
