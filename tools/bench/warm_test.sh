@@ -1,0 +1,26 @@
+#!/bin/sh
+# ds4-bench --warm: the untimed prefill runs on the timed session's executor (its CPU profile
+# then counts two prefill steps, not one), the run reports a prefill figure, and --warm with
+# --ssd-streaming is refused as a usage error.
+# Usage: warm_test.sh DS4_BENCH DS4_MAKE_MODEL
+set -eu
+bench=$1
+make_model=$2
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+"$make_model" --preset tiny --type q8_0 --quiet "$dir/m.gguf"
+steps() {   # the prefill steps the executor's profile counted
+    DS4_CPU_PROFILE=1 "$bench" -m "$dir/m.gguf" --backend cpu --threads 1 --prompt-tokens 64 --gen-tokens 2 "$@" \
+        >"$dir/out" 2>"$dir/err" || { cat "$dir/err"; exit 1; }
+    grep -q '^prefill  *64 tokens in' "$dir/out" || { echo "no prefill line"; cat "$dir/out"; exit 1; }
+    sed -n 's/^ds4 cpu profile, steps of 16+ rows: \([0-9]*\) steps.*/\1/p' "$dir/err"
+}
+cold=$(steps)
+warm=$(steps --warm)
+[ "$cold" = 1 ] || { echo "without --warm: $cold prefill steps, want 1"; exit 1; }
+[ "$warm" = 2 ] || { echo "with --warm: $warm prefill steps, want 2"; exit 1; }
+rc=0
+"$bench" -m "$dir/m.gguf" --warm --ssd-streaming >/dev/null 2>"$dir/err" || rc=$?
+[ "$rc" = 2 ] || { echo "--warm --ssd-streaming: exit $rc, want 2"; exit 1; }
+grep -q -- '--warm' "$dir/err" || { echo "the refusal does not name --warm"; cat "$dir/err"; exit 1; }
+echo ok
