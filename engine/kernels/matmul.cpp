@@ -84,16 +84,17 @@ void matmul_q(MatmulCtx &ctx, const WeightView &w, const uint8_t *xq, int64_t n_
     // Row blocks sized to stay in L2 (~256 KB of weights) while all tokens pass over them
     // (vec_dot_tile takes plain types by the chunked tile: a 4096 x 4096 f32 matrix against
     // 256 rows ran in 57 ms on two Zen 5 cores, by dot_plain four columns at a time in 111).
-    int64_t block = std::max<int64_t>(4, (int64_t)((256 * 1024) / std::max<uint64_t>(1, w.row_bytes)));
-    block = std::min<int64_t>(block, 256);
-    block = (block / 4) * 4;
-    // A tile that streams its rows (the Q8_0 rows tile, a prefill step's routed experts) takes
-    // the rows in a few long runs: the whole matrix on a one-thread pool (an expert on its
-    // lane), four runs a thread otherwise, so a descheduled worker's share is picked up by
-    // the others. In 60-row blocks its prefetch of the next rows stopped at every block.
+    int64_t block;
     if (pack_bytes && quant::tile_streams_rows(w.type, n_tok)) {
+        // A tile that streams its rows (the Q8_0 rows tile, a prefill step's routed experts)
+        // takes them in a few long runs: the whole matrix on a one-thread pool (an expert on
+        // its lane), four runs a thread otherwise, so a descheduled worker's share is picked
+        // up by the others. In 60-row blocks its prefetch of the next rows stopped at each.
         const int64_t runs = pool.size() == 1 ? 1 : 4 * (int64_t)pool.size();
         block = std::max<int64_t>(32, ((w.out + runs - 1) / runs + 31) / 32 * 32);
+    } else {
+        block = std::max<int64_t>(4, (int64_t)((256 * 1024) / std::max<uint64_t>(1, w.row_bytes)));
+        block = std::min<int64_t>(block, 256) / 4 * 4;
     }
     const int64_t n_blocks = (w.out + block - 1) / block;
     pool.parallel_for(n_blocks, 1, [&](int64_t b, int64_t e, int) {

@@ -43,23 +43,23 @@ std::size_t huge_offset();
 template <class T>
 struct ScratchAllocator {
     using value_type = T;
-    static constexpr std::align_val_t kAlign{64}, kHuge{std::size_t(2) << 20};
+    static constexpr std::size_t kHugePage = std::size_t(2) << 20;
     ScratchAllocator() = default;
     template <class U>
     ScratchAllocator(const ScratchAllocator<U> &) {}
     T *allocate(std::size_t n) {
         const std::size_t bytes = n * sizeof(T);
-        if (bytes < kHugeFrom) return static_cast<T *>(::operator new(bytes, kAlign));
+        if (bytes < kHugeFrom) return CacheLineAllocator<T>().allocate(n);
         const std::size_t off = huge_offset();
-        auto *p = static_cast<unsigned char *>(::operator new(bytes + off, kHuge));
+        auto *p = static_cast<unsigned char *>(::operator new(bytes + off, std::align_val_t{kHugePage}));
         huge_pages(p, bytes + off);
         return reinterpret_cast<T *>(p + off);
     }
     void deallocate(T *p, std::size_t n) {
-        if (n * sizeof(T) < kHugeFrom) return ::operator delete(p, kAlign);
+        if (n * sizeof(T) < kHugeFrom) return CacheLineAllocator<T>().deallocate(p, n);
         // the offset is under 2 MB and the block starts on a 2 MB boundary
-        const auto a = reinterpret_cast<std::uintptr_t>(p) & ~(std::uintptr_t(2 << 20) - 1);
-        ::operator delete(reinterpret_cast<void *>(a), kHuge);
+        const auto a = reinterpret_cast<std::uintptr_t>(p) & ~std::uintptr_t(kHugePage - 1);
+        ::operator delete(reinterpret_cast<void *>(a), std::align_val_t{kHugePage});
     }
     template <class U>
     bool operator==(const ScratchAllocator<U> &) const { return true; }
