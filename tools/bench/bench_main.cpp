@@ -17,6 +17,7 @@
 #include "engine/model/session.h"
 #include "engine/quant/quants.h"
 #include "tools/backend_option.h"
+#include "tools/bench/int8_work.h"
 #include "tools/bench/membw.h"
 #include "ds4_version.h"
 #include "tools/bench_kvstore/raw_disk.h"
@@ -63,7 +64,11 @@ const char *kUsage =
     "                      reclaim the routed experts' pages of the mapping (MADV_PAGEOUT), so\n"
     "                      the run starts with them on disk like a cold streaming cache\n"
     "Reports prefill tok/s, decode tok/s, weight bytes streamed per decoded token, the\n"
-    "achieved GB/s and the machine's read bandwidth measured in the same run.\n";
+    "achieved GB/s and the machine's read bandwidth measured in the same run. On the CPU\n"
+    "backend with Q8_0 weights also the prefill's share of the int8 multiply-add peak: the\n"
+    "layers' Q8_0 multiply-adds a token (routed experts as many times as a token uses one;\n"
+    "no embedding, no output head) at the prefill's rate, against the peak of the Q8_0\n"
+    "tile's int8 instruction on --threads threads measured in the same run.\n";
 
 double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
@@ -178,6 +183,11 @@ int main(int argc, char **argv) {
             bw = ds4::measure_read_bandwidth(pool);
             n_threads = pool.size();
         }
+        // The share of the int8 multiply-add peak a CPU prefill reaches: the layers' Q8_0
+        // products a token against the peak of the tile's instruction on as many threads.
+        const bool on_cpu = m->backend().name() == "cpu";
+        const double q8_macs = on_cpu ? ds4::bench::q8_0_macs_per_token(m->reader().tensors(), m->config()) : 0;
+        const double peak = q8_macs > 0 ? ds4::bench::int8_peak(n_threads) : 0;
         const double dev_bw = m->backend().device_copy_bytes_per_s();   // 0 without device memory
         // The disk's raw O_DIRECT read bandwidth on the model file itself (16 requests of
         // 4 MiB in flight, into memory), the ceiling for streamed expert reads.
@@ -250,12 +260,14 @@ int main(int argc, char **argv) {
                         "\"machine_read_gb_s\":%.3f,\"fraction_of_bandwidth\":%.4f,\"ssd_streaming\":%s,\"hit_rate\":%.4f,"
                         "\"expert_bytes_per_token\":%.0f,\"read_gb_s\":%.3f,\"read_hidden\":%.4f,\"disk_raw_gb_s\":%.3f,"
                         "\"cache_bytes\":%llu,\"host_tier_bytes\":%llu,\"host_read_bytes_per_token\":%.0f,"
-                        "\"device_copy_gb_s\":%.3f,\"fraction_of_device_copy\":%.4f}\n",
+                        "\"device_copy_gb_s\":%.3f,\"fraction_of_device_copy\":%.4f,"
+                        "\"q8_0_macs_per_token\":%.0f,\"int8_peak_g_s\":%.3f,\"prefill_int8_share\":%.4f}\n",
                         model.c_str(), m->backend().name().c_str(), n_threads, open_s, prompt, gen, prompt / prefill_s, dec_tps, bytes_per_tok,
                         achieved / 1e9, bw / 1e9, achieved / bw, so.enabled ? "true" : "false", hit, n_dec > 0 ? rd_bytes / n_dec : 0.0,
                         read_gbs, hidden, raw_gbs, (unsigned long long)e1.capacity_bytes, (unsigned long long)e1.host_capacity_bytes,
                         n_dec > 0 ? double(e1.host_bytes_read - e0.host_bytes_read) / n_dec : 0.0, dev_bw / 1e9,
-                        dev_bw > 0 ? achieved / dev_bw : 0.0);
+                        dev_bw > 0 ? achieved / dev_bw : 0.0, q8_macs, peak / 1e9,
+                        peak > 0 ? q8_macs * prompt / prefill_s / peak : 0.0);
         } else {
             std::printf("model            %s\n                 %s\n", model.c_str(), c.summary().c_str());
             const std::string bname = m->backend().name();
@@ -268,6 +280,11 @@ int main(int argc, char **argv) {
             std::printf("open + prewarm   %.2f s\n", open_s);
             std::printf("prefill          %d tokens in %.3f s = %.2f tok/s (steps of %d, attention in pieces of %d)\n", prompt,
                         prefill_s, prompt / prefill_s, s.prefill_cap(), std::min(s.prefill_cap(), s.ring_rows()));
+            if (peak > 0)
+                std::printf("prefill int8     %.1f M Q8_0 multiply-adds a token: %.1f G/s = %.1f%% of the int8 peak\n"
+                            "                 (%.1f G/s, %s on %d threads, measured now)\n",
+                            q8_macs / 1e6, q8_macs * prompt / prefill_s / 1e9, 100 * q8_macs * prompt / prefill_s / peak,
+                            peak / 1e9, ds4::bench::int8_peak_instruction(), n_threads);
             std::printf("decode           %d tokens in %.3f s = %.2f tok/s\n", n_dec, decode_s, dec_tps);
             std::printf("weights/token    %.3f GB\n", bytes_per_tok / 1e9);
             std::printf("achieved         %.2f GB/s\n", achieved / 1e9);

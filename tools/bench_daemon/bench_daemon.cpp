@@ -154,6 +154,36 @@ double thread_ping_pong_us(int iters) {
     return us;
 }
 
+// The machine's floor for streaming one token: what the sender pays for one send() that
+// wakes a thread blocked in read() on an idle core, as ds4d's worker does for every token
+// to a waiting client. Between sends the sender computes (a busy wait of gap_us, a token's
+// step), as the worker does. Median, in microseconds. Virtual machines make this costly:
+// waking an idle virtual CPU goes through the hypervisor.
+double send_wake_us(int iters, double gap_us) {
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) return 0;
+    std::thread reader([&] {
+        char b;
+        for (int i = 0; i < iters; ++i)
+            if (read(sv[1], &b, 1) != 1) return;
+    });
+    std::vector<double> t;
+    t.reserve(size_t(iters));
+    for (int i = 0; i < iters; ++i) {
+        const auto s0 = Clock::now();
+        while (us_since(s0) < gap_us) {
+        }
+        const char b = 1;
+        const auto t0 = Clock::now();
+        if (send(sv[0], &b, 1, MSG_NOSIGNAL) != 1) break;
+        t.push_back(us_since(t0));
+    }
+    reader.join();
+    close(sv[0]);
+    close(sv[1]);
+    return median(t);
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -201,7 +231,7 @@ int main(int argc, char **argv) {
         // Streaming: the same greedy generation through the daemon and in process. Each run
         // uses a fresh prompt, so neither side reuses a cached prefix.
         std::vector<double> tok_socket, tok_local, ttft_socket, ttft_local, cpu_daemon, cpu_client, cpu_local, prefill_daemon;
-        std::vector<double> out_socket, out_local;
+        std::vector<double> out_socket, out_local, cpu_out_socket, cpu_out_local;
         for (int r = 0; r < a.reps + 1; ++r) {  // run 0 warms both sides, not recorded
             const auto prompt = make_prompt(a.prompt_tokens, vocab, 1000 + r);
             ds4::client::GenerateRequest req;
@@ -228,6 +258,7 @@ int main(int argc, char **argv) {
             const double l_cpu0 = self_cpu_us();
             auto l0 = Clock::now();
             s.sync(prompt);
+            const double sync_us = us_since(l0);
             int32_t t = s.argmax();
             (void)model.token_text(t);
             const auto l_first = Clock::now();
@@ -257,11 +288,17 @@ int main(int argc, char **argv) {
             // engine's speed, which moves from run to run, drops out of the difference.
             out_socket.push_back((d(first, t_end) - double(done.decode_us)) / (a.tokens - 1));
             out_local.push_back((d(l_first, l_end) - eval_us) / (a.tokens - 1));
+            // The same for CPU time. With one thread a forward step's CPU time is its wall
+            // time (nothing else runs it), so both sides' steps come off their CPU figures:
+            // ds4d's prefill and decode steps, the bridge's sync and evals.
+            cpu_out_socket.push_back((d_cpu + c_cpu - double(done.prefill_us) - double(done.decode_us)) / a.tokens);
+            cpu_out_local.push_back((l_cpu - sync_us - eval_us) / a.tokens);
         }
 
         std::vector<double> floor_v;
         for (int r = 0; r < a.reps; ++r) floor_v.push_back(thread_ping_pong_us(a.rtt_iters));
         const double pp = median(floor_v);
+        const double wake = send_wake_us(std::min(a.rtt_iters, 2000), std::max(10.0, median(out_local) + median(tok_local)));
         const double rs = median(rtt_socket), rl = median(rtt_local);
         const double ts = median(tok_socket), tl = median(tok_local);
         const double os = median(out_socket), ol = median(out_local);
@@ -269,6 +306,9 @@ int main(int argc, char **argv) {
         const double cd = median(cpu_daemon), cc = median(cpu_client), cl = median(cpu_local);
         const bool have_cpu = own.pid > 0;
         const double rc = median(rtt_cpu);
+        // Only with one thread does a step's wall time stand for its CPU time.
+        const bool have_cpu_out = have_cpu && a.threads == 1;
+        const double cos_ = median(cpu_out_socket), col = median(cpu_out_local);
         if (a.json) {
             std::printf("{\"model\":\"%s\",\"threads\":%d,\"tokens\":%d,\"reps\":%d,"
                         "\"rtt_socket_us\":%.2f,\"rtt_inprocess_us\":%.2f,\"rtt_overhead_us\":%.2f,"
@@ -278,9 +318,14 @@ int main(int argc, char **argv) {
                         "\"ttft_socket_us\":%.1f,\"ttft_inprocess_us\":%.1f,"
                         "\"cpu_per_token_daemon_us\":%.2f,\"cpu_per_token_client_us\":%.2f,"
                         "\"cpu_per_token_inprocess_us\":%.2f,\"cpu_per_token_overhead_us\":%.2f,\"cpu_per_rtt_us\":%.2f,"
-                        "\"thread_ping_pong_us\":%.2f}\n",
+                        "\"thread_ping_pong_us\":%.2f,\"send_wake_us\":%.2f%s}\n",
                         client.server_info().model.name.c_str(), a.threads, a.tokens, a.reps, rs, rl, rs - rl, ts, tl,
-                        ts - tl, os, ol, os - ol, fs, fl, cd, cc, cl, have_cpu ? cd + cc - cl : 0.0, have_cpu ? rc : 0.0, pp);
+                        ts - tl, os, ol, os - ol, fs, fl, cd, cc, cl, have_cpu ? cd + cc - cl : 0.0, have_cpu ? rc : 0.0, pp, wake,
+                        have_cpu_out ? (",\"cpu_outside_step_socket_us\":" + std::to_string(cos_) +
+                                        ",\"cpu_outside_step_inprocess_us\":" + std::to_string(col) +
+                                        ",\"cpu_outside_step_overhead_us\":" + std::to_string(cos_ - col))
+                                           .c_str()
+                                     : "");
         } else {
             std::printf("model %s, %d thread(s), %d tokens per stream, %d-token prompts, median of %d runs\n",
                         client.server_info().model.name.c_str(), a.threads, a.tokens, a.prompt_tokens, a.reps);
@@ -296,7 +341,13 @@ int main(int argc, char **argv) {
             if (have_cpu)
                 std::printf("%-28s %9.2f us %9.2f us %9.2f us   (ds4d %.2f + client %.2f)\n", "CPU per streamed token",
                             cd + cc, cl, cd + cc - cl, cd, cc);
+            if (have_cpu_out)
+                std::printf("%-28s %9.2f us %9.2f us %9.2f us   (the same runs less their forward steps)\n",
+                            "  outside the forward step", cos_, col, cos_ - col);
             std::printf("machine floor: thread ping-pong over a socketpair %.2f us per round trip\n", pp);
+            std::printf("machine floor: one send() that wakes a reader blocked on an idle core costs the sender %.2f us\n"
+                        "               (ds4d's worker pays this once per streamed token)\n",
+                        wake);
         }
         return 0;
     } catch (const std::exception &e) {

@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "engine/quant/cache_aligned.h"
-#include "engine/quant/int8_dot.h"
 #include "engine/quant/quants.h"
+#include "tools/bench/int8_work.h"
 #include "ds4_version.h"
 
 using ds4::quant::Type;
@@ -75,67 +75,6 @@ double read_bandwidth(const uint8_t *p, size_t n, int reps) {
     return double(n) / best / 1e9;
 }
 
-// GCC 12 warns about the undefined pass-through operand inside its AVX-512 intrinsics.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-
-// int8 multiply-adds per second of one core at its widest int8 instruction: 12 independent
-// accumulators, so the figure is the issue rate, not the latency.
-__attribute__((target("avx512f,avx512bw,avx512vnni"))) double int8_peak_vnni512() {
-    __m512i a[12];
-    __m512i x = _mm512_set1_epi8(3), y = _mm512_set1_epi8(5);
-    for (int i = 0; i < 12; ++i) a[i] = _mm512_set1_epi32(i);
-    const long iters = 4000000;
-    const double t0 = now();
-    for (long k = 0; k < iters; ++k) {
-        for (int i = 0; i < 12; ++i) a[i] = _mm512_dpbusd_epi32(a[i], x, y);
-        __asm__ volatile("" : "+v"(x), "+v"(y));
-    }
-    const double t = now() - t0;
-    for (int i = 1; i < 12; ++i) a[0] = _mm512_add_epi32(a[0], a[i]);
-    volatile int sink = _mm512_reduce_add_epi32(a[0]);
-    (void)sink;
-    return double(iters) * 12 * 64 / t;
-}
-
-// Each chain feeds its own result back as the unsigned operand: with a shared product
-// (a[i] += maddubs(x, y)) the compiler computes the product once and the loop times adds.
-__attribute__((target("avx2"))) double int8_peak_avx2() {
-    __m256i a[10];
-    const __m256i y = _mm256_set1_epi8(5);
-    for (int i = 0; i < 10; ++i) a[i] = _mm256_set1_epi8(char(i + 1));
-    const long iters = 4000000;
-    const double t0 = now();
-    for (long k = 0; k < iters; ++k) {
-#pragma GCC unroll 10
-        for (int i = 0; i < 10; ++i) a[i] = _mm256_maddubs_epi16(a[i], y);
-    }
-    const double t = now() - t0;
-    for (int i = 1; i < 10; ++i) a[0] = _mm256_add_epi16(a[0], a[i]);
-    volatile int sink = _mm256_extract_epi16(a[0], 0);
-    (void)sink;
-    return double(iters) * 10 * 32 / t;
-}
-
-// The VEX vpdpbusd (AVX-VNNI), the kernels' own (int8_dot.h): the bench is built for x86-64-v3.
-double int8_peak_avxvnni() {
-    __m256i a[12];
-    __m256i x = _mm256_set1_epi8(3), y = _mm256_set1_epi8(5);
-    for (int i = 0; i < 12; ++i) a[i] = _mm256_set1_epi32(i);
-    const long iters = 4000000;
-    const double t0 = now();
-    for (long k = 0; k < iters; ++k) {
-#pragma GCC unroll 12
-        for (int i = 0; i < 12; ++i) a[i] = ds4::quant::detail::dot4_add<ds4::quant::detail::Isa::AvxVnni>(a[i], x, y);
-        __asm__ volatile("" : "+x"(x), "+x"(y));
-    }
-    const double t = now() - t0;
-    for (int i = 1; i < 12; ++i) a[0] = _mm256_add_epi32(a[0], a[i]);
-    volatile int sink = _mm256_extract_epi32(a[0], 0);
-    (void)sink;
-    return double(iters) * 12 * 32 / t;
-}
-
 }  // namespace
 
 constexpr const char *kUsage = "usage: %s [--mb N] [--n ROWLEN] [--reps R] [--types a,b] [--wall] [--tile COLS [--tile-mb MB]]\n";
@@ -177,14 +116,8 @@ int main(int argc, char **argv) {
     double peak = 0;
     if (tile_cols > 0) {
         // the instruction the tile runs (DS4_NO_AVX512 / DS4_NO_VNNI / DS4_NO_AVXVNNI move it)
-        const std::string isa = ds4::quant::q8_0_tile_isa();
-        for (int r = 0; r < 3; ++r)
-            peak = std::max(peak, isa == "avx512-vnni" ? int8_peak_vnni512()
-                                  : isa == "avx-vnni"  ? int8_peak_avxvnni()
-                                                       : int8_peak_avx2());
-        std::printf("int8 multiply-add peak     %8.2f G/s (1 thread, %s)\n", peak / 1e9,
-                    isa == "avx512-vnni" ? "512-bit vpdpbusd" : isa == "avx-vnni" ? "256-bit VEX vpdpbusd"
-                                                                                   : "256-bit vpmaddubsw");
+        peak = g_wall ? ds4::bench::int8_peak(1) : ds4::bench::int8_peak_thread_cpu();
+        std::printf("int8 multiply-add peak     %8.2f G/s (1 thread, %s)\n", peak / 1e9, ds4::bench::int8_peak_instruction());
     }
     std::vector<float> x(static_cast<size_t>(n));
     std::normal_distribution<float> g(0, 1);
