@@ -68,7 +68,8 @@ const char *kUsage =
     "backend with Q8_0 weights also the prefill's share of the int8 multiply-add peak: the\n"
     "layers' Q8_0 multiply-adds a token (routed experts as many times as a token uses one;\n"
     "no embedding, no output head) at the prefill's rate, against the peak of the Q8_0\n"
-    "tile's int8 instruction on --threads threads measured in the same run.\n";
+    "tile's int8 instruction measured in the same run: one thread's best (its CPU clock,\n"
+    "before and after the run) times --threads.\n";
 
 double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
@@ -184,10 +185,13 @@ int main(int argc, char **argv) {
             n_threads = pool.size();
         }
         // The share of the int8 multiply-add peak a CPU prefill reaches: the layers' Q8_0
-        // products a token against the peak of the tile's instruction on as many threads.
+        // products a token against the peak of the tile's instruction, one thread's best
+        // (by its CPU clock, best of 10, before and after the run) times the thread count.
+        // On a shared or virtual machine that is the most the cores can do, not what they
+        // did during the prefill: the share errs low, never high.
         const bool on_cpu = m->backend().name() == "cpu";
         const double q8_macs = on_cpu ? ds4::bench::q8_0_macs_per_token(m->reader().tensors(), m->config()) : 0;
-        const double peak = q8_macs > 0 ? ds4::bench::int8_peak(n_threads) : 0;
+        double peak = q8_macs > 0 ? n_threads * ds4::bench::int8_peak_thread_cpu(10) : 0;
         const double dev_bw = m->backend().device_copy_bytes_per_s();   // 0 without device memory
         // The disk's raw O_DIRECT read bandwidth on the model file itself (16 requests of
         // 4 MiB in flight, into memory), the ceiling for streamed expert reads.
@@ -240,6 +244,7 @@ int main(int argc, char **argv) {
             if (hit_curve) miss_curve.push_back(m->experts().stats().misses - before);
         }
         const double decode_s = now() - t1;
+        if (peak > 0) peak = std::max(peak, n_threads * ds4::bench::int8_peak_thread_cpu(10));
         const int n_dec = gen - 1;
         const double bytes_per_tok = n_dec > 0 ? (double)(s.executor().stats().weight_bytes - b0) / n_dec : 0;
         const double dec_tps = n_dec > 0 ? n_dec / decode_s : 0;
@@ -282,7 +287,7 @@ int main(int argc, char **argv) {
                         prefill_s, prompt / prefill_s, s.prefill_cap(), std::min(s.prefill_cap(), s.ring_rows()));
             if (peak > 0)
                 std::printf("prefill int8     %.1f M Q8_0 multiply-adds a token: %.1f G/s = %.1f%% of the int8 peak\n"
-                            "                 (%.1f G/s, %s on %d threads, measured now)\n",
+                            "                 (%.1f G/s: %s, one thread's best times %d, measured now)\n",
                             q8_macs / 1e6, q8_macs * prompt / prefill_s / 1e9, 100 * q8_macs * prompt / prefill_s / peak,
                             peak / 1e9, ds4::bench::int8_peak_instruction(), n_threads);
             std::printf("decode           %d tokens in %.3f s = %.2f tok/s\n", n_dec, decode_s, dec_tps);

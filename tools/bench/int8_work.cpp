@@ -3,12 +3,10 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <ctime>
 #include <string>
-#include <thread>
 
 #include "engine/quant/int8_dot.h"
 #include "engine/quant/quants.h"
@@ -104,30 +102,12 @@ const char *int8_peak_instruction() {
     return isa == "avx512-vnni" ? "512-bit vpdpbusd" : isa == "avx-vnni" ? "256-bit VEX vpdpbusd" : "256-bit vpmaddubsw";
 }
 
-double int8_peak(int threads, int reps) {
-    threads = std::max(1, threads);
+double int8_peak_wall(int reps) {
     double best = 0;
     for (int r = 0; r < reps; ++r) {
-        std::atomic<int> ready{0};
-        std::atomic<bool> go{false};
-        std::vector<double> done(size_t(threads), 0.0);
-        std::vector<std::thread> ts;
-        for (int i = 0; i < threads; ++i)
-            ts.emplace_back([&, i] {
-                ready.fetch_add(1);
-                while (!go.load(std::memory_order_acquire)) {
-                }
-                done[size_t(i)] = run_once();
-            });
-        while (ready.load() < threads) {
-        }
         const auto t0 = std::chrono::steady_clock::now();
-        go.store(true, std::memory_order_release);
-        for (std::thread &t : ts) t.join();
-        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        double macs = 0;
-        for (double d : done) macs += d;
-        best = std::max(best, macs / s);
+        const double macs = run_once();
+        best = std::max(best, macs / std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
     return best;
 }

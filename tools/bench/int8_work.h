@@ -18,12 +18,11 @@ double q8_0_macs_per_token(const std::vector<gguf::TensorInfo> &tensors, const M
 // The int8 instruction the Q8_0 tile runs (quant::q8_0_tile_isa), in words.
 const char *int8_peak_instruction();
 
-// Multiply-adds per second of that instruction on `threads` threads at once (each a chain of
-// independent accumulators, so the issue rate, not the latency), best of `reps`, wall time.
-double int8_peak(int threads, int reps = 3);
-
-// The same on the calling thread, timed by its own CPU clock (a shared machine's other
+// Multiply-adds per second of that instruction on the calling thread (a chain of
+// independent accumulators, so the issue rate, not the latency), best of `reps` runs of
+// ~10-30 ms: by wall time, or by the thread's own CPU clock (time slices lost to other
 // processes then do not count against it).
-double int8_peak_thread_cpu(int reps = 3);
+double int8_peak_wall(int reps);
+double int8_peak_thread_cpu(int reps);
 
 }  // namespace ds4::bench

@@ -84,8 +84,10 @@ struct Args {
                  "\n"
                  "Measures ds4d's overhead against the bridge called in process: request round trip\n"
                  "(Tokenize), per-token streaming cost (greedy generation of --tokens tokens; also each\n"
-                 "side's time per token outside its forward steps, which leaves out the engine's speed)\n"
-                 "and time to first token. Without --socket it starts its own ds4d (default %s) with\n"
+                 "side's time per token outside its forward steps, which leaves out the engine's speed;\n"
+                 "with --threads 1 the same for CPU time) and time to first token, next to the machine's\n"
+                 "floors: a thread ping-pong over a socketpair, and what one send() that wakes a reader\n"
+                 "blocked on an idle core costs the sender (ds4d pays it once a streamed token). Without --socket it starts its own ds4d (default %s) with\n"
                  "--threads N --backend cpu on a private socket; with --socket the running daemon's\n"
                  "model must be --model and use the same thread count for the comparison to mean much.\n",
                  DS4D_DEFAULT_PATH);
