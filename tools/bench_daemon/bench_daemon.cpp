@@ -87,7 +87,8 @@ struct Args {
                  "side's time per token outside its forward steps, which leaves out the engine's speed;\n"
                  "with --threads 1 the same for CPU time) and time to first token, next to the machine's\n"
                  "floors: a thread ping-pong over a socketpair, and what one send() that wakes a reader\n"
-                 "blocked on an idle core costs the sender (ds4d pays it once a streamed token). Without --socket it starts its own ds4d (default %s) with\n"
+                 "blocked on an idle core costs the sender (ds4d pays it once a streamed token).\n"
+                 "Without --socket it starts its own ds4d (default %s) with\n"
                  "--threads N --backend cpu on a private socket; with --socket the running daemon's\n"
                  "model must be --model and use the same thread count for the comparison to mean much.\n",
                  DS4D_DEFAULT_PATH);
