@@ -87,7 +87,7 @@ int main(int argc, char **argv) {
     ds4::ExpertStreamingOptions so;
     std::string store_dir;
     uint64_t raw_bytes = uint64_t(1) << 30;
-    bool page_out = false, hit_curve = false, warm = false;
+    bool page_out = false, hit_curve = false, warm = false, raw_given = false;
     uint64_t prompt_seed = 1;
     for (int i = 1; i < argc; ++i) {
         std::string a = argv[i];
@@ -110,6 +110,18 @@ int main(int argc, char **argv) {
             }
             return int(n);
         };
+        // A whole non-negative 64-bit number (strtoull read "abc" as 0 and "-1" as 2^64-1).
+        auto count64 = [&]() -> uint64_t {
+            const char *v = val();
+            char *end = nullptr;
+            errno = 0;
+            const unsigned long long n = std::strtoull(v, &end, 10);
+            if (end == v || *end || errno || *v == '-' || *v == '+') {
+                std::fprintf(stderr, "ds4-bench: %s needs a whole number, not '%s'\n", a.c_str(), v);
+                std::exit(2);
+            }
+            return uint64_t(n);
+        };
         if (a == "-m" || a == "--model") model = val();
         else if (a == "--prompt-tokens") prompt = count(1, 1 << 24);
         else if (a == "--gen-tokens") gen = count(1, 1 << 24);
@@ -119,15 +131,15 @@ int main(int argc, char **argv) {
         else if (a == "--json") json = true;
         else if (a == "--warm") warm = true;
         else if (a == "--ssd-streaming") so.enabled = true;
-        else if (a == "--expert-cache-bytes") so.cache_bytes = std::strtoull(val(), nullptr, 10);
-        else if (a == "--expert-cache-experts") so.cache_experts = std::strtoull(val(), nullptr, 10);
+        else if (a == "--expert-cache-bytes") so.cache_bytes = count64();
+        else if (a == "--expert-cache-experts") so.cache_experts = count64();
         else if (a == "--cold") so.cold = true;
         else if (a == "--no-prefetch") so.prefetch = false;
         else if (a == "--page-out-experts") page_out = true;
         else if (a == "--hit-curve") hit_curve = true;
-        else if (a == "--prompt-seed") prompt_seed = std::strtoull(val(), nullptr, 10);
+        else if (a == "--prompt-seed") prompt_seed = count64();
         else if (a == "--expert-store") store_dir = val();
-        else if (a == "--raw-bytes") raw_bytes = std::strtoull(val(), nullptr, 10);
+        else if (a == "--raw-bytes") raw_bytes = count64(), raw_given = true;
         else if (a == "--backend") backend = ds4::tools::backend_arg("ds4-bench", val());
         else if (a == "-h" || a == "--help") {
             std::fputs(kUsage, stdout);
@@ -142,8 +154,14 @@ int main(int argc, char **argv) {
         std::fputs(kUsage, stderr);
         return 2;
     }
-    if (!so.enabled && (so.cache_bytes || so.cache_experts || so.cold || !so.prefetch || !store_dir.empty())) {
-        std::fprintf(stderr, "ds4-bench: the expert cache options need --ssd-streaming\n");
+    if (!so.enabled && (so.cache_bytes || so.cache_experts || so.cold || !so.prefetch || !store_dir.empty() ||
+                        hit_curve || raw_given)) {
+        std::fprintf(stderr, "ds4-bench: the expert cache options (--expert-cache-bytes, --expert-cache-experts, --cold,\n"
+                             "--expert-store, --no-prefetch, --hit-curve, --raw-bytes) need --ssd-streaming\n");
+        return 2;
+    }
+    if (so.enabled && page_out) {
+        std::fprintf(stderr, "ds4-bench: --page-out-experts is for the mapped path, not --ssd-streaming\n");
         return 2;
     }
     if (so.enabled && warm) {
@@ -166,7 +184,6 @@ int main(int argc, char **argv) {
         const double open_s = now() - t_open;
         const ds4::ExpertSourceStats e_warm = m->experts().stats();  // what the hot-set prewarm loaded
         if (page_out) {
-            if (so.enabled) throw std::runtime_error("--page-out-experts is for the mapped (resident) path");
             uint64_t paged = 0;
             for (const auto &t : m->reader().tensors()) {
                 if (!t.data || t.name.find("_exps.") == std::string::npos) continue;
