@@ -3,12 +3,7 @@
 # names the option (a number it cannot read, an option that needs --ssd-streaming, options
 # that exclude each other); a good command line on a real model runs.
 # Usage: cli_test.sh DS4_BENCH DS4_MAKE_MODEL
-set -eu
-bench=$1
-make_model=$2
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-"$make_model" --preset tiny --type q8_0 --quiet "$dir/m.gguf"
+. "$(dirname "$0")/test_prologue.sh"
 refused() {   # refused WORD ARGS...: exit 2, stderr names WORD, nothing on stdout
     word=$1
     shift

@@ -4,12 +4,7 @@
 # --ssd-streaming is refused as a usage error. A Q8_0 model on the CPU also gets its prefill's
 # share of the int8 peak (text and --json).
 # Usage: warm_test.sh DS4_BENCH DS4_MAKE_MODEL
-set -eu
-bench=$1
-make_model=$2
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-"$make_model" --preset tiny --type q8_0 --quiet "$dir/m.gguf"
+. "$(dirname "$0")/test_prologue.sh"
 steps() {   # the prefill steps the executor's profile counted
     DS4_CPU_PROFILE=1 "$bench" -m "$dir/m.gguf" --backend cpu --threads 1 --prompt-tokens 64 --gen-tokens 2 "$@" \
         >"$dir/out" 2>"$dir/err" || { cat "$dir/err"; exit 1; }
