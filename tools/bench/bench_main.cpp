@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
@@ -98,30 +99,23 @@ int main(int argc, char **argv) {
             }
             return argv[++i];
         };
-        // A whole decimal number in [lo, hi], or a clear error (atoi read "abc" as 0).
-        auto count = [&](long lo, long hi) -> int {
-            const char *v = val();
-            char *end = nullptr;
-            errno = 0;
-            const long n = std::strtol(v, &end, 10);
-            if (end == v || *end || errno || n < lo || n > hi) {
-                std::fprintf(stderr, "ds4-bench: %s needs a whole number from %ld to %ld, not '%s'\n", a.c_str(), lo, hi, v);
-                std::exit(2);
-            }
-            return int(n);
-        };
-        // A whole non-negative 64-bit number (strtoull read "abc" as 0 and "-1" as 2^64-1).
-        auto count64 = [&]() -> uint64_t {
+        // A whole decimal number in [lo, hi], or a clear error (atoi read "abc" as 0, strtoull
+        // "-1" as 2^64-1).
+        auto count64 = [&](uint64_t lo = 0, uint64_t hi = UINT64_MAX) -> uint64_t {
             const char *v = val();
             char *end = nullptr;
             errno = 0;
             const unsigned long long n = std::strtoull(v, &end, 10);
-            if (end == v || *end || errno || *v == '-' || *v == '+') {
-                std::fprintf(stderr, "ds4-bench: %s needs a whole number, not '%s'\n", a.c_str(), v);
+            if (end == v || *end || errno || *v == '-' || *v == '+' || n < lo || n > hi) {
+                if (hi == UINT64_MAX) std::fprintf(stderr, "ds4-bench: %s needs a whole number, not '%s'\n", a.c_str(), v);
+                else
+                    std::fprintf(stderr, "ds4-bench: %s needs a whole number from %llu to %llu, not '%s'\n", a.c_str(),
+                                 (unsigned long long)lo, (unsigned long long)hi, v);
                 std::exit(2);
             }
             return uint64_t(n);
         };
+        auto count = [&](int lo, int hi) { return int(count64(uint64_t(lo), uint64_t(hi))); };
         if (a == "-m" || a == "--model") model = val();
         else if (a == "--prompt-tokens") prompt = count(1, 1 << 24);
         else if (a == "--gen-tokens") gen = count(1, 1 << 24);
@@ -209,7 +203,12 @@ int main(int argc, char **argv) {
         // did during the prefill: the share errs low, never high.
         const bool on_cpu = m->backend().name() == "cpu";
         const double q8_macs = on_cpu ? ds4::bench::q8_0_macs_per_token(m->reader().tensors(), m->config()) : 0;
-        double peak = q8_macs > 0 ? n_threads * ds4::bench::int8_peak_thread_cpu(10) : 0;
+        double peak = 0;
+        const auto sample_peak = [&] {
+            if (q8_macs > 0)
+                peak = std::max(peak, n_threads * ds4::bench::int8_peak(10, ds4::bench::PeakClock::ThreadCpu));
+        };
+        sample_peak();
         const double dev_bw = m->backend().device_copy_bytes_per_s();   // 0 without device memory
         // The disk's raw O_DIRECT read bandwidth on the model file itself (16 requests of
         // 4 MiB in flight, into memory), the ceiling for streamed expert reads.
@@ -239,7 +238,7 @@ int main(int argc, char **argv) {
             if (rows) w.set_prefill_cap(std::min(rows, prompt + gen + 1));
             w.sync(other);
         }
-        if (peak > 0) peak = std::max(peak, n_threads * ds4::bench::int8_peak_thread_cpu(10));
+        sample_peak();
         ds4::Session s(*m, *ex, prompt + gen + 1, chunk);
         if (rows) s.set_prefill_cap(std::min(rows, prompt + gen + 1));
         const double t0 = now();
@@ -263,7 +262,8 @@ int main(int argc, char **argv) {
             if (hit_curve) miss_curve.push_back(m->experts().stats().misses - before);
         }
         const double decode_s = now() - t1;
-        if (peak > 0) peak = std::max(peak, n_threads * ds4::bench::int8_peak_thread_cpu(10));
+        sample_peak();
+        const double int8_rate = q8_macs * prompt / prefill_s, int8_share = peak > 0 ? int8_rate / peak : 0;
         const int n_dec = gen - 1;
         const double bytes_per_tok = n_dec > 0 ? (double)(s.executor().stats().weight_bytes - b0) / n_dec : 0;
         const double dec_tps = n_dec > 0 ? n_dec / decode_s : 0;
@@ -290,8 +290,7 @@ int main(int argc, char **argv) {
                         achieved / 1e9, bw / 1e9, achieved / bw, so.enabled ? "true" : "false", hit, n_dec > 0 ? rd_bytes / n_dec : 0.0,
                         read_gbs, hidden, raw_gbs, (unsigned long long)e1.capacity_bytes, (unsigned long long)e1.host_capacity_bytes,
                         n_dec > 0 ? double(e1.host_bytes_read - e0.host_bytes_read) / n_dec : 0.0, dev_bw / 1e9,
-                        dev_bw > 0 ? achieved / dev_bw : 0.0, q8_macs, peak / 1e9,
-                        peak > 0 ? q8_macs * prompt / prefill_s / peak : 0.0);
+                        dev_bw > 0 ? achieved / dev_bw : 0.0, q8_macs, peak / 1e9, int8_share);
         } else {
             std::printf("model            %s\n                 %s\n", model.c_str(), c.summary().c_str());
             const std::string bname = m->backend().name();
@@ -307,7 +306,7 @@ int main(int argc, char **argv) {
             if (peak > 0)
                 std::printf("prefill int8     %.1f M Q8_0 multiply-adds a token: %.1f G/s = %.1f%% of the int8 peak\n"
                             "                 (%.1f G/s: %s, one thread's best times %d, measured now)\n",
-                            q8_macs / 1e6, q8_macs * prompt / prefill_s / 1e9, 100 * q8_macs * prompt / prefill_s / peak,
+                            q8_macs / 1e6, int8_rate / 1e9, 100 * int8_share,
                             peak / 1e9, ds4::bench::int8_peak_instruction(), n_threads);
             std::printf("decode           %d tokens in %.3f s = %.2f tok/s\n", n_dec, decode_s, dec_tps);
             std::printf("weights/token    %.3f GB\n", bytes_per_tok / 1e9);

@@ -17,11 +17,10 @@ double q8_0_macs_per_token(const std::vector<gguf::TensorInfo> &tensors, const M
     double macs = 0;
     for (const gguf::TensorInfo &t : tensors) {
         if (t.type != gguf::Type::Q8_0 || t.ne.size() < 2 || t.name.rfind("blk.", 0) != 0) continue;
-        const int layer = std::atoi(t.name.c_str() + 4);
+        if (t.name.find(".ffn_gate_inp.") != std::string::npos && c.is_hash(std::atoi(t.name.c_str() + 4))) continue;
         double m = double(t.ne[0]) * double(t.ne[1]);
         if (t.name.find("_exps.") != std::string::npos) m *= c.n_expert_used;       // one expert's, per use
         else if (t.ne.size() > 2) m *= double(t.ne[2]);
-        if (t.name.find(".ffn_gate_inp.") != std::string::npos && c.is_hash(layer)) continue;
         macs += m;
     }
     return macs;
@@ -89,12 +88,6 @@ double run_once() {
     return isa == "avx512-vnni" ? run_vnni512() : isa == "avx-vnni" ? run_avxvnni() : run_avx2();
 }
 
-double thread_cpu_s() {
-    timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
-}
-
 }  // namespace
 
 const char *int8_peak_instruction() {
@@ -102,22 +95,19 @@ const char *int8_peak_instruction() {
     return isa == "avx512-vnni" ? "512-bit vpdpbusd" : isa == "avx-vnni" ? "256-bit VEX vpdpbusd" : "256-bit vpmaddubsw";
 }
 
-double int8_peak_wall(int reps) {
+double int8_peak(int reps, PeakClock clock) {
+    const auto seconds = [clock] {
+        if (clock == PeakClock::Wall)
+            return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+        timespec ts;
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+        return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+    };
     double best = 0;
     for (int r = 0; r < reps; ++r) {
-        const auto t0 = std::chrono::steady_clock::now();
+        const double t0 = seconds();
         const double macs = run_once();
-        best = std::max(best, macs / std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    }
-    return best;
-}
-
-double int8_peak_thread_cpu(int reps) {
-    double best = 0;
-    for (int r = 0; r < reps; ++r) {
-        const double t0 = thread_cpu_s();
-        const double macs = run_once();
-        best = std::max(best, macs / (thread_cpu_s() - t0));
+        best = std::max(best, macs / (seconds() - t0));
     }
     return best;
 }

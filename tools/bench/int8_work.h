@@ -22,7 +22,7 @@ const char *int8_peak_instruction();
 // independent accumulators, so the issue rate, not the latency), best of `reps` runs of
 // ~10-30 ms: by wall time, or by the thread's own CPU clock (time slices lost to other
 // processes then do not count against it).
-double int8_peak_wall(int reps);
-double int8_peak_thread_cpu(int reps);
+enum class PeakClock { Wall, ThreadCpu };
+double int8_peak(int reps, PeakClock clock);
 
 }  // namespace ds4::bench

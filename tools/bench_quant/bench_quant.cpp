@@ -116,7 +116,7 @@ int main(int argc, char **argv) {
     double peak = 0;
     if (tile_cols > 0) {
         // the instruction the tile runs (DS4_NO_AVX512 / DS4_NO_VNNI / DS4_NO_AVXVNNI move it)
-        peak = g_wall ? ds4::bench::int8_peak_wall(3) : ds4::bench::int8_peak_thread_cpu(3);
+        peak = ds4::bench::int8_peak(3, g_wall ? ds4::bench::PeakClock::Wall : ds4::bench::PeakClock::ThreadCpu);
         std::printf("int8 multiply-add peak     %8.2f G/s (1 thread, %s)\n", peak / 1e9, ds4::bench::int8_peak_instruction());
     }
     std::vector<float> x(static_cast<size_t>(n));
